@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Create .venv and install dlrover-ray with pinned, CPU-only dependencies.
+#
+# Why not a plain `pip install -e .`: torchrec declares a dependency on the CUDA
+# build `fbgemm-gpu`, which fails to import on a CPU-only machine. We install
+# torchrec with --no-deps next to `fbgemm-gpu-cpu` plus torchrec's small runtime
+# dependencies, and make sure the CUDA wheel is absent.
+#
+# GPU variant (documented, not exercised by CI): set DLROVER_GPU=1 to install
+#   torch==2.13.0 (CUDA build from the PyTorch index) + fbgemm-gpu==1.8.0 instead of
+#   fbgemm-gpu-cpu. Everything else is identical.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+VENV=${VENV:-.venv}
+
+TORCH=torch==2.13.0
+FBGEMM=fbgemm-gpu-cpu==1.8.0
+TORCHREC=torchrec==1.8.0
+if [[ "${DLROVER_GPU:-0}" == "1" ]]; then FBGEMM=fbgemm-gpu==1.8.0; fi
+
+if [[ ! -x "$VENV/bin/python" ]]; then
+  echo "[install] creating $VENV"
+  "$PY" -m venv "$VENV"
+fi
+PIP="$VENV/bin/python -m pip"
+$PIP install -q --upgrade pip wheel setuptools
+echo "[install] torch + fbgemm + torchrec (no-deps)"
+$PIP install -q "$TORCH" "$FBGEMM"
+$PIP install -q --no-deps "$TORCHREC"
+$PIP install -q tensordict==0.15.3 torchmetrics==1.0.3 tqdm==4.67.1 pyre-extensions==0.0.32 iopath==0.1.10
+echo "[install] project + runtime dependencies"
+$PIP install -q -e ".[test]"
+if [[ "${DLROVER_GPU:-0}" != "1" ]] && $VENV/bin/python -m pip show fbgemm-gpu >/dev/null 2>&1; then
+  echo "[install] removing CUDA fbgemm-gpu (breaks CPU import)"
+  $PIP uninstall -y -q fbgemm-gpu
+fi
+$VENV/bin/python - <<'PY'
+import torch, fbgemm_gpu, torchrec, ray  # noqa: F401
+from fbgemm_gpu.split_table_batched_embeddings_ops_training import SplitTableBatchedEmbeddingBagsCodegen  # noqa: F401
+print(f"[install] ok: torch {torch.__version__}, torchrec {torchrec.__version__ if hasattr(torchrec,'__version__') else '?'}, ray {ray.__version__}")
+PY
+touch "$VENV/.installed"
