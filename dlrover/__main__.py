@@ -1,0 +1,5 @@
+import sys
+
+from dlrover.cli import main
+
+sys.exit(main())

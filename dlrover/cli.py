@@ -1,0 +1,155 @@
+"""``dlrover`` command line: run | submit | status | data synth | bench throughput.
+
+User errors (bad spec, bad data, bad arguments) print one ``error:`` line and exit 2;
+anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from dlrover.errors import DLRoverError
+
+EXIT_USER_ERROR = 2
+DEFAULT_DASHBOARD = "http://127.0.0.1:8265"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, no usage dump
+        print(f"error: {self.prog}: {message}", file=sys.stderr)
+        raise SystemExit(EXIT_USER_ERROR)
+
+
+def _positive_int(v: str) -> int:
+    try:
+        n = int(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v!r}")
+    return n
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="dlrover", description="Elastic DLRM training on Ray.")
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+
+    r = sub.add_parser("run", help="train a job spec (embedded local Ray unless --address)")
+    r.add_argument("spec")
+    r.add_argument("--address", help="Ray cluster address (default: start a local Ray on 127.0.0.1)")
+    r.add_argument("--runs-dir", default="runs")
+    r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a spec field, e.g. data.epochs=2")
+    r.add_argument("--dashboard", action="store_true", help="start the Ray dashboard with the embedded cluster")
+    r.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    s = sub.add_parser("submit", help="submit a job spec through Ray Jobs")
+    s.add_argument("spec")
+    s.add_argument("--address", default=DEFAULT_DASHBOARD)
+    s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    s.add_argument("--wait", action="store_true", help="follow the logs until the job ends; exit code follows the job")
+    s.add_argument("--runs-dir", default="runs")
+
+    st = sub.add_parser("status", help="list jobs on a Ray cluster")
+    st.add_argument("--address", default=DEFAULT_DASHBOARD)
+
+    d = sub.add_parser("data", help="data utilities")
+    dsub = d.add_subparsers(dest="data_cmd", required=True, parser_class=_Parser)
+    syn = dsub.add_parser("synth", help="write learnable synthetic Criteo TSV with a known best AUC")
+    syn.add_argument("--out", required=True)
+    syn.add_argument("--rows", type=_positive_int, default=100_000)
+    syn.add_argument("--files", type=_positive_int, default=4)
+    syn.add_argument("--seed", type=int, default=0)
+    syn.add_argument("--gzip", action="store_true")
+
+    b = sub.add_parser("bench", help="benchmarks, printed as ratios against a baseline")
+    bsub = b.add_subparsers(dest="bench_cmd", required=True, parser_class=_Parser)
+    tp = bsub.add_parser("throughput", help="dlrover (1 worker + 1 PS) vs single-process TorchRec")
+    tp.add_argument("--json", action="store_true")
+    tp.add_argument("--rows", type=_positive_int, default=200_000)
+    tp.add_argument("--batch-size", type=_positive_int, default=2048)
+    tp.add_argument("--steps", type=_positive_int, default=60, help="timed steps per system")
+    return p
+
+
+def cmd_run(args) -> int:
+    from dlrover.runner import run_job
+    from dlrover.spec import load_spec, parse_overrides
+
+    spec = load_spec(args.spec, parse_overrides(args.set))
+    summary, path = run_job(spec, runs_dir=args.runs_dir, address=args.address, progress=not args.quiet, dashboard=args.dashboard)
+    _print_result(summary)
+    print(f"summary: {path}")
+    return 0 if summary["status"] == "succeeded" else 1
+
+
+def _print_result(s: dict) -> None:
+    def f(v, fmt):
+        return format(v, fmt) if isinstance(v, (int, float)) else "n/a"
+
+    print(f"job {s['job_id']}: {s['status']}")
+    line = f"  auc {f(s.get('auc'), '.4f')}  logloss {f(s.get('logloss'), '.4f')}"
+    if s.get("best_auc") is not None:
+        line += f"  (generator's best possible auc {s['best_auc']:.4f}, gap {s['best_auc'] - (s.get('auc') or 0):.4f})"
+    print(line)
+    print(
+        f"  throughput {s['throughput_samples_per_s']:,.0f} samples/s  trained {s['samples_trained']:,}/{s['samples_expected']:,}"
+        f"  lost {s['samples_lost']}  wall {s['wall_time_s']:.1f}s"
+    )
+    if s.get("bad_lines_skipped"):
+        print(f"  skipped {s['bad_lines_skipped']} malformed lines (data.on_bad_line: skip)")
+
+
+def cmd_data(args) -> int:
+    from dlrover.data.synth import SynthConfig, generate
+
+    info = generate(args.out, SynthConfig(rows=args.rows, files=args.files, seed=args.seed, gzip=args.gzip), progress=True)
+    print(f"wrote {info['rows']:,} rows in {len(info['files'])} files to {args.out}; ctr {info['ctr']:.3f}; best possible auc {info['best_auc']:.4f}")
+    return 0
+
+
+def cmd_submit(args) -> int:
+    from dlrover.submit import submit
+
+    return submit(args.spec, args.address, args.set, wait=args.wait, runs_dir=args.runs_dir)
+
+
+def cmd_status(args) -> int:
+    from dlrover.submit import status
+
+    return status(args.address)
+
+
+def cmd_bench(args) -> int:
+    from dlrover.bench.throughput import run_throughput_bench
+
+    result = run_throughput_bench(rows=args.rows, batch_size=args.batch_size, steps=args.steps)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"baseline (single-process TorchRec, FusedEmbeddingBagCollection): {result['baseline_samples_per_s']:,.0f} samples/s")
+        print(f"dlrover (1 worker + 1 PS actor):                                 {result['dlrover_samples_per_s']:,.0f} samples/s")
+        print(f"ratio dlrover/baseline: {result['ratio']:.3f}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("PYTHONWARNINGS", "ignore")
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    args = build_parser().parse_args(argv)
+    handler = {"run": cmd_run, "submit": cmd_submit, "status": cmd_status, "data": cmd_data, "bench": cmd_bench}[args.cmd]
+    try:
+        return handler(args)
+    except DLRoverError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

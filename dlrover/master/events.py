@@ -1,0 +1,24 @@
+"""Run event log: timestamped rows a pandas DataFrame reads directly (``pd.DataFrame(rows)``)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable
+
+
+class EventLog:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._rows: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+
+    def add(self, kind: str, **fields: Any) -> dict:
+        row = {"at_s": round(self._clock(), 4), "kind": kind, **fields}
+        with self._lock:
+            self._rows.append(row)
+        return row
+
+    def rows(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(self._rows)

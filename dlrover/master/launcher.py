@@ -1,0 +1,100 @@
+"""Launcher: creates the job's actors on Ray with the names and resources of the spec.
+
+Names follow ``<job_id>/ps-<i>``, ``<job_id>/dense-ps``, ``<job_id>/worker-<i>`` so the Ray
+dashboard groups a job's actors. Embedded in the master now; the elastic Scaler (issue 3)
+grows out of ``add_worker`` / ``forget_worker``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import ray
+import torch
+
+from dlrover.data.criteo import FileIndex
+from dlrover.model.dlrm import PSEmbeddingBagCollection, build_dense_dlrm, dense_parameters, table_configs
+from dlrover.ps.dense_ps import DenseParamServer
+from dlrover.ps.embedding_ps import EmbeddingPS
+from dlrover.ps.vshard import VShardMap
+from dlrover.spec import JobSpec
+from dlrover.worker.worker import Worker, worker_threads
+
+MB = 2**20
+
+
+def initial_dense_params(spec: JobSpec) -> torch.Tensor:
+    model = build_dense_dlrm(spec.model, PSEmbeddingBagCollection(table_configs(spec.model)), spec.seed)
+    return torch.nn.utils.parameters_to_vector(dense_parameters(model)).detach()
+
+
+class Launcher:
+    def __init__(self, job_id: str, spec: JobSpec, files: dict[str, FileIndex], master: Any) -> None:
+        self.job_id = job_id
+        self.spec = spec
+        self.files = files
+        self.master = master
+        self.ps: list[Any] = []
+        self.dense_ps: Any = None
+        self.workers: dict[str, Any] = {}
+        self.vmap: VShardMap | None = None
+        self._worker_ids = itertools.count()
+
+    def _name(self, role: str) -> str:
+        return f"{self.job_id}/{role}"
+
+    def launch(self, workers: int, ps: int) -> None:
+        spec, res = self.spec, self.spec.resources
+        self.vmap = VShardMap.round_robin(spec.model.table_sizes(), max(spec.train.vshards, ps), ps)
+        ps_cls = ray.remote(EmbeddingPS)
+        opt = spec.optimizer.sparse.model_dump()
+        self.ps = [
+            ps_cls.options(name=self._name(f"ps-{i}"), num_cpus=res.ps_cpu, memory=res.ps_memory_mb * MB).remote(
+                i, self.vmap, spec.model.embedding_dim, opt, spec.seed, worker_threads(res.ps_cpu, None)
+            )
+            for i in range(ps)
+        ]
+        self.dense_ps = (
+            ray.remote(DenseParamServer)
+            .options(name=self._name("dense-ps"), num_cpus=0, max_concurrency=1)
+            .remote(initial_dense_params(spec).numpy(), spec.optimizer.dense.model_dump())
+        )
+        for _ in range(workers):
+            self.add_worker()
+
+    def add_worker(self) -> str:
+        """Create one worker actor and return its name; it trains once ``start``-ed."""
+        res = self.spec.resources
+        name = self._name(f"worker-{next(self._worker_ids)}")
+        self.workers[name] = (
+            ray.remote(Worker)
+            .options(name=name, num_cpus=res.worker_cpu, memory=res.worker_memory_mb * MB, max_concurrency=2)
+            .remote(
+                name,
+                self.spec.model_dump(),
+                self.master,
+                self.ps,
+                self.dense_ps,
+                self.vmap,
+                self.files,
+                worker_threads(res.worker_cpu, self.spec.train.threads_per_worker),
+            )
+        )
+        return name
+
+    def start(self, name: str) -> Any:
+        """Begin training on worker ``name``; returns the ObjectRef of its ``run``."""
+        return self.workers[name].run.remote()
+
+    def forget_worker(self, name: str) -> None:
+        handle = self.workers.pop(name, None)
+        for ps in self.ps:
+            ps.drop.remote(name)
+        if handle is not None:
+            ray.kill(handle, no_restart=True)
+
+    def shutdown(self) -> None:
+        for h in [*self.workers.values(), *self.ps, self.dense_ps]:
+            if h is not None:
+                ray.kill(h, no_restart=True)

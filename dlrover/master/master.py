@@ -1,0 +1,232 @@
+"""JobMaster actor: owns the shard queue, launches PS and worker actors, and watches them.
+
+The master is a threaded Ray actor: ``run`` is one long call that drives the job, while
+workers call ``next_shard`` / ``shard_done`` / ``report`` concurrently (guarded by one
+lock and a condition variable that wakes workers waiting for work). Actor deaths arrive
+as errors on the workers' ``run`` ObjectRefs through ``ray.wait``: events, not polling.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+import ray
+import torch
+
+from dlrover.data.criteo import FileIndex, expand_paths, index_file
+from dlrover.data.shards import Shard, ShardQueue
+from dlrover.master.events import EventLog
+from dlrover.master.launcher import Launcher
+from dlrover.metrics.evaluation import evaluate_scores
+from dlrover.spec import JobSpec
+
+NEXT_SHARD_WAIT_S = 1.0  # how long a worker's request for work blocks before it asks again
+
+
+@dataclass
+class DataPlan:
+    """Files with their row counts, split into training and held-out rows."""
+
+    files: dict[str, FileIndex]
+    train_rows: dict[str, int]
+
+    @classmethod
+    def build(cls, spec: JobSpec) -> "DataPlan":
+        files = {p: index_file(p) for p in expand_paths(spec.data.paths)}
+        train = {p: idx.rows - int(idx.rows * spec.data.eval_fraction) for p, idx in files.items()}
+        return cls(files, train)
+
+    def eval_ranges(self, shard_rows: int) -> list[tuple[str, int, int]]:
+        out = []
+        for p, idx in self.files.items():
+            for a in range(self.train_rows[p], idx.rows, shard_rows):
+                out.append((p, a, min(idx.rows, a + shard_rows)))
+        return out
+
+
+class JobMaster:
+    def __init__(self, job_id: str, spec: dict, clock: Callable[[], float] = time.monotonic) -> None:
+        self.job_id = job_id
+        self.spec = JobSpec.model_validate(spec)
+        self.clock = clock
+        self.t0 = clock()
+        self.events = EventLog(clock=lambda: self.clock() - self.t0)
+        self._lock = threading.Lock()
+        self._work = threading.Condition(self._lock)
+        self.queue: ShardQueue | None = None
+        self.data: DataPlan | None = None
+        self.launcher: Launcher | None = None
+        self.bad_lines = 0
+        self.metrics: dict[str, dict] = {}
+        self.samples_done = 0
+        self.train_start: float | None = None
+        self.train_end: float | None = None
+        self.failures: list[dict] = []
+        self.scale_events: list[dict] = []
+        self.status = "starting"
+
+    # -- called by workers ------------------------------------------------------------------
+    def next_shard(self, worker: str) -> Shard | None | str:
+        """A shard to train, ``None`` (nothing right now: ask again) or ``"stop"``."""
+        with self._work:
+            if self.train_start is None:
+                self.train_start = self.clock()
+            deadline = self.clock() + NEXT_SHARD_WAIT_S
+            while True:
+                if self.queue.finished or self.status == "stopping":
+                    return "stop"
+                shard = self.queue.next(worker)
+                if shard is not None:
+                    return shard
+                left = deadline - self.clock()
+                if left <= 0:
+                    return None
+                self._work.wait(left)
+
+    def shard_done(self, worker: str, shard_id: int, rows: int, bad_lines: int) -> None:
+        with self._work:
+            self.queue.done(shard_id, worker, rows)
+            self.bad_lines += bad_lines
+            if self.queue.finished:
+                self.train_end = self.clock()
+            self._work.notify_all()
+
+    def report(self, worker: str, metrics: dict) -> None:
+        with self._lock:
+            self.samples_done += metrics.get("samples", 0)
+            metrics = dict(metrics, at_s=self.clock() - self.t0)
+            self.metrics[worker] = metrics
+        self.events.add("metrics", actor=worker, **metrics)
+
+    # -- called by the driver ----------------------------------------------------------------
+    def progress(self) -> dict:
+        with self._lock:
+            q = self.queue
+            loss = [m["loss"] for m in self.metrics.values() if "loss" in m]
+            return {
+                "status": self.status,
+                "samples_expected": q.samples_expected if q else 0,
+                "samples_seen": self.samples_done,
+                "samples_done": q.samples_done if q else 0,
+                "samples_per_s": sum(m.get("samples_per_s", 0.0) for m in self.metrics.values()),
+                "loss": float(np.mean(loss)) if loss else None,
+                "workers": len(self.launcher.workers) if self.launcher else 0,
+                "ps": len(self.launcher.ps) if self.launcher else 0,
+            }
+
+    def stop(self) -> None:
+        with self._work:
+            self.status = "stopping"
+            self._work.notify_all()
+
+    def run(self) -> dict:
+        """Drive the job to the end and return the summary (the driver writes it)."""
+        spec = self.spec
+        self.data = DataPlan.build(spec)
+        self.queue = ShardQueue(
+            [(p, n) for p, n in self.data.train_rows.items()],
+            shard_rows=spec.data.shard_rows,
+            epochs=spec.data.epochs,
+            shuffle_seed=spec.seed if spec.data.shuffle else None,
+            clock=self.clock,
+        )
+        self.events.add("job_start", job_id=self.job_id, samples_expected=self.queue.samples_expected)
+        self.launcher = Launcher(self.job_id, spec, self.data.files, master=ray.get_runtime_context().current_actor)
+        self.launcher.launch(spec.resources.workers, spec.resources.ps)
+        self.events.add("launched", workers=len(self.launcher.workers), ps=len(self.launcher.ps))
+        self.status = "training"
+        self._watch_workers()
+        if self.train_end is None:
+            self.train_end = self.clock()
+        self.status = "evaluating"
+        metrics = self._evaluate()
+        self.status = "succeeded" if self.queue.finished else "failed"
+        summary = self._summary(metrics)
+        self.events.add("job_end", status=self.status)
+        self.launcher.shutdown()
+        return summary
+
+    # -- internals --------------------------------------------------------------------------------
+    def _watch_workers(self) -> None:
+        """Wait for every worker's ``run`` to return; a worker that dies is replaced."""
+        pending = {self.launcher.start(name): name for name in list(self.launcher.workers)}
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            ref = ready[0]
+            name = pending.pop(ref)
+            try:
+                stats = ray.get(ref)
+                self.events.add("worker_exit", actor=name, **{k: v for k, v in stats.items() if np.isscalar(v)})
+            except ray.exceptions.RayError as e:
+                pending.update(self._replace_worker(name, e))
+
+    def _replace_worker(self, name: str, err: Exception) -> dict:
+        at = self.clock() - self.t0
+        with self._work:
+            requeued = self.queue.requeue_owner(name)
+            self._work.notify_all()
+        self.launcher.forget_worker(name)
+        failure = {"kind": "worker_death", "actor": name, "at_s": at, "cause": type(err).__name__, "shards_requeued": len(requeued)}
+        if self.queue.finished:
+            failure["recovered_s"] = self.clock() - self.t0
+            self.failures.append(failure)
+            return {}
+        new = self.launcher.add_worker()
+        failure["recovered_s"] = self.clock() - self.t0
+        failure["replacement"] = new
+        self.failures.append(failure)
+        self.events.add("failure", **failure)
+        return {self.launcher.start(new): new}
+
+    def _evaluate(self) -> dict:
+        ranges = self.data.eval_ranges(self.spec.data.shard_rows)
+        if not ranges:
+            return {}
+        workers = list(self.launcher.workers.values())
+        parts = [ranges[i :: len(workers)] for i in range(len(workers))]
+        results = ray.get([w.evaluate.remote(p) for w, p in zip(workers, parts) if p])
+        labels = np.concatenate([r["labels"] for r in results])
+        logits = np.concatenate([r["logits"] for r in results])
+        oracle = None
+        if all(r["oracle"] is not None for r in results):
+            oracle = np.concatenate([r["oracle"] for r in results])
+        out = evaluate_scores(labels, torch.sigmoid(torch.from_numpy(logits)).numpy(), oracle)
+        self.events.add("eval", **out)
+        return out
+
+    def _summary(self, metrics: dict) -> dict:
+        q = self.queue
+        train_s = max((self.train_end or self.clock()) - (self.train_start or self.t0), 1e-9)
+        expected = q.samples_expected - self.bad_lines
+        trained = q.samples_done
+        return {
+            "job_id": self.job_id,
+            "status": self.status,
+            "samples_expected": int(expected),
+            "samples_trained": int(trained),
+            "samples_lost": int(max(expected - trained, 0)),
+            "bad_lines_skipped": int(self.bad_lines),
+            "auc": metrics.get("auc"),
+            "logloss": metrics.get("logloss"),
+            "best_auc": metrics.get("best_auc"),
+            "eval_rows": metrics.get("rows", 0),
+            "throughput_samples_per_s": trained / train_s,
+            "train_time_s": train_s,
+            "wall_time_s": self.clock() - self.t0,
+            "epochs": self.spec.data.epochs,
+            "config": {
+                "workers": self.spec.resources.workers,
+                "ps": self.spec.resources.ps,
+                "worker_cpu": self.spec.resources.worker_cpu,
+                "ps_cpu": self.spec.resources.ps_cpu,
+                "batch_size": self.spec.data.batch_size,
+                "vshards": self.spec.train.vshards,
+            },
+            "scale_events": self.scale_events,
+            "failures": self.failures,
+            "events": self.events.rows(),
+        }

@@ -1,0 +1,152 @@
+"""The real ``torchrec.models.dlrm.DLRM``, with its embedding collection served by PS actors.
+
+``PSEmbeddingBagCollection`` is a drop-in for TorchRec's ``EmbeddingBagCollection``: it
+takes a ``KeyedJaggedTensor`` and returns a ``KeyedTensor`` of pooled embeddings. The
+pooled values come from the PS actors (``PSClient``), and an autograd function sends the
+pooled-output gradient back to them during ``loss.backward()``. ``prefetch(kjt)`` starts
+the pulls early so that the lookups of step i+1 overlap the compute of step i.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from torch import nn
+from torchrec.models.dlrm import DLRM
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
+
+from dlrover.ps.routing import RoutedBatch, assemble, route, split_grad
+from dlrover.ps.vshard import VShardMap
+from dlrover.spec import NUM_DENSE, ModelSpec
+
+FEATURES = [f"cat_{i}" for i in range(26)]
+
+
+def table_configs(model: ModelSpec) -> list[EmbeddingBagConfig]:
+    return [
+        EmbeddingBagConfig(name=f"t_{f}", embedding_dim=model.embedding_dim, num_embeddings=n, feature_names=[f])
+        for f, n in zip(FEATURES, model.table_sizes())
+    ]
+
+
+def build_dense_dlrm(model: ModelSpec, ebc: nn.Module, seed: int) -> DLRM:
+    """DLRM with deterministic dense init (same seed -> same MLP weights everywhere)."""
+    torch.manual_seed(seed)
+    return DLRM(
+        embedding_bag_collection=ebc,
+        dense_in_features=NUM_DENSE,
+        dense_arch_layer_sizes=list(model.dense_arch),
+        over_arch_layer_sizes=list(model.over_arch),
+    )
+
+
+def dense_parameters(dlrm: DLRM) -> list[nn.Parameter]:
+    """The MLP parameters (everything but the embedding collection), in a fixed order."""
+    return [p for n, p in dlrm.named_parameters() if not n.startswith("sparse_arch.")]
+
+
+def make_kjt(sparse: np.ndarray) -> KeyedJaggedTensor:
+    """[N, 26] categorical ids (one per feature) -> key-major KJT with lengths 1."""
+    n, t = sparse.shape
+    values = torch.from_numpy(np.ascontiguousarray(sparse.T).reshape(-1))
+    return KeyedJaggedTensor.from_lengths_sync(keys=FEATURES[:t], values=values, lengths=torch.ones(n * t, dtype=torch.int32))
+
+
+@dataclass
+class Lookup:
+    """An in-flight pull: the routed batch and one ObjectRef per PS."""
+
+    key: tuple
+    routed: RoutedBatch
+    refs: list[Any]
+    train: bool
+    pooled: torch.Tensor | None = None
+
+
+@dataclass
+class PSClient:
+    """Talks to the PS actors for one worker. ``ps`` are Ray actor handles."""
+
+    ps: list[Any]
+    vmap: VShardMap
+    dim: int
+    owner_name: str
+    get: Callable[[list[Any]], list[Any]]
+    _seq: Any = field(default_factory=itertools.count)
+
+    def __post_init__(self) -> None:
+        self._table_sizes = torch.tensor(self.vmap.table_sizes, dtype=torch.int64)
+
+    def start(self, kjt: KeyedJaggedTensor, train: bool = True) -> Lookup:
+        batch = kjt.stride()
+        lengths = kjt.lengths().to(torch.int64)
+        rows = torch.remainder(kjt.values().to(torch.int64), torch.repeat_interleave(self._table_sizes, lengths.view(-1, batch).sum(1)))
+        routed = route(rows, lengths, batch, self.vmap)
+        key = (self.owner_name, next(self._seq))
+        refs = [self.ps[r.ps].pull.remote(key, r.indices, r.offsets, train) for r in routed.requests]
+        return Lookup(key, routed, refs, train)
+
+    def wait(self, lookup: Lookup) -> torch.Tensor:
+        if lookup.pooled is None:
+            lookup.pooled = assemble(lookup.routed, self.get(lookup.refs), self.dim)
+        return lookup.pooled
+
+    def push(self, lookup: Lookup, grad: torch.Tensor) -> list[Any]:
+        grads = split_grad(lookup.routed, grad, self.dim)
+        return [self.ps[r.ps].push.remote(lookup.key, g) for r, g in zip(lookup.routed.requests, grads)]
+
+
+class _PooledFromPS(torch.autograd.Function):
+    """Identity on the pooled tensor whose backward hands the gradient to the PS client."""
+
+    @staticmethod
+    def forward(ctx, anchor: torch.Tensor, pooled: torch.Tensor, sink: Callable[[torch.Tensor], None]) -> torch.Tensor:
+        ctx.sink = sink
+        return pooled.clone()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        ctx.sink(grad.detach())
+        return None, None, None
+
+
+class PSEmbeddingBagCollection(nn.Module):
+    """``EmbeddingBagCollection`` look-alike whose tables live on PS actors."""
+
+    def __init__(self, tables: list[EmbeddingBagConfig], client: PSClient | None = None) -> None:
+        super().__init__()
+        self._configs = tables
+        self.client = client
+        self._prefetched: dict[int, Lookup] = {}
+        self.push_refs: list[Any] = []
+        # A parameter-less module has nothing to hang the autograd node on; this anchor
+        # (requires_grad, never updated) makes backward always reach _PooledFromPS.
+        self._anchor = torch.zeros(1, requires_grad=True)
+
+    def embedding_bag_configs(self) -> list[EmbeddingBagConfig]:
+        return self._configs
+
+    def prefetch(self, kjt: KeyedJaggedTensor) -> None:
+        self._prefetched[id(kjt)] = self.client.start(kjt, train=self.training)
+
+    def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
+        lookup = self._prefetched.pop(id(features), None) or self.client.start(features, train=self.training)
+        pooled = self.client.wait(lookup)
+        if self.training:
+            pooled = _PooledFromPS.apply(self._anchor, pooled, lambda g: self.push_refs.extend(self.client.push(lookup, g)))
+        d = self._configs[0].embedding_dim
+        return KeyedTensor(
+            keys=[c.feature_names[0] for c in self._configs],
+            length_per_key=[d] * len(self._configs),
+            values=pooled,
+            key_dim=1,
+        )
+
+    def take_push_refs(self) -> list[Any]:
+        refs, self.push_refs = self.push_refs, []
+        return refs

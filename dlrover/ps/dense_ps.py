@@ -1,0 +1,47 @@
+"""DenseParamServer: the DLRM's dense (MLP) parameters and their optimizer, as one flat vector.
+
+Workers push the flat gradient of a step and get the updated parameters back in the same
+call. Keeping dense state here (instead of an all-reduce group) is what lets workers come
+and go without rebuilding a process group. Adagrad, SGD and Adam are element-wise, so one
+optimizer over the flat vector is the same as one per parameter tensor.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import torch
+
+
+def make_dense_optimizer(params, spec: dict) -> torch.optim.Optimizer:
+    name, lr, eps = spec.get("name", "adagrad"), float(spec.get("lr", 0.05)), float(spec.get("eps", 1e-8))
+    if name == "adagrad":
+        return torch.optim.Adagrad(params, lr=lr, eps=eps)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr, eps=eps)
+    raise ValueError(f"unknown dense optimizer {name!r}")
+
+
+class DenseParamServer:
+    def __init__(self, flat_params: np.ndarray, optimizer: dict, threads: int = 1) -> None:
+        torch.set_num_threads(max(1, threads))
+        self.param = torch.nn.Parameter(torch.as_tensor(np.array(flat_params, dtype=np.float32)))
+        self.opt = make_dense_optimizer([self.param], optimizer)
+        self.version = 0
+        self._lock = threading.Lock()
+
+    def push_pull(self, grad: np.ndarray | None) -> tuple[int, np.ndarray]:
+        """Apply one step's gradient (if any) and return (version, parameters)."""
+        with self._lock:
+            if grad is not None:
+                self.param.grad = torch.as_tensor(grad)
+                self.opt.step()
+                self.param.grad = None
+                self.version += 1
+            return self.version, self.param.detach().numpy().copy()
+
+    def pull(self) -> tuple[int, np.ndarray]:
+        return self.push_pull(None)

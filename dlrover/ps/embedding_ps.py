@@ -1,0 +1,155 @@
+"""EmbeddingPS: one embedding parameter server, a Ray actor holding some vshards of every table.
+
+It runs fbgemm's ``SplitTableBatchedEmbeddingBagsCodegen`` (TBE) on CPU with the optimizer
+fused into backward: a ``pull`` runs the TBE forward and keeps its autograd graph; the
+matching ``push`` feeds the pooled-output gradient into that graph, and TBE's backward
+updates the touched rows in place (exact row-wise Adagrad by default). Nothing on the PS
+ever materialises a dense gradient of a table.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import warnings
+
+import numpy as np
+import torch
+
+from dlrover.ps.routing import nonempty_bags
+from dlrover.ps.vshard import VShardMap
+
+warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+
+
+def _optim_type(name: str):
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+
+    return {
+        "rowwise_adagrad": EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+        "adagrad": EmbOptimType.EXACT_ADAGRAD,
+        "sgd": EmbOptimType.EXACT_SGD,
+    }[name]
+
+
+def init_table(seed: int, table: int, num_rows: int, dim: int) -> torch.Tensor:
+    """Deterministic initial weights of a whole table, independent of how it is sharded.
+
+    Same distribution as TorchRec's default: U(-sqrt(1/n), sqrt(1/n)).
+    """
+    g = torch.Generator().manual_seed(seed * 7919 + table)
+    bound = (1.0 / num_rows) ** 0.5
+    return torch.empty(num_rows, dim).uniform_(-bound, bound, generator=g)
+
+
+class EmbeddingPS:
+    """Serves pooled partial embeddings of the vshards it owns (see ``dlrover.ps.vshard``)."""
+
+    def __init__(
+        self,
+        ps_index: int,
+        vmap: VShardMap,
+        dim: int,
+        optimizer: dict,
+        seed: int = 0,
+        threads: int = 1,
+    ) -> None:
+        from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+            ComputeDevice,
+            EmbeddingLocation,
+            SplitTableBatchedEmbeddingBagsCodegen,
+        )
+
+        torch.set_num_threads(max(1, threads))
+        self.index = ps_index
+        self.vmap = vmap
+        self.dim = dim
+        sizes = vmap.local_table_sizes(ps_index)
+        self.tbe = SplitTableBatchedEmbeddingBagsCodegen(
+            [(n, dim, EmbeddingLocation.HOST, ComputeDevice.CPU) for n in sizes],
+            optimizer=_optim_type(optimizer.get("name", "rowwise_adagrad")),
+            learning_rate=float(optimizer.get("lr", 0.05)),
+            eps=float(optimizer.get("eps", 1e-8)),
+        )
+        with torch.no_grad():
+            for t, w in enumerate(self.tbe.split_embedding_weights()):
+                rows = vmap.global_rows(ps_index, t)
+                valid = rows >= 0
+                full = init_table(seed, t, vmap.table_sizes[t], dim)
+                w.zero_()
+                w[torch.from_numpy(np.flatnonzero(valid))] = full[torch.from_numpy(rows[valid])]
+        self._pending: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._lock = threading.Lock()
+        self._stats = {"pulls": 0, "pushes": 0, "rows_updated": 0, "busy_s": 0.0}
+        self._started = time.monotonic()
+
+    # -- hot path ---------------------------------------------------------------------
+    def pull(self, key: tuple, indices: np.ndarray, offsets: np.ndarray, train: bool = True) -> np.ndarray:
+        """Pooled partial sums [num_nonempty_bags, D], in table-major bag order."""
+        t0 = time.perf_counter()
+        idx = torch.as_tensor(indices)
+        off = torch.as_tensor(offsets)
+        nz = nonempty_bags(off)
+        if train:
+            out = self.tbe(idx, off)
+            with self._lock:
+                self._pending[key] = (out, nz)
+        else:
+            with torch.no_grad():
+                out = self.tbe(idx, off)
+        num_tables = len(self.vmap.table_sizes)
+        batch = (off.numel() - 1) // num_tables
+        rows = out.detach().view(batch, num_tables, self.dim).transpose(0, 1).reshape(-1, self.dim)[nz]
+        self._stats["pulls"] += 1
+        self._stats["busy_s"] += time.perf_counter() - t0
+        return rows.numpy()
+
+    def push(self, key: tuple, grad: np.ndarray) -> int:
+        """Apply the gradient of a pulled batch (fused optimizer update). Returns ids updated."""
+        t0 = time.perf_counter()
+        with self._lock:
+            out, nz = self._pending.pop(key)
+        num_tables = len(self.vmap.table_sizes)
+        batch = out.shape[0]
+        g = torch.zeros(num_tables * batch, self.dim)
+        g[nz] = torch.as_tensor(grad)
+        out.backward(g.view(num_tables, batch, self.dim).transpose(0, 1).reshape(batch, num_tables * self.dim))
+        self._stats["pushes"] += 1
+        self._stats["rows_updated"] += int(nz.numel())
+        self._stats["busy_s"] += time.perf_counter() - t0
+        return int(nz.numel())
+
+    def drop(self, key_prefix) -> int:
+        """Forget pulled-but-never-pushed batches of a worker (it died or was removed)."""
+        with self._lock:
+            stale = [k for k in self._pending if k[0] == key_prefix]
+            for k in stale:
+                del self._pending[k]
+        return len(stale)
+
+    # -- state --------------------------------------------------------------------------
+    def table_rows(self, table: int) -> tuple[np.ndarray, np.ndarray]:
+        """(global row ids, weights) of the rows of ``table`` this PS owns."""
+        rows = self.vmap.global_rows(self.index, table)
+        valid = np.flatnonzero(rows >= 0)
+        w = self.tbe.split_embedding_weights()[table].detach()[torch.from_numpy(valid)]
+        return rows[valid], w.numpy().copy()
+
+    def set_table_rows(self, table: int, global_rows: np.ndarray, weights: np.ndarray) -> None:
+        """Overwrite owned rows of ``table`` (tests, checkpoint restore)."""
+        v, rpv = self.vmap.num_vshards, self.vmap.rows_per_vshard()[table]
+        owner = self.vmap.owner[global_rows % v]
+        if np.any(owner != self.index):
+            raise ValueError(f"ps-{self.index} does not own all of these rows of table {table}")
+        slot = np.searchsorted(self.vmap.owned(self.index), global_rows % v)
+        local = slot * rpv + global_rows // v
+        with torch.no_grad():
+            self.tbe.split_embedding_weights()[table][torch.from_numpy(local)] = torch.as_tensor(weights)
+
+    def stats(self) -> dict:
+        s = dict(self._stats)
+        s["pending"] = len(self._pending)
+        s["uptime_s"] = time.monotonic() - self._started
+        s["pid"] = os.getpid()
+        return s

@@ -1,0 +1,91 @@
+"""Split a KeyedJaggedTensor into one jagged lookup request per PS, and put the answers back.
+
+This is TorchRec row-wise sharding done over Ray calls instead of collectives. Sum pooling
+is linear, so each PS pools the ids it owns and returns partial sums only for the bags
+that have at least one id on it; the worker adds the partial sums of all PS into the full
+pooled output. Each PS request is a small TBE batch of ``B_k`` bags per table, where
+``B_k`` is the largest number of non-empty bags any table has on that PS, so the bytes a
+step moves stay about ``B x T x D`` however many PS there are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from dlrover.ps.vshard import VShardMap
+
+
+@dataclass
+class PSRequest:
+    """One PS's share of a batch. ``indices``/``offsets`` go to the PS (TBE layout, table
+    major); ``bag_n``/``bag_t`` stay on the worker and say where each returned row goes."""
+
+    ps: int
+    indices: np.ndarray  # int64 local row ids
+    offsets: np.ndarray  # int64 [T * batch + 1]
+    batch: int
+    bag_n: torch.Tensor  # sample of each non-empty bag, in the order the PS returns them
+    bag_t: torch.Tensor  # table of each non-empty bag
+
+
+@dataclass
+class RoutedBatch:
+    num_samples: int
+    num_tables: int
+    requests: list[PSRequest]
+
+
+def table_rows(values: torch.Tensor, lengths: torch.Tensor, table_sizes: torch.Tensor, batch: int) -> torch.Tensor:
+    """Raw categorical values -> row ids inside each table (modulo hashing)."""
+    per_table = lengths.view(-1, batch).sum(dim=1)
+    sizes = torch.repeat_interleave(table_sizes, per_table)
+    return torch.remainder(values, sizes)
+
+
+def route(values: torch.Tensor, lengths: torch.Tensor, batch: int, vmap: VShardMap) -> RoutedBatch:
+    """Route a key-major jagged batch (``values`` already row ids, ``lengths`` [T*B])."""
+    num_tables = lengths.numel() // batch
+    bag_of_value = torch.repeat_interleave(torch.arange(num_tables * batch), lengths)
+    owner, local = vmap.route(values, torch.div(bag_of_value, batch, rounding_mode="floor"))
+    requests = []
+    for k in range(vmap.num_ps):
+        sel = owner == k if vmap.num_ps > 1 else None
+        vals_k = local if sel is None else local[sel]
+        bags_k = bag_of_value if sel is None else bag_of_value[sel]
+        if vals_k.numel() == 0:
+            continue
+        ubags, counts = torch.unique_consecutive(bags_k, return_counts=True)
+        bag_t = torch.div(ubags, batch, rounding_mode="floor")
+        bag_n = ubags - bag_t * batch
+        per_table = torch.bincount(bag_t, minlength=num_tables)
+        b_k = int(per_table.max())
+        table_start = torch.cumsum(per_table, 0) - per_table
+        j = torch.arange(len(ubags)) - table_start[bag_t]
+        lens = torch.zeros(num_tables, b_k, dtype=torch.int64)
+        lens[bag_t, j] = counts
+        offsets = torch.zeros(num_tables * b_k + 1, dtype=torch.int64)
+        torch.cumsum(lens.view(-1), 0, out=offsets[1:])
+        requests.append(PSRequest(k, vals_k.numpy(), offsets.numpy(), b_k, bag_n, bag_t))
+    return RoutedBatch(batch, num_tables, requests)
+
+
+def assemble(routed: RoutedBatch, partials: list[np.ndarray], dim: int) -> torch.Tensor:
+    """Scatter each PS's partial sums into the pooled output [B, T*D]."""
+    pooled = torch.zeros(routed.num_samples, routed.num_tables, dim)
+    for req, part in zip(routed.requests, partials):
+        pooled.index_put_((req.bag_n, req.bag_t), torch.as_tensor(part), accumulate=True)
+    return pooled.view(routed.num_samples, routed.num_tables * dim)
+
+
+def split_grad(routed: RoutedBatch, grad: torch.Tensor, dim: int) -> list[np.ndarray]:
+    """The pooled-output gradient rows each PS needs, in the order it returned them."""
+    g = grad.reshape(routed.num_samples, routed.num_tables, dim)
+    return [g[req.bag_n, req.bag_t].contiguous().numpy() for req in routed.requests]
+
+
+def nonempty_bags(offsets: torch.Tensor) -> torch.Tensor:
+    """Positions (table-major) of the bags with at least one id: what a PS returns."""
+    return torch.nonzero(offsets[1:] > offsets[:-1]).view(-1)

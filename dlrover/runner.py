@@ -1,0 +1,129 @@
+"""Driver side of ``dlrover run``: data on first use, Ray, the JobMaster, progress, summary."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import sys
+import time
+from pathlib import Path
+
+import ray
+
+from dlrover.errors import DLRoverError
+from dlrover.spec import JobSpec
+
+POLL_S = 0.5  # progress-bar refresh period
+
+
+def new_job_id(name: str) -> str:
+    return f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+
+def ensure_data(spec: JobSpec) -> None:
+    """Generate the spec's synthetic data on first use (paths that match nothing)."""
+    from dlrover.data.criteo import expand_paths
+
+    try:
+        expand_paths(spec.data.paths)
+        return
+    except DLRoverError:
+        if spec.data.synth is None:
+            raise
+    from dlrover.data.synth import SynthConfig, generate
+
+    s = spec.data.synth
+    print(f"[dlrover] generating synthetic Criteo data: {s.rows} rows in {s.files} files -> {s.out}", file=sys.stderr)
+    generate(s.out, SynthConfig(rows=s.rows, files=s.files, seed=s.seed), progress=True)
+    expand_paths(spec.data.paths)
+
+
+def required_cpus(spec: JobSpec) -> float:
+    r = spec.resources
+    return r.workers * r.worker_cpu + r.ps * r.ps_cpu
+
+
+def init_ray(spec: JobSpec, address: str | None, dashboard: bool = False) -> bool:
+    """Connect to ``address`` or start an embedded local Ray on loopback.
+
+    Returns True when this call started Ray (so the caller shuts it down). The embedded
+    cluster advertises at least the CPUs the job asks for: logical CPUs are a scheduling
+    budget, and oversubscribing 2 cores with 4 single-threaded actors is fine.
+    """
+    if ray.is_initialized():
+        return False
+    env = {"env_vars": {"PYTHONWARNINGS": "ignore", "TORCH_CPP_LOG_LEVEL": "ERROR"}}
+    if address:
+        ray.init(address=address, namespace="dlrover", runtime_env=env, logging_level="ERROR")
+        return False
+    cpus = max(os.cpu_count() or 1, int(required_cpus(spec) + 0.999))
+    ray.init(
+        num_cpus=cpus,
+        include_dashboard=dashboard,
+        dashboard_host="127.0.0.1",
+        _node_ip_address="127.0.0.1",
+        namespace="dlrover",
+        runtime_env=env,
+        logging_level="ERROR",
+        log_to_driver=True,
+    )
+    return True
+
+
+def run_job(spec: JobSpec, runs_dir: str = "runs", address: str | None = None, progress: bool = True, dashboard: bool = False) -> tuple[dict, Path]:
+    """Train ``spec`` to the end; returns (summary, path of summary.json)."""
+    from tqdm import tqdm
+
+    from dlrover.master.master import JobMaster
+
+    ensure_data(spec)
+    job_id = new_job_id(spec.name)
+    run_dir = Path(runs_dir) / job_id
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "spec.json").write_text(spec.model_dump_json(indent=2))
+    started = init_ray(spec, address, dashboard)
+    try:
+        master = (
+            ray.remote(JobMaster)
+            .options(name=f"{job_id}/master", max_concurrency=64, num_cpus=0)
+            .remote(job_id, spec.model_dump())
+        )
+        ref = master.run.remote()
+        bar = tqdm(total=None, unit="samples", unit_scale=True, disable=not progress, dynamic_ncols=True, file=sys.stderr)
+        try:
+            while not ray.wait([ref], timeout=POLL_S)[0]:
+                p = ray.get(master.progress.remote())
+                if bar.total is None and p["samples_expected"]:
+                    bar.total = p["samples_expected"]
+                bar.n = min(p["samples_seen"], bar.total or p["samples_seen"])
+                loss = f"{p['loss']:.4f}" if p["loss"] is not None else "-"
+                bar.set_postfix_str(f"{p['status']} w={p['workers']} ps={p['ps']} {p['samples_per_s']:,.0f} samples/s loss={loss}", refresh=False)
+                bar.refresh()
+            summary = _get_summary(ref)
+        except KeyboardInterrupt:
+            master.stop.remote()
+            raise
+        finally:
+            bar.close()
+    finally:
+        if started:
+            ray.shutdown()
+    events = summary.pop("events", [])
+    with open(run_dir / "events.jsonl", "w") as f:
+        for row in events:
+            f.write(json.dumps(row, default=float) + "\n")
+    path = run_dir / "summary.json"
+    path.write_text(json.dumps(summary, indent=2, default=float))
+    return summary, path
+
+
+def _get_summary(ref) -> dict:
+    """The master's summary; a user error inside the job is re-raised as one line."""
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayTaskError as e:
+        cause = e.cause if hasattr(e, "cause") else None
+        if isinstance(cause, DLRoverError):
+            raise type(cause)(str(cause)) from None
+        raise

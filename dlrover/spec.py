@@ -1,0 +1,226 @@
+"""JobSpec: the YAML a data scientist writes, validated by pydantic.
+
+Every model forbids unknown keys so that a typo (``batchsize:``) is an error naming the
+field instead of a silently ignored setting. :func:`load_spec` turns pydantic's
+multi-line report into one line: ``<file>: <dotted.field>: <problem>``.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from dlrover.errors import SpecError
+
+NUM_SPARSE = 26
+NUM_DENSE = 13
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelSpec(_Strict):
+    """DLRM shape. ``num_embeddings`` is one size for all 26 tables or a list of 26."""
+
+    embedding_dim: int = Field(16, ge=1, le=1024)
+    num_embeddings: int | list[int] = 100_000
+    dense_arch: list[int] = Field(default_factory=lambda: [512, 256, 16])
+    over_arch: list[int] = Field(default_factory=lambda: [512, 256, 1])
+
+    @field_validator("num_embeddings")
+    @classmethod
+    def _sizes(cls, v: int | list[int]) -> int | list[int]:
+        sizes = [v] if isinstance(v, int) else v
+        if isinstance(v, list) and len(v) != NUM_SPARSE:
+            raise ValueError(f"needs {NUM_SPARSE} table sizes, got {len(v)}")
+        if any(s < 1 for s in sizes):
+            raise ValueError("table sizes must be >= 1")
+        return v
+
+    @field_validator("dense_arch", "over_arch")
+    @classmethod
+    def _layers(cls, v: list[int]) -> list[int]:
+        if not v or any(x < 1 for x in v):
+            raise ValueError("needs at least one layer, each size >= 1")
+        return v
+
+    @model_validator(mode="after")
+    def _shapes(self) -> "ModelSpec":
+        if self.dense_arch[-1] != self.embedding_dim:
+            raise ValueError(
+                f"dense_arch: last layer ({self.dense_arch[-1]}) must equal embedding_dim ({self.embedding_dim})"
+            )
+        if self.over_arch[-1] != 1:
+            raise ValueError(f"over_arch: last layer must be 1 (one logit), got {self.over_arch[-1]}")
+        return self
+
+    def table_sizes(self) -> list[int]:
+        return [self.num_embeddings] * NUM_SPARSE if isinstance(self.num_embeddings, int) else list(self.num_embeddings)
+
+
+class SynthSpec(_Strict):
+    """Synthetic Criteo data generated on first use when ``data.paths`` match nothing."""
+
+    out: str
+    rows: int = Field(300_000, ge=100)
+    files: int = Field(4, ge=1)
+    seed: int = 0
+
+
+class DataSpec(_Strict):
+    paths: list[str] = Field(min_length=1)
+    format: Literal["auto", "tsv", "parquet"] = "auto"
+    synth: SynthSpec | None = None
+    epochs: int = Field(1, ge=1)
+    batch_size: int = Field(2048, ge=1)
+    eval_fraction: float = Field(0.1, ge=0.0, lt=1.0)
+    eval_every_steps: int = Field(0, ge=0)
+    shard_rows: int = Field(32_768, ge=1)
+    on_bad_line: Literal["fail", "skip"] = "fail"
+    shuffle: bool = True
+
+    @field_validator("paths", mode="before")
+    @classmethod
+    def _one_path(cls, v: Any) -> Any:
+        return [v] if isinstance(v, str) else v
+
+
+class ResourceSpec(_Strict):
+    workers: int = Field(2, ge=1)
+    ps: int = Field(2, ge=1)
+    worker_cpu: float = Field(1.0, gt=0)
+    ps_cpu: float = Field(1.0, gt=0)
+    worker_memory_mb: int = Field(2048, ge=64)
+    ps_memory_mb: int = Field(2048, ge=64)
+    budget_cpu: float | None = Field(None, gt=0)
+    budget_memory_mb: int | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _budget(self) -> "ResourceSpec":
+        cpu = self.workers * self.worker_cpu + self.ps * self.ps_cpu
+        if self.budget_cpu is not None and cpu > self.budget_cpu:
+            raise ValueError(f"budget_cpu: {self.budget_cpu} is below the requested {cpu} CPUs")
+        mem = self.workers * self.worker_memory_mb + self.ps * self.ps_memory_mb
+        if self.budget_memory_mb is not None and mem > self.budget_memory_mb:
+            raise ValueError(f"budget_memory_mb: {self.budget_memory_mb} is below the requested {mem} MB")
+        return self
+
+
+class SparseOptimizerSpec(_Strict):
+    name: Literal["rowwise_adagrad", "adagrad", "sgd"] = "rowwise_adagrad"
+    lr: float = Field(0.05, gt=0)
+    eps: float = Field(1e-8, gt=0)
+
+
+class DenseOptimizerSpec(_Strict):
+    name: Literal["adagrad", "sgd", "adam"] = "adagrad"
+    lr: float = Field(0.05, gt=0)
+    eps: float = Field(1e-8, gt=0)
+
+
+class OptimizerSpec(_Strict):
+    sparse: SparseOptimizerSpec = Field(default_factory=SparseOptimizerSpec)
+    dense: DenseOptimizerSpec = Field(default_factory=DenseOptimizerSpec)
+
+
+class PolicySpec(_Strict):
+    name: str = "static"
+    config: str | None = None
+
+
+class CheckpointSpec(_Strict):
+    dir: str | None = None
+    interval_s: float = Field(300.0, gt=0)
+
+
+class TrainSpec(_Strict):
+    """How a worker trains. ``staleness`` 1 overlaps the embedding pull of step i+1 with
+    step i (bounded staleness of one step); 0 pulls only after the previous push landed."""
+
+    staleness: Literal[0, 1] = 1
+    vshards: int = Field(64, ge=1, le=65536)
+    threads_per_worker: int | None = Field(None, ge=1)
+    log_every_s: float = Field(2.0, gt=0)
+
+
+class JobSpec(_Strict):
+    name: str = Field("job", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    seed: int = 0
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    data: DataSpec
+    resources: ResourceSpec = Field(default_factory=ResourceSpec)
+    optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
+    policy: PolicySpec = Field(default_factory=PolicySpec)
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    train: TrainSpec = Field(default_factory=TrainSpec)
+
+
+def _format_error(source: str, err: ValidationError) -> str:
+    first = err.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"]) or "<root>"
+    msg = first["msg"]
+    msg = re.sub(r"^(Value error|Assertion failed), ", "", msg)
+    if first["type"] == "extra_forbidden":
+        msg = "unknown field"
+    more = f" (+{err.error_count() - 1} more)" if err.error_count() > 1 else ""
+    return f"{source}: {loc}: {msg}{more}"
+
+
+def _set_dotted(doc: dict, key: str, raw: str) -> None:
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", key):
+        raise SpecError(f"--set {key}={raw}: bad key (expected dotted.name)")
+    try:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError:
+        value = raw
+    node = doc
+    parts = key.split(".")
+    for p in parts[:-1]:
+        child = node.get(p)
+        if child is None:
+            child = node[p] = {}
+        if not isinstance(child, dict):
+            raise SpecError(f"--set {key}={raw}: {p} is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def parse_overrides(items: list[str] | None) -> list[tuple[str, str]]:
+    out = []
+    for item in items or []:
+        if "=" not in item:
+            raise SpecError(f"--set {item}: expected key=value")
+        k, v = item.split("=", 1)
+        out.append((k.strip(), v))
+    return out
+
+
+def spec_from_dict(doc: Any, source: str = "<spec>", overrides: list[tuple[str, str]] | None = None) -> JobSpec:
+    if not isinstance(doc, dict):
+        raise SpecError(f"{source}: expected a YAML mapping at the top level")
+    for k, v in overrides or []:
+        _set_dotted(doc, k, v)
+    try:
+        return JobSpec.model_validate(doc)
+    except ValidationError as e:
+        raise SpecError(_format_error(source, e)) from None
+
+
+def load_spec(path: str | Path, overrides: list[tuple[str, str]] | None = None) -> JobSpec:
+    """Read and validate a job spec; raises :class:`SpecError` with a one-line message."""
+    p = Path(path)
+    if not p.is_file():
+        raise SpecError(f"{path}: spec file not found")
+    try:
+        doc = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+        problem = getattr(e, "problem", None) or "invalid YAML"
+        raise SpecError(f"{where}: {problem}") from None
+    return spec_from_dict(doc, str(path), overrides)

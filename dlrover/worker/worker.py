@@ -1,0 +1,304 @@
+"""Worker actor: fetch shard -> read rows -> pull pooled embeddings -> dense fwd/bwd -> push.
+
+A background thread asks the master for shards and parses their rows into batches, so
+file reading overlaps training. The main loop keeps one lookup in flight: the pull for
+step i+1 is issued before step i's forward (``train.staleness: 1``), so the PS work of
+the next batch overlaps this batch's MLP compute. A shard is reported done only after
+every PS has acknowledged the pushes of its last batch: "done" means "applied".
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import psutil
+import ray
+import torch
+
+from dlrover.data.criteo import Batch, FileIndex, FileReader
+from dlrover.data.shards import Shard
+from dlrover.model.dlrm import (
+    PSClient,
+    PSEmbeddingBagCollection,
+    build_dense_dlrm,
+    dense_parameters,
+    make_kjt,
+    table_configs,
+)
+from dlrover.ps.vshard import VShardMap
+from dlrover.spec import JobSpec
+
+
+@dataclass
+class Step:
+    """One batch on its way through the worker."""
+
+    shard: Shard | None
+    batch: Batch
+    last_of_shard: bool
+    bad_lines: int = 0
+    kjt: Any = None
+    dense: torch.Tensor | None = None
+    labels: torch.Tensor | None = None
+
+
+@dataclass
+class ShardProgress:
+    shard: Shard
+    rows: int = 0
+    bad_lines: int = 0
+    refs: list[Any] = field(default_factory=list)
+
+
+_END = object()
+
+
+def batches_of(reader: FileReader, index: FileIndex, start: int, stop: int, batch_size: int):
+    """Read rows [start, stop) of a file as batches of ``batch_size`` (last one shorter)."""
+    for a in range(start, stop, batch_size):
+        batch, bad = reader.read(index, a, min(stop, a + batch_size))
+        yield batch, bad, a + batch_size >= stop
+
+
+def to_step(step: Step) -> Step:
+    b = step.batch
+    step.kjt = make_kjt(b.sparse)
+    step.dense = torch.from_numpy(b.dense)
+    step.labels = torch.from_numpy(b.labels)
+    return step
+
+
+class Worker:
+    """Trains on shards handed out by the master until none are left."""
+
+    def __init__(
+        self,
+        name: str,
+        spec: dict,
+        master: Any,
+        ps: list[Any],
+        dense_ps: Any,
+        vmap: VShardMap,
+        files: dict[str, FileIndex],
+        threads: int = 1,
+    ) -> None:
+        self.name = name
+        self.spec = JobSpec.model_validate(spec)
+        torch.set_num_threads(max(1, threads))
+        self.master = master
+        self.dense_ps = dense_ps
+        self.files = files
+        self.reader = FileReader(on_bad_line=self.spec.data.on_bad_line)
+        self.client = PSClient(ps, vmap, self.spec.model.embedding_dim, name, get=ray.get)
+        self.ebc = PSEmbeddingBagCollection(table_configs(self.spec.model), self.client)
+        self.model = build_dense_dlrm(self.spec.model, self.ebc, self.spec.seed)
+        self.params = dense_parameters(self.model)
+        self.loss_fn = torch.nn.BCEWithLogitsLoss()
+        self._proc = psutil.Process()
+        self._stop = threading.Event()
+
+    # -- dense parameters ------------------------------------------------------------------
+    def _load_params(self, flat: np.ndarray) -> None:
+        torch.nn.utils.vector_to_parameters(torch.as_tensor(flat), self.params)
+
+    def _flat_grad(self) -> np.ndarray:
+        return torch.cat([p.grad.reshape(-1) for p in self.params]).numpy()
+
+    # -- input pipeline ----------------------------------------------------------------------
+    def _produce(self, out: queue.Queue) -> None:
+        """Background thread: shards from the master -> parsed batches on ``out``."""
+        try:
+            while not self._stop.is_set():
+                shard = ray.get(self.master.next_shard.remote(self.name))
+                if shard == "stop":
+                    break
+                if shard is None:
+                    continue
+                index = self.files[shard.path]
+                for batch, bad, last in batches_of(self.reader, index, shard.start, shard.stop, self.spec.data.batch_size):
+                    out.put(to_step(Step(shard, batch, last, bad)))
+        except BaseException as e:  # surfaced by the main loop
+            out.put(e)
+        out.put(_END)
+
+    # -- training loop -----------------------------------------------------------------------------
+    def run(self) -> dict:
+        q: queue.Queue = queue.Queue(maxsize=4)
+        producer = threading.Thread(target=self._produce, args=(q,), daemon=True, name="shard-reader")
+        producer.start()
+        self._load_params(ray.get(self.dense_ps.pull.remote())[1])
+        self.model.train()
+        stats = {"steps": 0, "samples": 0, "loss_sum": 0.0, "wait_ps_s": 0.0, "compute_s": 0.0, "wait_data_s": 0.0}
+        in_flight: dict[int, ShardProgress] = {}
+        self._finished: list[ShardProgress] = []
+        last_report = time.monotonic()
+        window = {"samples": 0, "loss_sum": 0.0, "t0": time.monotonic(), "steps": 0, "step_s": 0.0}
+
+        def take(item: Any) -> Step | None:
+            if isinstance(item, BaseException):
+                raise item
+            return None if item is _END else item
+
+        def wait_step() -> Step | None:
+            # About to block on input: the master may be waiting for our done reports
+            # before it hands out more (end of epoch), so settle them first.
+            self._finished = self._report_applied(self._finished, block=True)
+            t0 = time.perf_counter()
+            item = q.get()
+            stats["wait_data_s"] += time.perf_counter() - t0
+            return take(item)
+
+        def peek_step() -> tuple[Step | None, bool]:
+            """The next batch if one is ready (never blocks), and whether input ended."""
+            try:
+                item = q.get_nowait()
+            except queue.Empty:
+                return None, False
+            step = take(item)
+            return step, step is None
+
+        dense_ref = None
+        cur: Step | None = None
+        ended = False
+        while True:
+            if cur is None:
+                if ended:
+                    break
+                cur = wait_step()
+                if cur is None:
+                    break
+                self.ebc.prefetch(cur.kjt)
+            t_step = time.perf_counter()
+            nxt = None
+            if self.spec.train.staleness == 1 and not ended:
+                nxt, ended = peek_step()
+                if nxt is not None:
+                    self.ebc.prefetch(nxt.kjt)
+            if dense_ref is not None:
+                t0 = time.perf_counter()
+                self._load_params(ray.get(dense_ref)[1])
+                stats["wait_ps_s"] += time.perf_counter() - t0
+            for p in self.params:
+                p.grad = None
+            t0 = time.perf_counter()
+            logits = self.model(cur.dense, cur.kjt).squeeze(-1)
+            loss = self.loss_fn(logits, cur.labels)
+            loss.backward()
+            stats["compute_s"] += time.perf_counter() - t0
+            dense_ref = self.dense_ps.push_pull.remote(self._flat_grad())
+            push_refs = self.ebc.take_push_refs()
+
+            n = len(cur.batch)
+            prog = in_flight.setdefault(cur.shard.shard_id, ShardProgress(cur.shard))
+            prog.rows += n
+            prog.bad_lines += cur.bad_lines
+            prog.refs.extend(push_refs)
+            if cur.last_of_shard:
+                prog.refs.append(dense_ref)
+                self._finished.append(in_flight.pop(cur.shard.shard_id))
+            self._finished = self._report_applied(self._finished, block=False)
+
+            stats["steps"] += 1
+            stats["samples"] += n
+            stats["loss_sum"] += float(loss) * n
+            window["samples"] += n
+            window["loss_sum"] += float(loss) * n
+            window["steps"] += 1
+            window["step_s"] += time.perf_counter() - t_step
+            now = time.monotonic()
+            if now - last_report >= self.spec.train.log_every_s:
+                self._report(window, now)
+                window = {"samples": 0, "loss_sum": 0.0, "t0": now, "steps": 0, "step_s": 0.0}
+                last_report = now
+
+            if self.spec.train.staleness == 0:
+                ray.get(push_refs)
+            cur = nxt
+        if dense_ref is not None:
+            ray.get(dense_ref)
+        self._report_applied(self._finished, block=True)
+        self._report(window, time.monotonic())
+        producer.join(timeout=5)
+        stats["rss_mb"] = self._proc.memory_info().rss / 2**20
+        return stats
+
+    def _report_applied(self, finished: list[ShardProgress], block: bool) -> list[ShardProgress]:
+        """Tell the master about shards whose updates every PS has acknowledged."""
+        remaining = []
+        for prog in finished:
+            if block:
+                ray.get(prog.refs)
+            else:
+                ready, _ = ray.wait(prog.refs, num_returns=len(prog.refs), timeout=0)
+                if len(ready) < len(prog.refs):
+                    remaining.append(prog)
+                    continue
+            ray.get(self.master.shard_done.remote(self.name, prog.shard.shard_id, prog.rows, prog.bad_lines))
+        return remaining
+
+    def _report(self, window: dict, now: float) -> None:
+        dt = max(now - window["t0"], 1e-9)
+        steps = max(window["steps"], 1)
+        self.master.report.remote(
+            self.name,
+            {
+                "samples": window["samples"],
+                "samples_per_s": window["samples"] / dt,
+                "loss": window["loss_sum"] / max(window["samples"], 1),
+                "step_time_s": window["step_s"] / steps,
+                "rss_mb": self._proc.memory_info().rss / 2**20,
+                "cpu_percent": self._proc.cpu_percent(),
+            },
+        )
+
+    # -- evaluation ------------------------------------------------------------------------------------
+    def evaluate(self, ranges: list[tuple[str, int, int]]) -> dict:
+        """Scores rows [start, stop) of each file with the current parameters."""
+        self._load_params(ray.get(self.dense_ps.pull.remote())[1])
+        self.model.eval()
+        labels, logits = [], []
+        batches = []
+        with torch.no_grad():
+            for path, start, stop in ranges:
+                for batch, _bad, _last in batches_of(self.reader, self.files[path], start, stop, self.spec.data.batch_size):
+                    step = to_step(Step(None, batch, False))
+                    logits.append(self.model(step.dense, step.kjt).squeeze(-1).numpy())
+                    labels.append(batch.labels)
+                    batches.append((path, batch))
+        self.model.train()
+        oracle = _oracle_scores(batches)
+        return {
+            "labels": np.concatenate(labels) if labels else np.zeros(0, np.float32),
+            "logits": np.concatenate(logits) if logits else np.zeros(0, np.float32),
+            "oracle": oracle,
+        }
+
+    def ping(self) -> int:
+        return os.getpid()
+
+
+def _oracle_scores(batches: list[tuple[str, Batch]]) -> np.ndarray | None:
+    """The synthetic generator's true probabilities for these rows, if the data is synthetic."""
+    from dlrover.data.synth import Oracle
+
+    cache: dict[str, Any] = {}
+    out = []
+    for path, batch in batches:
+        d = os.path.dirname(path)
+        if d not in cache:
+            cache[d] = Oracle.from_dir(d)
+        if cache[d] is None:
+            return None
+        out.append(cache[d].probability(batch))
+    return np.concatenate(out) if out else None
+
+
+def worker_threads(cpu: float, override: int | None) -> int:
+    return override or max(1, math.ceil(cpu))
