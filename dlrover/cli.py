@@ -44,7 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--runs-dir", default="runs")
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a spec field, e.g. data.epochs=2")
     r.add_argument("--dashboard", action="store_true", help="start the Ray dashboard with the embedded cluster")
-    r.add_argument("--quiet", action="store_true", help="no progress bar")
+    r.add_argument("--quiet", action="store_true", help="no progress bar (progress lines every few seconds instead)")
+    r.add_argument("--job-id", help=argparse.SUPPRESS)
 
     s = sub.add_parser("submit", help="submit a job spec through Ray Jobs")
     s.add_argument("spec")
@@ -80,7 +81,9 @@ def cmd_run(args) -> int:
     from dlrover.spec import load_spec, parse_overrides
 
     spec = load_spec(args.spec, parse_overrides(args.set))
-    summary, path = run_job(spec, runs_dir=args.runs_dir, address=args.address, progress=not args.quiet, dashboard=args.dashboard)
+    summary, path = run_job(
+        spec, runs_dir=args.runs_dir, address=args.address, progress="lines" if args.quiet else "bar", dashboard=args.dashboard, job_id=args.job_id
+    )
     _print_result(summary)
     print(f"summary: {path}")
     return 0 if summary["status"] == "succeeded" else 1

@@ -15,6 +15,7 @@ from dlrover.errors import DLRoverError
 from dlrover.spec import JobSpec
 
 POLL_S = 0.5  # progress-bar refresh period
+LINE_EVERY_S = 5.0  # progress-line period without a bar
 
 
 def new_job_id(name: str) -> str:
@@ -53,9 +54,11 @@ def init_ray(spec: JobSpec, address: str | None, dashboard: bool = False) -> boo
     """
     if ray.is_initialized():
         return False
+    # Inside a Ray Jobs entrypoint RAY_ADDRESS points at the cluster: join it.
+    address = address or os.environ.get("RAY_ADDRESS")
     env = {"env_vars": {"PYTHONWARNINGS": "ignore", "TORCH_CPP_LOG_LEVEL": "ERROR"}}
     if address:
-        ray.init(address=address, namespace="dlrover", runtime_env=env, logging_level="ERROR")
+        ray.init(address=address, namespace="dlrover", logging_level="ERROR")
         return False
     cpus = max(os.cpu_count() or 1, int(required_cpus(spec) + 0.999))
     ray.init(
@@ -71,14 +74,25 @@ def init_ray(spec: JobSpec, address: str | None, dashboard: bool = False) -> boo
     return True
 
 
-def run_job(spec: JobSpec, runs_dir: str = "runs", address: str | None = None, progress: bool = True, dashboard: bool = False) -> tuple[dict, Path]:
-    """Train ``spec`` to the end; returns (summary, path of summary.json)."""
+def run_job(
+    spec: JobSpec,
+    runs_dir: str = "runs",
+    address: str | None = None,
+    progress: str = "bar",
+    dashboard: bool = False,
+    job_id: str | None = None,
+) -> tuple[dict, Path]:
+    """Train ``spec`` to the end; returns (summary, path of summary.json).
+
+    ``progress``: "bar" (tqdm on stderr), "lines" (a plain line every few seconds, for
+    logs) or "none".
+    """
     from tqdm import tqdm
 
     from dlrover.master.master import JobMaster
 
     ensure_data(spec)
-    job_id = new_job_id(spec.name)
+    job_id = job_id or new_job_id(spec.name)
     run_dir = Path(runs_dir) / job_id
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "spec.json").write_text(spec.model_dump_json(indent=2))
@@ -90,16 +104,24 @@ def run_job(spec: JobSpec, runs_dir: str = "runs", address: str | None = None, p
             .remote(job_id, spec.model_dump())
         )
         ref = master.run.remote()
-        bar = tqdm(total=None, unit="samples", unit_scale=True, disable=not progress, dynamic_ncols=True, file=sys.stderr)
+        bar = tqdm(total=None, unit="samples", unit_scale=True, disable=progress != "bar", dynamic_ncols=True, file=sys.stderr)
+        last_line = time.monotonic()
         try:
             while not ray.wait([ref], timeout=POLL_S)[0]:
                 p = ray.get(master.progress.remote())
-                if bar.total is None and p["samples_expected"]:
-                    bar.total = p["samples_expected"]
-                bar.n = min(p["samples_seen"], bar.total or p["samples_seen"])
                 loss = f"{p['loss']:.4f}" if p["loss"] is not None else "-"
-                bar.set_postfix_str(f"{p['status']} w={p['workers']} ps={p['ps']} {p['samples_per_s']:,.0f} samples/s loss={loss}", refresh=False)
-                bar.refresh()
+                info = f"{p['status']} w={p['workers']} ps={p['ps']} {p['samples_per_s']:,.0f} samples/s loss={loss}"
+                if progress == "bar":
+                    if bar.total is None and p["samples_expected"]:
+                        bar.total = p["samples_expected"]
+                    bar.n = min(p["samples_seen"], bar.total or p["samples_seen"])
+                    bar.set_postfix_str(info, refresh=False)
+                    bar.refresh()
+                elif progress == "lines" and time.monotonic() - last_line >= LINE_EVERY_S:
+                    # Plain lines for logs (``ray job logs -f``), where a bar would be noise.
+                    last_line = time.monotonic()
+                    pct = 100.0 * p["samples_seen"] / max(p["samples_expected"], 1)
+                    print(f"[dlrover] {job_id} {pct:5.1f}% {p['samples_seen']:,}/{p['samples_expected']:,} samples {info}", flush=True)
             summary = _get_summary(ref)
         except KeyboardInterrupt:
             master.stop.remote()

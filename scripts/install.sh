@@ -24,13 +24,15 @@ if [[ ! -x "$VENV/bin/python" ]]; then
   "$PY" -m venv "$VENV"
 fi
 PIP="$VENV/bin/python -m pip"
-$PIP install -q --upgrade pip wheel setuptools
+# pip here may be configured with extra local indexes that do not exist: drop that noise.
+pipi() { $PIP install -q --progress-bar off "$@" 2>&1 | sed -e '/is ignored: it is neither/d' -e '/requires fbgemm-gpu, which is not installed/d' -e "/dependency resolver does not currently/d"; }
+pipi --upgrade pip wheel setuptools
 echo "[install] torch + fbgemm + torchrec (no-deps)"
-$PIP install -q "$TORCH" "$FBGEMM"
-$PIP install -q --no-deps "$TORCHREC"
-$PIP install -q tensordict==0.15.3 torchmetrics==1.0.3 tqdm==4.67.1 pyre-extensions==0.0.32 iopath==0.1.10
+pipi "$TORCH" "$FBGEMM"
+pipi --no-deps "$TORCHREC"
+pipi tensordict==0.15.3 torchmetrics==1.0.3 tqdm==4.67.1 pyre-extensions==0.0.32 iopath==0.1.10
 echo "[install] project + runtime dependencies"
-$PIP install -q -e ".[test]"
+pipi -e ".[test]"
 if [[ "${DLROVER_GPU:-0}" != "1" ]] && $VENV/bin/python -m pip show fbgemm-gpu >/dev/null 2>&1; then
   echo "[install] removing CUDA fbgemm-gpu (breaks CPU import)"
   $PIP uninstall -y -q fbgemm-gpu

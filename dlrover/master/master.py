@@ -19,11 +19,13 @@ import torch
 
 from dlrover.data.criteo import FileIndex, expand_paths, index_file
 from dlrover.data.shards import Shard, ShardQueue
+from dlrover.errors import DLRoverError
 from dlrover.master.events import EventLog
 from dlrover.master.launcher import Launcher
 from dlrover.metrics.evaluation import evaluate_scores
 from dlrover.spec import JobSpec
 
+MAX_WORKER_REPLACEMENTS = 8  # fault tolerance proper (budgets, backoff) is the Fault issue's
 NEXT_SHARD_WAIT_S = 1.0  # how long a worker's request for work blocks before it asks again
 
 
@@ -146,6 +148,9 @@ class JobMaster:
         metrics = self._evaluate()
         self.status = "succeeded" if self.queue.finished else "failed"
         summary = self._summary(metrics)
+        ps_stats = ray.get([ps.stats.remote() for ps in self.launcher.ps])
+        # Each (sample, feature) bag is pushed to exactly one PS: this counts applied updates.
+        summary["ps_bags_updated"] = int(sum(s["rows_updated"] for s in ps_stats))
         self.events.add("job_end", status=self.status)
         self.launcher.shutdown()
         return summary
@@ -161,11 +166,26 @@ class JobMaster:
             try:
                 stats = ray.get(ref)
                 self.events.add("worker_exit", actor=name, **{k: v for k, v in stats.items() if np.isscalar(v)})
-            except ray.exceptions.RayError as e:
+            except ray.exceptions.RayTaskError as e:
+                cause = getattr(e, "cause", None)
+                if isinstance(cause, DLRoverError):
+                    # Bad input (a malformed data line): replacing the worker would only
+                    # hit it again. Stop the job and hand the one-line error to the user.
+                    self.events.add("job_error", actor=name, error=str(cause))
+                    self.stop()
+                    self.launcher.shutdown()
+                    raise type(cause)(str(cause)) from None
+                pending.update(self._replace_worker(name, e))
+            except ray.exceptions.RayActorError as e:
                 pending.update(self._replace_worker(name, e))
 
     def _replace_worker(self, name: str, err: Exception) -> dict:
         at = self.clock() - self.t0
+        if len(self.failures) >= MAX_WORKER_REPLACEMENTS:
+            # A failure that keeps coming back is a bug, not bad luck: stop with its cause.
+            self.stop()
+            self.launcher.shutdown()
+            raise RuntimeError(f"{name} failed and {len(self.failures)} replacements already failed: {err}")
         with self._work:
             requeued = self.queue.requeue_owner(name)
             self._work.notify_all()

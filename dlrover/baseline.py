@@ -1,0 +1,95 @@
+"""Single-process TorchRec training: the baseline dlrover is measured against.
+
+Same model (``torchrec.models.dlrm.DLRM``), same data reader, same hyperparameters, but
+embeddings in a local ``FusedEmbeddingBagCollection`` (fbgemm TBE with the optimizer fused
+into backward) and no Ray. Used by ``dlrover bench throughput`` and by the accuracy test.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torchrec.optim as trec_optim
+from torchrec.modules.fused_embedding_modules import FusedEmbeddingBagCollection
+
+from dlrover.data.criteo import Batch, FileReader
+from dlrover.master.master import DataPlan
+from dlrover.metrics.evaluation import evaluate_scores
+from dlrover.model.dlrm import build_dense_dlrm, dense_parameters, make_kjt, table_configs
+from dlrover.ps.dense_ps import make_dense_optimizer
+from dlrover.spec import JobSpec
+
+_SPARSE_OPT = {
+    "rowwise_adagrad": trec_optim.RowWiseAdagrad,
+    "adagrad": torch.optim.Adagrad,
+    "sgd": torch.optim.SGD,
+}
+
+
+def build_local_model(spec: JobSpec):
+    """DLRM over a FusedEmbeddingBagCollection, plus the dense optimizer."""
+    sparse = spec.optimizer.sparse
+    kwargs = {"lr": sparse.lr} if sparse.name == "sgd" else {"lr": sparse.lr, "eps": sparse.eps}
+    torch.manual_seed(spec.seed)
+    ebc = FusedEmbeddingBagCollection(tables=table_configs(spec.model), optimizer_type=_SPARSE_OPT[sparse.name], optimizer_kwargs=kwargs)
+    model = build_dense_dlrm(spec.model, ebc, spec.seed)
+    opt = make_dense_optimizer(dense_parameters(model), spec.optimizer.dense.model_dump())
+    return model, opt
+
+
+def hashed(batch: Batch, sizes: np.ndarray) -> np.ndarray:
+    return batch.sparse % sizes
+
+
+@dataclass
+class LocalResult:
+    samples: int
+    train_time_s: float
+    metrics: dict
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples / max(self.train_time_s, 1e-9)
+
+
+def train_step(model, opt, loss_fn, batch: Batch, sizes: np.ndarray) -> float:
+    opt.zero_grad(set_to_none=True)
+    logits = model(torch.from_numpy(batch.dense), make_kjt(hashed(batch, sizes))).squeeze(-1)
+    loss = loss_fn(logits, torch.from_numpy(batch.labels))
+    loss.backward()
+    opt.step()
+    return float(loss)
+
+
+def train_local(spec: JobSpec, threads: int | None = None) -> LocalResult:
+    """Train ``spec`` in this process (every epoch over every file's training rows)."""
+    if threads:
+        torch.set_num_threads(threads)
+    plan = DataPlan.build(spec)
+    reader = FileReader(on_bad_line=spec.data.on_bad_line)
+    sizes = np.array(spec.model.table_sizes(), dtype=np.int64)
+    model, opt = build_local_model(spec)
+    loss_fn = torch.nn.BCEWithLogitsLoss()
+    b = spec.data.batch_size
+    samples, t0 = 0, time.perf_counter()
+    for _ in range(spec.data.epochs):
+        for path, idx in plan.files.items():
+            for a in range(0, plan.train_rows[path], b):
+                batch, _ = reader.read(idx, a, min(plan.train_rows[path], a + b))
+                train_step(model, opt, loss_fn, batch, sizes)
+                samples += len(batch)
+    train_s = time.perf_counter() - t0
+    model.eval()
+    labels, probs = [], []
+    with torch.no_grad():
+        for path, a, z in plan.eval_ranges(spec.data.shard_rows):
+            for s in range(a, z, b):
+                batch, _ = reader.read(plan.files[path], s, min(z, s + b))
+                logits = model(torch.from_numpy(batch.dense), make_kjt(hashed(batch, sizes))).squeeze(-1)
+                probs.append(torch.sigmoid(logits).numpy())
+                labels.append(batch.labels)
+    metrics = evaluate_scores(np.concatenate(labels), np.concatenate(probs)) if labels else {}
+    return LocalResult(samples, train_s, metrics)

@@ -1,0 +1,60 @@
+"""Shared fixtures: one embedded local Ray per test session, small synthetic data sets."""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import pytest
+
+warnings.filterwarnings("ignore")
+os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+os.environ.setdefault("PYTHONWARNINGS", "ignore")
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """An embedded Ray on loopback with enough logical CPUs for 2 workers + 2 PS."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(
+            num_cpus=6,
+            include_dashboard=False,
+            _node_ip_address="127.0.0.1",
+            namespace="dlrover",
+            logging_level="ERROR",
+            runtime_env={"env_vars": {"PYTHONWARNINGS": "ignore", "TORCH_CPP_LOG_LEVEL": "ERROR"}},
+        )
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def synth_dir(tmp_path_factory):
+    """40k rows of learnable synthetic Criteo data in 2 TSV files."""
+    from dlrover.data.synth import SynthConfig, generate
+
+    d = tmp_path_factory.mktemp("synth")
+    generate(str(d), SynthConfig(rows=40_000, files=2, seed=3), progress=False)
+    return d
+
+
+def small_spec(data_dir, **over):
+    """A fast job spec over ``data_dir`` (small MLPs and tables)."""
+    from dlrover.spec import spec_from_dict
+
+    doc = {
+        "name": "t",
+        "seed": 0,
+        "model": {"embedding_dim": 8, "num_embeddings": 5000, "dense_arch": [32, 8], "over_arch": [64, 32, 1]},
+        "data": {"paths": [f"{data_dir}/*.tsv"], "epochs": 1, "batch_size": 1024, "eval_fraction": 0.1, "shard_rows": 4096},
+        "resources": {"workers": 2, "ps": 2, "worker_cpu": 1, "ps_cpu": 1, "worker_memory_mb": 1024, "ps_memory_mb": 512},
+    }
+    for key, value in over.items():
+        node = doc
+        parts = key.split("__")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = value
+    return spec_from_dict(doc)
