@@ -22,7 +22,18 @@ TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 POLL_S = 1.0
 
 
+def _use_local_token() -> None:
+    """Send the token of ``~/.ray/auth_token`` like the ``ray job`` CLI does.
+
+    Ray 2.60 clusters started here use token auth; the SDK client attaches the token only
+    when token mode is on in this process, which ``RAY_AUTH_MODE`` decides before Ray loads.
+    """
+    if "RAY_AUTH_MODE" not in os.environ and (Path.home() / ".ray" / "auth_token").is_file():
+        os.environ["RAY_AUTH_MODE"] = "token"
+
+
 def _client(address: str):
+    _use_local_token()
     from ray.job_submission import JobSubmissionClient
 
     try:
@@ -32,6 +43,7 @@ def _client(address: str):
 
 
 def submit(spec_path: str, address: str, overrides: list[str], wait: bool = False, runs_dir: str = "runs") -> int:
+    _use_local_token()
     from dlrover.runner import new_job_id
     from dlrover.spec import load_spec, parse_overrides
 

@@ -318,3 +318,26 @@ def test_expand_paths_and_detect_format(tmp_path, synth_dir):
     assert detect_format("x/a.pq") == "parquet"
     with pytest.raises(DataError):
         detect_format("x/synth.json")
+
+
+def test_parquet_bad_rows_name_file_and_row(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    n = 8
+    cols = {"label": pa.array([0, 1, 0, 2, 1, 0, 1, 0])}
+    cols.update({f"I{j}": pa.array(np.arange(n)) for j in range(1, NUM_DENSE + 1)})
+    cols.update({f"C{j}": pa.array(["ff"] * n) for j in range(1, NUM_SPARSE + 1)})
+    cols["C3"] = pa.array(["ff", "ff", "ff", "ff", "ff", "nothex", None, "ff"])
+    path = str(tmp_path / "bad.parquet")
+    pq.write_table(pa.table(cols), path)
+    index = index_file(path)
+    with pytest.raises(DataError, match=rf"{path}:4: label"):
+        FileReader().read(index, 0, n)
+    with pytest.raises(DataError, match=rf"{path}:6: C3"):
+        FileReader().read(index, 4, n)
+    batch, _ = FileReader().read(index, 6, 8)  # no bad rows in range
+    np.testing.assert_array_equal(batch.sparse[:, 2], [0, 0xFF])  # null -> 0
+    batch, skipped = FileReader("skip").read(index, 0, n)
+    assert skipped == 2 and len(batch) == 6
+    np.testing.assert_allclose(batch.dense[:, 0], np.log1p([0, 1, 2, 4, 6, 7]), rtol=1e-6)

@@ -1,0 +1,137 @@
+"""The command line: bad input gives one ``error:`` line and a non-zero exit, no traceback;
+``dlrover submit`` goes through Ray Jobs on a head this test starts."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONWARNINGS": "ignore", "TORCH_CPP_LOG_LEVEL": "ERROR", "RAY_IGNORE_UNHANDLED_ERRORS": "1"}
+
+
+def dlrover(*args, cwd=ROOT, timeout=600):
+    return subprocess.run([sys.executable, "-m", "dlrover", *map(str, args)], cwd=cwd, env=ENV, capture_output=True, text=True, timeout=timeout)
+
+
+def assert_one_line_error(proc, needle: str):
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1, proc.stderr[-2000:]
+    assert needle in errors[0], errors[0]
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+
+
+def write_spec(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize(
+    "body,needle",
+    [
+        ("data: {paths: [x.tsv]}\nresources: {workers: 0}\n", "resources.workers"),
+        ("data: {paths: [x.tsv]}\nmodel: {embedding_dim: 16, dense_arch: [32, 8]}\n", "must equal embedding_dim"),
+        ("data: {paths: [x.tsv]}\nbatch_size: 12\n", "batch_size: unknown field"),
+        ("data: {paths: [x.tsv]\n", "bad.yaml:"),
+        ("data: {paths: [/nonexistent/dir/*.tsv]}\n", "/nonexistent/dir/*.tsv"),
+    ],
+)
+def test_bad_spec_is_one_line_error(tmp_path, body, needle):
+    spec = write_spec(tmp_path / "bad.yaml", body)
+    assert_one_line_error(dlrover("run", spec, "--runs-dir", tmp_path / "runs"), needle)
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["run"], "the following arguments are required: spec"),
+        (["run", "missing.yaml"], "missing.yaml: spec file not found"),
+        (["run", "jobs/quickstart.yaml", "--set", "data.epochs"], "expected key=value"),
+        (["run", "jobs/quickstart.yaml", "--set", "data.epochs=-1"], "data.epochs"),
+        (["data", "synth", "--out", "x", "--rows", "-5"], "expected a positive integer"),
+        (["bogus"], "invalid choice"),
+    ],
+)
+def test_bad_cli_arguments_are_one_line_errors(args, needle):
+    assert_one_line_error(dlrover(*args), needle)
+
+
+def test_bad_data_line_names_file_and_line(tmp_path, synth_dir):
+    data = tmp_path / "data"
+    data.mkdir()
+    src = sorted(Path(synth_dir).glob("*.tsv"))[0]
+    lines = src.read_text().splitlines(keepends=True)[:3000]
+    lines[1234] = "1\t2\tnot-a-row\n"  # physical line 1235
+    (data / "bad.tsv").write_text("".join(lines))
+    spec = write_spec(
+        tmp_path / "job.yaml",
+        f"data: {{paths: ['{data}/*.tsv'], batch_size: 512, shard_rows: 1024, eval_fraction: 0.1}}\n"
+        "model: {embedding_dim: 8, num_embeddings: 1000, dense_arch: [16, 8], over_arch: [16, 1]}\n"
+        "resources: {workers: 1, ps: 1}\n",
+    )
+    proc = dlrover("run", spec, "--runs-dir", tmp_path / "runs", "--quiet")
+    assert_one_line_error(proc, f"{data / 'bad.tsv'}:1235")
+    # on_bad_line: skip trains the rest and reports the skipped line
+    proc = dlrover("run", spec, "--runs-dir", tmp_path / "runs", "--quiet", "--set", "data.on_bad_line=skip")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(Path(proc.stdout.strip().splitlines()[-1].removeprefix("summary: ")).read_text())
+    assert summary["bad_lines_skipped"] == 1
+    assert summary["samples_lost"] == 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def ray_head(tmp_path):
+    """A Ray head with the dashboard (Ray Jobs) on loopback, stopped by killing its group."""
+    ray_bin = shutil.which("ray", path=str(Path(sys.executable).parent)) or "ray"
+    port, dash = _free_port(), _free_port()
+    proc = subprocess.Popen(
+        [ray_bin, "start", "--head", "--block", f"--port={port}", "--node-ip-address=127.0.0.1",
+         "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", "--num-cpus=4", "--include-dashboard=true",
+         "--disable-usage-stats"],
+        env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    address = f"http://127.0.0.1:{dash}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if dlrover("status", "--address", address).returncode == 0:
+            break
+        time.sleep(2)
+    else:
+        os.killpg(proc.pid, signal.SIGTERM)
+        pytest.fail("ray head did not come up")
+    yield address
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_submit_through_ray_jobs(ray_head, tmp_path, synth_dir):
+    runs = tmp_path / "runs"
+    args = ["--set", f"data.paths=['{synth_dir}/*.tsv']", "--set", "data.synth=null", "--set", "model.num_embeddings=5000",
+            "--set", "model.dense_arch=[32,16]", "--set", "model.over_arch=[32,1]", "--set", "data.epochs=1"]
+    proc = dlrover("submit", "jobs/quickstart.yaml", "--address", ray_head, "--wait", "--runs-dir", runs, *args)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    job_id = re.search(r"submitted (\S+)", proc.stdout).group(1)
+    summary = json.loads((runs / job_id / "summary.json").read_text())
+    assert summary["status"] == "succeeded" and summary["samples_lost"] == 0
+    status = dlrover("status", "--address", ray_head)
+    assert status.returncode == 0 and job_id in status.stdout and "SUCCEEDED" in status.stdout
