@@ -62,6 +62,7 @@ def init_ray(spec: JobSpec, address: str | None, dashboard: bool = False) -> boo
         return False
     cpus = max(os.cpu_count() or 1, int(required_cpus(spec) + 0.999))
     ray.init(
+        address="local",  # always a new cluster, never a stale one from /tmp/ray
         num_cpus=cpus,
         include_dashboard=dashboard,
         dashboard_host="127.0.0.1",

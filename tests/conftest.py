@@ -19,6 +19,7 @@ def ray_local():
 
     if not ray.is_initialized():
         ray.init(
+            address="local",
             num_cpus=6,
             include_dashboard=False,
             _node_ip_address="127.0.0.1",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pandas as pd
 import pytest
 
 from conftest import small_spec
@@ -13,7 +14,7 @@ from dlrover.runner import run_job
 
 @pytest.fixture(scope="module")
 def two_by_two(ray_local, synth_dir, tmp_path_factory):
-    spec = small_spec(synth_dir, data__epochs=2)
+    spec = small_spec(synth_dir, data__epochs=2, data__eval_every_steps=25, train__log_every_s=0.5)
     summary, path = run_job(spec, runs_dir=str(tmp_path_factory.mktemp("runs")), progress="none")
     return spec, summary, path
 
@@ -31,7 +32,16 @@ def test_every_row_trained_exactly_once(two_by_two):
     for key in ("job_id", "status", "samples_expected", "samples_trained", "samples_lost", "auc", "logloss",
                 "throughput_samples_per_s", "wall_time_s", "scale_events", "failures"):
         assert key in on_disk
-    assert (path.parent / "events.jsonl").stat().st_size > 0
+    events = pd.read_json(path.parent / "events.jsonl", lines=True)
+    assert {"job_start", "launched", "worker_exit", "eval", "job_end"} <= set(events["kind"])
+
+
+def test_periodic_evaluation_is_logged(two_by_two):
+    _, _, path = two_by_two
+    events = pd.read_json(path.parent / "events.jsonl", lines=True)
+    periodic = events[(events["kind"] == "eval") & (events["periodic"] == True)]  # noqa: E712
+    assert len(periodic) >= 1
+    assert periodic["auc"].between(0.0, 1.0).all() and (periodic["step"] >= 25).all()
 
 
 def test_auc_matches_single_process_torchrec(two_by_two):

@@ -26,7 +26,9 @@ from dlrover.metrics.evaluation import evaluate_scores
 from dlrover.spec import JobSpec
 
 MAX_WORKER_REPLACEMENTS = 8  # fault tolerance proper (budgets, backoff) is the Fault issue's
-NEXT_SHARD_WAIT_S = 1.0  # how long a worker's request for work blocks before it asks again
+NEXT_SHARD_WAIT_S = 1.0
+TICK_S = 1.0  # the control loop wakes at least this often while workers train
+PERIODIC_EVAL_MAX_RANGES = 4  # periodic evaluation scores a bounded slice of the held-out rows  # how long a worker's request for work blocks before it asks again
 
 
 @dataclass
@@ -65,6 +67,9 @@ class JobMaster:
         self.bad_lines = 0
         self.metrics: dict[str, dict] = {}
         self.samples_done = 0
+        self.steps_done = 0
+        self._next_eval_step = self.spec.data.eval_every_steps or None
+        self._eval_ref: tuple[Any, int] | None = None
         self.train_start: float | None = None
         self.train_end: float | None = None
         self.failures: list[dict] = []
@@ -100,6 +105,7 @@ class JobMaster:
     def report(self, worker: str, metrics: dict) -> None:
         with self._lock:
             self.samples_done += metrics.get("samples", 0)
+            self.steps_done += metrics.get("steps", 0)
             metrics = dict(metrics, at_s=self.clock() - self.t0)
             self.metrics[worker] = metrics
         self.events.add("metrics", actor=worker, **metrics)
@@ -142,16 +148,20 @@ class JobMaster:
         self.events.add("launched", workers=len(self.launcher.workers), ps=len(self.launcher.ps))
         self.status = "training"
         self._watch_workers()
+        if self._eval_ref is not None:  # a periodic evaluation still running: keep its result
+            ray.wait([self._eval_ref[0]])
+            self._next_eval_step = None
+            self._tick()
         if self.train_end is None:
             self.train_end = self.clock()
         self.status = "evaluating"
         metrics = self._evaluate()
         self.status = "succeeded" if self.queue.finished else "failed"
+        self.events.add("job_end", status=self.status)
         summary = self._summary(metrics)
         ps_stats = ray.get([ps.stats.remote() for ps in self.launcher.ps])
         # Each (sample, feature) bag is pushed to exactly one PS: this counts applied updates.
         summary["ps_bags_updated"] = int(sum(s["rows_updated"] for s in ps_stats))
-        self.events.add("job_end", status=self.status)
         self.launcher.shutdown()
         return summary
 
@@ -160,7 +170,10 @@ class JobMaster:
         """Wait for every worker's ``run`` to return; a worker that dies is replaced."""
         pending = {self.launcher.start(name): name for name in list(self.launcher.workers)}
         while pending:
-            ready, _ = ray.wait(list(pending), num_returns=1)
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=TICK_S)
+            self._tick()
+            if not ready:
+                continue
             ref = ready[0]
             name = pending.pop(ref)
             try:
@@ -202,20 +215,40 @@ class JobMaster:
         self.events.add("failure", **failure)
         return {self.launcher.start(new): new}
 
+    def _tick(self) -> None:
+        """Periodic control work; for now the optional every-N-steps evaluation."""
+        if self._eval_ref is not None and ray.wait([self._eval_ref[0]], timeout=0)[0]:
+            ref, step = self._eval_ref
+            self._eval_ref = None
+            try:
+                self.events.add("eval", step=step, periodic=True, **self._score([ray.get(ref)]))
+            except ray.exceptions.RayError:
+                pass  # the evaluating worker died; the next period tries again
+        if self._next_eval_step is None or self.steps_done < self._next_eval_step or self._eval_ref is not None:
+            return
+        worker = next(iter(self.launcher.workers.values()), None)
+        ranges = self.data.eval_ranges(self.spec.data.shard_rows)[:PERIODIC_EVAL_MAX_RANGES]
+        if worker is not None and ranges:
+            self._eval_ref = (worker.evaluate.remote(ranges), self.steps_done)
+        while self._next_eval_step <= self.steps_done:
+            self._next_eval_step += self.spec.data.eval_every_steps
+
+    def _score(self, results: list[dict]) -> dict:
+        labels = np.concatenate([r["labels"] for r in results])
+        logits = np.concatenate([r["logits"] for r in results])
+        oracle = None
+        if all(r["oracle"] is not None for r in results):
+            oracle = np.concatenate([r["oracle"] for r in results])
+        return evaluate_scores(labels, torch.sigmoid(torch.from_numpy(logits)).numpy(), oracle)
+
     def _evaluate(self) -> dict:
         ranges = self.data.eval_ranges(self.spec.data.shard_rows)
         if not ranges:
             return {}
         workers = list(self.launcher.workers.values())
         parts = [ranges[i :: len(workers)] for i in range(len(workers))]
-        results = ray.get([w.evaluate.remote(p) for w, p in zip(workers, parts) if p])
-        labels = np.concatenate([r["labels"] for r in results])
-        logits = np.concatenate([r["logits"] for r in results])
-        oracle = None
-        if all(r["oracle"] is not None for r in results):
-            oracle = np.concatenate([r["oracle"] for r in results])
-        out = evaluate_scores(labels, torch.sigmoid(torch.from_numpy(logits)).numpy(), oracle)
-        self.events.add("eval", **out)
+        out = self._score(ray.get([w.evaluate.remote(p) for w, p in zip(workers, parts) if p]))
+        self.events.add("eval", final=True, **out)
         return out
 
     def _summary(self, metrics: dict) -> dict:

@@ -122,7 +122,8 @@ class PSEmbeddingBagCollection(nn.Module):
         super().__init__()
         self._configs = tables
         self.client = client
-        self._prefetched: dict[int, Lookup] = {}
+        # id(kjt) -> (kjt, lookup); holding the kjt keeps its id from being reused.
+        self._prefetched: dict[int, tuple[KeyedJaggedTensor, Lookup]] = {}
         self.push_refs: list[Any] = []
         # A parameter-less module has nothing to hang the autograd node on; this anchor
         # (requires_grad, never updated) makes backward always reach _PooledFromPS.
@@ -132,10 +133,11 @@ class PSEmbeddingBagCollection(nn.Module):
         return self._configs
 
     def prefetch(self, kjt: KeyedJaggedTensor) -> None:
-        self._prefetched[id(kjt)] = self.client.start(kjt, train=self.training)
+        self._prefetched[id(kjt)] = (kjt, self.client.start(kjt, train=self.training))
 
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
-        lookup = self._prefetched.pop(id(features), None) or self.client.start(features, train=self.training)
+        hit = self._prefetched.pop(id(features), None)
+        lookup = hit[1] if hit is not None else self.client.start(features, train=self.training)
         pooled = self.client.wait(lookup)
         if self.training:
             pooled = _PooledFromPS.apply(self._anchor, pooled, lambda g: self.push_refs.extend(self.client.push(lookup, g)))

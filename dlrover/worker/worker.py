@@ -103,6 +103,7 @@ class Worker:
         self.loss_fn = torch.nn.BCEWithLogitsLoss()
         self._proc = psutil.Process()
         self._stop = threading.Event()
+        self._eval: tuple | None = None
 
     # -- dense parameters ------------------------------------------------------------------
     def _load_params(self, flat: np.ndarray) -> None:
@@ -250,6 +251,7 @@ class Worker:
             self.name,
             {
                 "samples": window["samples"],
+                "steps": window["steps"],
                 "samples_per_s": window["samples"] / dt,
                 "loss": window["loss_sum"] / max(window["samples"], 1),
                 "step_time_s": window["step_s"] / steps,
@@ -260,24 +262,29 @@ class Worker:
 
     # -- evaluation ------------------------------------------------------------------------------------
     def evaluate(self, ranges: list[tuple[str, int, int]]) -> dict:
-        """Scores rows [start, stop) of each file with the current parameters."""
-        self._load_params(ray.get(self.dense_ps.pull.remote())[1])
-        self.model.eval()
-        labels, logits = [], []
-        batches = []
+        """Scores rows [start, stop) of each file with the latest parameters.
+
+        Runs on its own model replica, reader and PS client, so it can be called while
+        ``run`` trains (periodic evaluation) without touching the training state.
+        """
+        if self._eval is None:
+            client = PSClient(self.client.ps, self.client.vmap, self.client.dim, f"{self.name}/eval", get=ray.get)
+            model = build_dense_dlrm(self.spec.model, PSEmbeddingBagCollection(table_configs(self.spec.model), client), self.spec.seed)
+            self._eval = (model.eval(), dense_parameters(model), FileReader(on_bad_line=self.spec.data.on_bad_line))
+        model, params, reader = self._eval
+        torch.nn.utils.vector_to_parameters(torch.as_tensor(ray.get(self.dense_ps.pull.remote())[1]), params)
+        labels, logits, batches = [], [], []
         with torch.no_grad():
             for path, start, stop in ranges:
-                for batch, _bad, _last in batches_of(self.reader, self.files[path], start, stop, self.spec.data.batch_size):
+                for batch, _bad, _last in batches_of(reader, self.files[path], start, stop, self.spec.data.batch_size):
                     step = to_step(Step(None, batch, False))
-                    logits.append(self.model(step.dense, step.kjt).squeeze(-1).numpy())
+                    logits.append(model(step.dense, step.kjt).squeeze(-1).numpy())
                     labels.append(batch.labels)
                     batches.append((path, batch))
-        self.model.train()
-        oracle = _oracle_scores(batches)
         return {
             "labels": np.concatenate(labels) if labels else np.zeros(0, np.float32),
             "logits": np.concatenate(logits) if logits else np.zeros(0, np.float32),
-            "oracle": oracle,
+            "oracle": _oracle_scores(batches),
         }
 
     def ping(self) -> int:
