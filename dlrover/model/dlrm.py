@@ -10,6 +10,7 @@ the pulls early so that the lookups of step i+1 overlap the compute of step i.
 from __future__ import annotations
 
 import itertools
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -81,24 +82,32 @@ class PSClient:
 
     def __post_init__(self) -> None:
         self._table_sizes = torch.tensor(self.vmap.table_sizes, dtype=torch.int64)
+        self.timings = {"route_s": 0.0, "wait_pull_s": 0.0, "push_s": 0.0}
 
     def start(self, kjt: KeyedJaggedTensor, train: bool = True) -> Lookup:
+        t0 = time.perf_counter()
         batch = kjt.stride()
         lengths = kjt.lengths().to(torch.int64)
         rows = torch.remainder(kjt.values().to(torch.int64), torch.repeat_interleave(self._table_sizes, lengths.view(-1, batch).sum(1)))
         routed = route(rows, lengths, batch, self.vmap)
         key = (self.owner_name, next(self._seq))
         refs = [self.ps[r.ps].pull.remote(key, r.indices, r.offsets, train) for r in routed.requests]
+        self.timings["route_s"] += time.perf_counter() - t0
         return Lookup(key, routed, refs, train)
 
     def wait(self, lookup: Lookup) -> torch.Tensor:
         if lookup.pooled is None:
+            t0 = time.perf_counter()
             lookup.pooled = assemble(lookup.routed, self.get(lookup.refs), self.dim)
+            self.timings["wait_pull_s"] += time.perf_counter() - t0
         return lookup.pooled
 
     def push(self, lookup: Lookup, grad: torch.Tensor) -> list[Any]:
+        t0 = time.perf_counter()
         grads = split_grad(lookup.routed, grad, self.dim)
-        return [self.ps[r.ps].push.remote(lookup.key, g) for r, g in zip(lookup.routed.requests, grads)]
+        refs = [self.ps[r.ps].push.remote(lookup.key, g) for r, g in zip(lookup.routed.requests, grads)]
+        self.timings["push_s"] += time.perf_counter() - t0
+        return refs
 
 
 class _PooledFromPS(torch.autograd.Function):

@@ -136,7 +136,7 @@ class Worker:
         producer.start()
         self._load_params(ray.get(self.dense_ps.pull.remote())[1])
         self.model.train()
-        stats = {"steps": 0, "samples": 0, "loss_sum": 0.0, "wait_ps_s": 0.0, "compute_s": 0.0, "wait_data_s": 0.0}
+        stats = {"steps": 0, "samples": 0, "loss_sum": 0.0, "wait_dense_s": 0.0, "compute_s": 0.0, "wait_data_s": 0.0}
         in_flight: dict[int, ShardProgress] = {}
         self._finished: list[ShardProgress] = []
         last_report = time.monotonic()
@@ -185,7 +185,7 @@ class Worker:
             if dense_ref is not None:
                 t0 = time.perf_counter()
                 self._load_params(ray.get(dense_ref)[1])
-                stats["wait_ps_s"] += time.perf_counter() - t0
+                stats["wait_dense_s"] += time.perf_counter() - t0
             for p in self.params:
                 p.grad = None
             t0 = time.perf_counter()
@@ -228,6 +228,7 @@ class Worker:
         self._report(window, time.monotonic())
         producer.join(timeout=5)
         stats["rss_mb"] = self._proc.memory_info().rss / 2**20
+        stats.update(self.client.timings)
         return stats
 
     def _report_applied(self, finished: list[ShardProgress], block: bool) -> list[ShardProgress]:
