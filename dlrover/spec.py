@@ -129,7 +129,9 @@ class OptimizerSpec(_Strict):
 
 
 class PolicySpec(_Strict):
-    name: str = "static"
+    """Allocation policy. Only ``static`` (keep the requested resources) exists so far."""
+
+    name: Literal["static"] = "static"
     config: str | None = None
 
 
