@@ -29,6 +29,7 @@ class PSRequest:
     batch: int
     bag_n: torch.Tensor  # sample of each non-empty bag, in the order the PS returns them
     bag_t: torch.Tensor  # table of each non-empty bag
+    covers_all: bool = False  # every bag, in table-major order (one PS, single-hot): no scatter needed
 
 
 @dataclass
@@ -48,16 +49,26 @@ def table_rows(values: torch.Tensor, lengths: torch.Tensor, table_sizes: torch.T
 def route(values: torch.Tensor, lengths: torch.Tensor, batch: int, vmap: VShardMap) -> RoutedBatch:
     """Route a key-major jagged batch (``values`` already row ids, ``lengths`` [T*B])."""
     num_tables = lengths.numel() // batch
-    bag_of_value = torch.repeat_interleave(torch.arange(num_tables * batch), lengths)
+    single_hot = bool(lengths.numel()) and int(lengths.min()) == 1 and int(lengths.max()) == 1
+    bag_of_value = torch.arange(num_tables * batch) if single_hot else torch.repeat_interleave(torch.arange(num_tables * batch), lengths)
     owner, local = vmap.route(values, torch.div(bag_of_value, batch, rounding_mode="floor"))
+    if single_hot and vmap.num_ps == 1:
+        # The common Criteo case on one PS: the request is the whole batch as it is.
+        bag_t = torch.div(bag_of_value, batch, rounding_mode="floor")
+        offsets = torch.arange(num_tables * batch + 1, dtype=torch.int64)
+        req = PSRequest(0, local.numpy(), offsets.numpy(), batch, bag_of_value - bag_t * batch, bag_t, covers_all=True)
+        return RoutedBatch(batch, num_tables, [req])
     requests = []
     for k in range(vmap.num_ps):
-        sel = owner == k if vmap.num_ps > 1 else None
-        vals_k = local if sel is None else local[sel]
-        bags_k = bag_of_value if sel is None else bag_of_value[sel]
+        sel = owner == k
+        vals_k = local[sel]
+        bags_k = bag_of_value[sel]
         if vals_k.numel() == 0:
             continue
-        ubags, counts = torch.unique_consecutive(bags_k, return_counts=True)
+        if single_hot:  # one id per bag: every selected bag is distinct already
+            ubags, counts = bags_k, torch.ones_like(bags_k)
+        else:
+            ubags, counts = torch.unique_consecutive(bags_k, return_counts=True)
         bag_t = torch.div(ubags, batch, rounding_mode="floor")
         bag_n = ubags - bag_t * batch
         per_table = torch.bincount(bag_t, minlength=num_tables)
@@ -74,7 +85,10 @@ def route(values: torch.Tensor, lengths: torch.Tensor, batch: int, vmap: VShardM
 
 def assemble(routed: RoutedBatch, partials: list[np.ndarray], dim: int) -> torch.Tensor:
     """Scatter each PS's partial sums into the pooled output [B, T*D]."""
-    pooled = torch.zeros(routed.num_samples, routed.num_tables, dim)
+    n, t = routed.num_samples, routed.num_tables
+    if len(routed.requests) == 1 and routed.requests[0].covers_all:
+        return torch.as_tensor(partials[0]).view(t, n, dim).transpose(0, 1).reshape(n, t * dim)
+    pooled = torch.zeros(n, t, dim)
     for req, part in zip(routed.requests, partials):
         pooled.index_put_((req.bag_n, req.bag_t), torch.as_tensor(part), accumulate=True)
     return pooled.view(routed.num_samples, routed.num_tables * dim)
@@ -83,6 +97,8 @@ def assemble(routed: RoutedBatch, partials: list[np.ndarray], dim: int) -> torch
 def split_grad(routed: RoutedBatch, grad: torch.Tensor, dim: int) -> list[np.ndarray]:
     """The pooled-output gradient rows each PS needs, in the order it returned them."""
     g = grad.reshape(routed.num_samples, routed.num_tables, dim)
+    if len(routed.requests) == 1 and routed.requests[0].covers_all:
+        return [g.transpose(0, 1).reshape(-1, dim).contiguous().numpy()]
     return [g[req.bag_n, req.bag_t].contiguous().numpy() for req in routed.requests]
 
 
