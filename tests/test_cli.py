@@ -61,6 +61,8 @@ def test_bad_spec_is_one_line_error(tmp_path, body, needle):
         (["run", "jobs/quickstart.yaml", "--set", "data.epochs=-1"], "data.epochs"),
         (["data", "synth", "--out", "x", "--rows", "-5"], "expected a positive integer"),
         (["bogus"], "invalid choice"),
+        (["status", "--address", "http://127.0.0.1:9"], "cannot reach Ray Jobs at http://127.0.0.1:9"),
+        (["submit", "jobs/quickstart.yaml", "--address", "http://127.0.0.1:9"], "cannot reach Ray Jobs"),
     ],
 )
 def test_bad_cli_arguments_are_one_line_errors(args, needle):
