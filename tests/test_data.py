@@ -96,6 +96,15 @@ def test_synth_is_deterministic(tmp_path):
     ).read_bytes()
 
 
+def test_synth_custom_small_vocab_and_gzip(tmp_path):
+    cfg = SynthConfig(rows=200, files=1, seed=2, vocab_sizes=[3] * NUM_SPARSE, gzip=True)
+    meta = generate(str(tmp_path), cfg, progress=False)
+    batch = read_all(str(tmp_path / "part-00000.tsv.gz"))
+    assert len(batch) == 200 and meta["config"]["vocab_sizes"] == [3] * NUM_SPARSE
+    assert all(len(set(batch.sparse[:, t]) - {0}) <= 3 for t in range(NUM_SPARSE))
+    assert 0 < Oracle.from_dir(str(tmp_path)).probability(batch).min()
+
+
 def test_synth_rerun_with_fewer_files_removes_stale_parts(tmp_path):
     generate(str(tmp_path), SynthConfig(rows=300, files=3, seed=0), progress=False)
     generate(str(tmp_path), SynthConfig(rows=300, files=2, seed=0), progress=False)
@@ -216,7 +225,8 @@ def test_bad_lines_skipped_and_counted_in_all_formats(tmp_path):
         np.testing.assert_allclose(batch.dense[:, 0], np.log1p(good_rows), rtol=1e-6)
         part, skipped = reader.read(index, 10, 20)
         assert skipped == 1
-        np.testing.assert_allclose(part.dense[:, 0], np.log1p([r for r in good_rows if 10 <= r < 20]), rtol=1e-6)
+        in_range = [r for r in good_rows if 10 <= r < 20]
+        np.testing.assert_allclose(part.dense[:, 0], np.log1p(in_range), rtol=1e-6)
         with pytest.raises(DataError, match=rf"{path}:18: label"):
             FileReader("fail").read(index, 10, 20)
 
@@ -305,7 +315,8 @@ def test_expand_paths_and_detect_format(tmp_path, synth_dir):
     out, _ = synth_dir
     for name in ["b.tsv", "a.tsv", "c.parquet"]:
         (tmp_path / name).write_text("")
-    got = expand_paths([str(tmp_path / "*.tsv"), str(tmp_path / "a.tsv"), str(tmp_path / "c.parquet")])
+    patterns = [str(tmp_path / "*.tsv"), str(tmp_path / "a.tsv"), str(tmp_path / "c.parquet")]
+    got = expand_paths(patterns)
     assert got == [str(tmp_path / n) for n in ["a.tsv", "b.tsv", "c.parquet"]]
     # a directory expands to its data files, not synth.json
     assert [os.path.basename(p) for p in expand_paths([out])] == [
@@ -341,3 +352,24 @@ def test_parquet_bad_rows_name_file_and_row(tmp_path):
     batch, skipped = FileReader("skip").read(index, 0, n)
     assert skipped == 2 and len(batch) == 6
     np.testing.assert_allclose(batch.dense[:, 0], np.log1p([0, 1, 2, 4, 6, 7]), rtol=1e-6)
+
+
+def test_big_buffers_parse_in_pieces_with_correct_line_numbers(monkeypatch):
+    from dlrover.data import criteo
+
+    lines = [make_line(str(i % 2), dense=[str(i)] * NUM_DENSE) for i in range(60)]
+    lines[7] = ""
+    lines[33] = make_line("9")
+    lines[58] = "short"
+    data = ("\n".join(lines) + "\n").encode()
+    whole, skipped_whole = parse_tsv_lines(data, "f", 1, "skip")
+    monkeypatch.setattr(criteo, "_PIECE", 700)  # a few lines per piece
+    pieces, skipped = parse_tsv_lines(data, "f", 1, "skip")
+    assert skipped == skipped_whole == 2
+    assert_batches_equal(pieces, whole)
+    expected_rows = [i for i in range(60) if i not in (7, 33, 58)]
+    np.testing.assert_allclose(pieces.dense[:, 0], np.log1p(expected_rows), rtol=1e-6)
+    with pytest.raises(DataError, match="f:34: label"):
+        parse_tsv_lines(data, "f", 1, "fail")
+    with pytest.raises(DataError, match="f:110: label"):
+        parse_tsv_lines(data, "f", 77, "fail")

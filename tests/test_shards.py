@@ -160,7 +160,8 @@ def test_state_dict_round_trip_continues_identically():
     clock2 = FakeClock()
     clock2.t = 5.0
     r = ShardQueue.from_state_dict(state, clock=clock2)
-    assert (r.todo_count, r.doing_count, r.done_count) == (q.todo_count, q.doing_count, q.done_count)
+    counts = lambda x: (x.todo_count, x.doing_count, x.done_count)  # noqa: E731
+    assert counts(r) == counts(q)
     assert r.samples_done == q.samples_done
     assert r.doing_owners() == q.doing_owners()
     # lease ages survive the move to a different clock

@@ -1,0 +1,229 @@
+"""Dynamic data sharding: a todo -> doing -> done queue of row ranges.
+
+Workers pull small shards instead of owning a fixed 1/N of the data, so an elastic
+job can add, lose or slow down workers without losing or double-counting rows: a
+dead worker's leased shards simply go back to the front of the queue. This module is
+pure bookkeeping (no Ray, injectable clock) so the master can persist it and tests
+can drive it deterministically.
+
+Shard ids are ``epoch * shards_per_epoch + k``, where ``k`` numbers the shards of one
+epoch in file order; the shard for an id is recomputed on demand, so the state is a
+few id lists rather than every shard of every epoch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+_STATE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Rows ``[start, stop)`` of file ``path`` in epoch ``epoch``."""
+
+    shard_id: int
+    epoch: int
+    path: str
+    start: int
+    stop: int
+
+    @property
+    def rows(self) -> int:
+        return self.stop - self.start
+
+
+class ShardQueue:
+    """Hands out shards epoch by epoch and tracks who is working on what.
+
+    ``next`` moves a shard todo -> doing (leased to an owner); ``done`` moves it to
+    done; ``requeue``/``requeue_owner`` put leased shards back at the front of todo.
+    Epoch ``e + 1`` is opened only when every epoch-``e`` shard has been handed out,
+    so epochs never interleave except for requeued stragglers, which go first.
+    """
+
+    def __init__(
+        self,
+        files: list[tuple[str, int]],
+        shard_rows: int,
+        epochs: int,
+        shuffle_seed: int | None = 0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if shard_rows < 1:
+            raise ValueError(f"shard_rows must be >= 1, got {shard_rows}")
+        if epochs < 1:
+            raise ValueError(f"epochs must be >= 1, got {epochs}")
+        if shuffle_seed is not None and shuffle_seed < 0:
+            raise ValueError(f"shuffle_seed must be >= 0 or None, got {shuffle_seed}")
+        self.files = [(str(path), int(rows)) for path, rows in files]
+        if any(rows < 0 for _, rows in self.files):
+            raise ValueError("file row counts must be >= 0")
+        self.shard_rows = int(shard_rows)
+        self.epochs = int(epochs)
+        self.shuffle_seed = shuffle_seed
+        self.clock = clock
+        # One epoch's shards in file order: (file index, start, stop).
+        self._ranges = [
+            (f, lo, min(lo + self.shard_rows, rows))
+            for f, (_, rows) in enumerate(self.files)
+            for lo in range(0, rows, self.shard_rows)
+        ]
+        self._opened = 0  # epochs whose shards have been put in todo
+        self._todo: deque[int] = deque()
+        self._doing: dict[int, tuple[str, float]] = {}  # id -> (owner, lease start)
+        self._done: dict[int, tuple[str, int]] = {}  # id -> (owner, rows trained)
+        self._samples_done = 0
+
+    # -- shards ----------------------------------------------------------------
+
+    @property
+    def shards_per_epoch(self) -> int:
+        return len(self._ranges)
+
+    @property
+    def total_shards(self) -> int:
+        return self.shards_per_epoch * self.epochs
+
+    def shard(self, shard_id: int) -> Shard:
+        """The shard with this id; ValueError for an id outside the job."""
+        if not 0 <= shard_id < self.total_shards:
+            raise ValueError(f"unknown shard id {shard_id}")
+        epoch, k = divmod(shard_id, self.shards_per_epoch)
+        f, start, stop = self._ranges[k]
+        return Shard(shard_id, epoch, self.files[f][0], start, stop)
+
+    def _epoch_order(self, epoch: int) -> list[int]:
+        n = self.shards_per_epoch
+        order = np.arange(n)
+        if self.shuffle_seed is not None:
+            order = np.random.default_rng([self.shuffle_seed, epoch]).permutation(n)
+        return (epoch * n + order).tolist()
+
+    # -- transitions -------------------------------------------------------------
+
+    def next(self, owner: str) -> Shard | None:
+        """Lease the next todo shard to ``owner``; None when nothing is left to hand
+        out (shards may still be in progress elsewhere)."""
+        while not self._todo and self._opened < self.epochs:
+            self._todo.extend(self._epoch_order(self._opened))
+            self._opened += 1
+        if not self._todo:
+            return None
+        shard_id = self._todo.popleft()
+        self._doing[shard_id] = (owner, self.clock())
+        return self.shard(shard_id)
+
+    def done(self, shard_id: int, owner: str, rows_trained: int) -> None:
+        """Mark a leased shard done. A repeated report from the same owner is ignored
+        (RPC retries); a report from anyone not holding the lease is a ValueError."""
+        if shard_id in self._done:
+            if self._done[shard_id][0] != owner:
+                raise ValueError(f"shard {shard_id} was completed by {self._done[shard_id][0]!r}, "
+                                 f"not {owner!r}")
+            return
+        lease = self._doing.get(shard_id)
+        if lease is None or lease[0] != owner:
+            holder = f"leased to {lease[0]!r}" if lease else "not leased"
+            raise ValueError(f"shard {shard_id} is {holder}, not by {owner!r}")
+        rows = self.shard(shard_id).rows
+        if not 0 <= rows_trained <= rows:
+            raise ValueError(f"rows_trained {rows_trained} outside 0..{rows} for shard {shard_id}")
+        del self._doing[shard_id]
+        self._done[shard_id] = (owner, int(rows_trained))
+        self._samples_done += int(rows_trained)
+
+    def requeue_owner(self, owner: str) -> list[Shard]:
+        """Return a dead or removed worker's leased shards to the front of todo (in the
+        order they were leased) so they are redone first; returns them."""
+        ids = sorted((i for i, (o, _) in self._doing.items() if o == owner),
+                     key=lambda i: self._doing[i][1])
+        for shard_id in reversed(ids):
+            del self._doing[shard_id]
+            self._todo.appendleft(shard_id)
+        return [self.shard(i) for i in ids]
+
+    def requeue(self, shard_id: int) -> None:
+        """Return one leased shard (e.g. a timed-out lease) to the front of todo. A shard
+        that is not leased (already done or requeued) is left alone, since a timeout can
+        race with the completion report."""
+        self.shard(shard_id)  # validates the id
+        if self._doing.pop(shard_id, None) is not None:
+            self._todo.appendleft(shard_id)
+
+    # -- progress ----------------------------------------------------------------
+
+    @property
+    def todo_count(self) -> int:
+        """Shards not leased yet, including those of epochs not opened yet."""
+        return len(self._todo) + (self.epochs - self._opened) * self.shards_per_epoch
+
+    @property
+    def doing_count(self) -> int:
+        return len(self._doing)
+
+    @property
+    def done_count(self) -> int:
+        return len(self._done)
+
+    @property
+    def finished(self) -> bool:
+        return self.done_count == self.total_shards
+
+    @property
+    def epoch(self) -> int:
+        """The newest epoch handed out so far (0 before the first ``next``)."""
+        return max(self._opened - 1, 0)
+
+    @property
+    def samples_expected(self) -> int:
+        return sum(rows for _, rows in self.files) * self.epochs
+
+    @property
+    def samples_done(self) -> int:
+        return self._samples_done
+
+    def doing_since(self) -> dict[int, float]:
+        """Lease start (clock time) per leased shard, for lease timeouts."""
+        return {i: since for i, (_, since) in self._doing.items()}
+
+    def doing_owners(self) -> dict[int, str]:
+        """Owner per leased shard."""
+        return {i: owner for i, (owner, _) in self._doing.items()}
+
+    # -- persistence -------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """JSON-serialisable state. Lease times are stored as ages, since clock values
+        (monotonic) mean nothing in another process."""
+        now = self.clock()
+        return {
+            "version": _STATE_VERSION,
+            "files": [[p, r] for p, r in self.files],
+            "shard_rows": self.shard_rows,
+            "epochs": self.epochs,
+            "shuffle_seed": self.shuffle_seed,
+            "opened": self._opened,
+            "todo": list(self._todo),
+            "doing": [[i, owner, now - since] for i, (owner, since) in self._doing.items()],
+            "done": [[i, owner, rows] for i, (owner, rows) in self._done.items()],
+        }
+
+    @classmethod
+    def from_state_dict(cls, d: dict, clock: Callable[[], float] = time.monotonic) -> "ShardQueue":
+        if d.get("version") != _STATE_VERSION:
+            raise ValueError(f"unsupported ShardQueue state version {d.get('version')!r}")
+        q = cls([(p, r) for p, r in d["files"]], d["shard_rows"], d["epochs"],
+                d["shuffle_seed"], clock)
+        now = clock()
+        q._opened = int(d["opened"])
+        q._todo = deque(int(i) for i in d["todo"])
+        q._doing = {int(i): (str(owner), now - float(age)) for i, owner, age in d["doing"]}
+        q._done = {int(i): (str(owner), int(rows)) for i, owner, rows in d["done"]}
+        q._samples_done = sum(rows for _, rows in q._done.values())
+        return q
