@@ -113,13 +113,13 @@ class ResourceSpec(_Strict):
 
 class SparseOptimizerSpec(_Strict):
     name: Literal["rowwise_adagrad", "adagrad", "sgd"] = "rowwise_adagrad"
-    lr: float = Field(0.05, gt=0)
+    lr: float = Field(0.01, gt=0)
     eps: float = Field(1e-8, gt=0)
 
 
 class DenseOptimizerSpec(_Strict):
     name: Literal["adagrad", "sgd", "adam"] = "adagrad"
-    lr: float = Field(0.05, gt=0)
+    lr: float = Field(0.01, gt=0)
     eps: float = Field(1e-8, gt=0)
 
 

@@ -15,7 +15,7 @@ import torch
 
 
 def make_dense_optimizer(params, spec: dict) -> torch.optim.Optimizer:
-    name, lr, eps = spec.get("name", "adagrad"), float(spec.get("lr", 0.05)), float(spec.get("eps", 1e-8))
+    name, lr, eps = spec["name"], float(spec["lr"]), float(spec.get("eps", 1e-8))
     if name == "adagrad":
         return torch.optim.Adagrad(params, lr=lr, eps=eps)
     if name == "sgd":

@@ -68,8 +68,8 @@ class EmbeddingPS:
         sizes = vmap.local_table_sizes(ps_index)
         self.tbe = SplitTableBatchedEmbeddingBagsCodegen(
             [(n, dim, EmbeddingLocation.HOST, ComputeDevice.CPU) for n in sizes],
-            optimizer=_optim_type(optimizer.get("name", "rowwise_adagrad")),
-            learning_rate=float(optimizer.get("lr", 0.05)),
+            optimizer=_optim_type(optimizer["name"]),
+            learning_rate=float(optimizer["lr"]),
             eps=float(optimizer.get("eps", 1e-8)),
         )
         with torch.no_grad():
