@@ -82,17 +82,31 @@ class PSClient:
 
     def __post_init__(self) -> None:
         self._table_sizes = torch.tensor(self.vmap.table_sizes, dtype=torch.int64)
-        self.timings = {"route_s": 0.0, "wait_pull_s": 0.0, "push_s": 0.0}
+        self.timings = {"route_s": 0.0, "issue_pull_s": 0.0, "wait_pull_s": 0.0, "push_s": 0.0}
 
-    def start(self, kjt: KeyedJaggedTensor, train: bool = True) -> Lookup:
+    def route(self, kjt: KeyedJaggedTensor, put: Callable[[Any], Any] | None = None) -> RoutedBatch:
+        """Split a batch by owning PS. Workers run this on their input thread, with
+        ``put=ray.put`` so the id arrays are already in the object store when the pull is
+        issued: the training thread then only sends references."""
         t0 = time.perf_counter()
         batch = kjt.stride()
         lengths = kjt.lengths().to(torch.int64)
         rows = torch.remainder(kjt.values().to(torch.int64), torch.repeat_interleave(self._table_sizes, lengths.view(-1, batch).sum(1)))
         routed = route(rows, lengths, batch, self.vmap)
+        if put is not None:
+            for r in routed.requests:
+                r.indices = put(r.indices)
+                r.offsets = None if r.offsets is None else put(r.offsets)
+        self.timings["route_s"] += time.perf_counter() - t0
+        return routed
+
+    def start(self, kjt: KeyedJaggedTensor, train: bool = True, routed: RoutedBatch | None = None) -> Lookup:
+        """Issue the pulls of one batch to its PS without waiting for them."""
+        routed = routed if routed is not None else self.route(kjt)
+        t0 = time.perf_counter()
         key = (self.owner_name, next(self._seq))
         refs = [self.ps[r.ps].pull.remote(key, r.indices, r.offsets, train) for r in routed.requests]
-        self.timings["route_s"] += time.perf_counter() - t0
+        self.timings["issue_pull_s"] += time.perf_counter() - t0
         return Lookup(key, routed, refs, train)
 
     def wait(self, lookup: Lookup) -> torch.Tensor:
@@ -141,8 +155,9 @@ class PSEmbeddingBagCollection(nn.Module):
     def embedding_bag_configs(self) -> list[EmbeddingBagConfig]:
         return self._configs
 
-    def prefetch(self, kjt: KeyedJaggedTensor) -> None:
-        self._prefetched[id(kjt)] = (kjt, self.client.start(kjt, train=self.training))
+    def prefetch(self, kjt: KeyedJaggedTensor, routed: RoutedBatch | None = None) -> None:
+        """Start the lookups of ``kjt`` now; ``forward(kjt)`` later collects them."""
+        self._prefetched[id(kjt)] = (kjt, self.client.start(kjt, train=self.training, routed=routed))
 
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
         hit = self._prefetched.pop(id(features), None)

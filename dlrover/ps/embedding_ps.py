@@ -85,12 +85,20 @@ class EmbeddingPS:
         self._started = time.monotonic()
 
     # -- hot path ---------------------------------------------------------------------
-    def pull(self, key: tuple, indices: np.ndarray, offsets: np.ndarray, train: bool = True) -> np.ndarray:
-        """Pooled partial sums [num_nonempty_bags, D], in table-major bag order."""
+    def pull(self, key: tuple, indices: np.ndarray, offsets: np.ndarray | None, train: bool = True) -> np.ndarray:
+        """Pooled partial sums [num_nonempty_bags, D], in table-major bag order.
+
+        ``offsets`` None means one id per bag (single-hot), the common Criteo case: the
+        offsets are then 0..len(indices) and need not cross the wire.
+        """
         t0 = time.perf_counter()
         idx = torch.as_tensor(indices)
-        off = torch.as_tensor(offsets)
-        nz = nonempty_bags(off)
+        if offsets is None:
+            off = torch.arange(idx.numel() + 1, dtype=torch.int64)
+            nz = torch.arange(idx.numel())
+        else:
+            off = torch.as_tensor(offsets)
+            nz = nonempty_bags(off)
         if train:
             out = self.tbe(idx, off)
             with self._lock:

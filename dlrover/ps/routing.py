@@ -11,6 +11,7 @@ step moves stay about ``B x T x D`` however many PS there are.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -24,8 +25,8 @@ class PSRequest:
     major); ``bag_n``/``bag_t`` stay on the worker and say where each returned row goes."""
 
     ps: int
-    indices: np.ndarray  # int64 local row ids
-    offsets: np.ndarray  # int64 [T * batch + 1]
+    indices: Any  # int64 local row ids (or an ObjectRef to them, see PSClient.route)
+    offsets: Any  # int64 [T * batch + 1]; None when every bag holds exactly one id
     batch: int
     bag_n: torch.Tensor  # sample of each non-empty bag, in the order the PS returns them
     bag_t: torch.Tensor  # table of each non-empty bag
@@ -55,8 +56,7 @@ def route(values: torch.Tensor, lengths: torch.Tensor, batch: int, vmap: VShardM
     if single_hot and vmap.num_ps == 1:
         # The common Criteo case on one PS: the request is the whole batch as it is.
         bag_t = torch.div(bag_of_value, batch, rounding_mode="floor")
-        offsets = torch.arange(num_tables * batch + 1, dtype=torch.int64)
-        req = PSRequest(0, local.numpy(), offsets.numpy(), batch, bag_of_value - bag_t * batch, bag_t, covers_all=True)
+        req = PSRequest(0, local.numpy(), None, batch, bag_of_value - bag_t * batch, bag_t, covers_all=True)
         return RoutedBatch(batch, num_tables, [req])
     requests = []
     for k in range(vmap.num_ps):
@@ -77,6 +77,9 @@ def route(values: torch.Tensor, lengths: torch.Tensor, batch: int, vmap: VShardM
         j = torch.arange(len(ubags)) - table_start[bag_t]
         lens = torch.zeros(num_tables, b_k, dtype=torch.int64)
         lens[bag_t, j] = counts
+        if single_hot and b_k * num_tables == len(ubags):  # every padded bag is used: no offsets
+            requests.append(PSRequest(k, vals_k.numpy(), None, b_k, bag_n, bag_t))
+            continue
         offsets = torch.zeros(num_tables * b_k + 1, dtype=torch.int64)
         torch.cumsum(lens.view(-1), 0, out=offsets[1:])
         requests.append(PSRequest(k, vals_k.numpy(), offsets.numpy(), b_k, bag_n, bag_t))

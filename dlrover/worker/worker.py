@@ -45,6 +45,7 @@ class Step:
     last_of_shard: bool
     bad_lines: int = 0
     kjt: Any = None
+    routed: Any = None  # the batch split by owning PS, computed on the input thread
     dense: torch.Tensor | None = None
     labels: torch.Tensor | None = None
 
@@ -124,7 +125,11 @@ class Worker:
                     continue
                 index = self.files[shard.path]
                 for batch, bad, last in batches_of(self.reader, index, shard.start, shard.stop, self.spec.data.batch_size):
-                    out.put(to_step(Step(shard, batch, last, bad)))
+                    step = to_step(Step(shard, batch, last, bad))
+                    # Routing and the object-store put of the ids are CPU work that can
+                    # run here, off the training thread.
+                    step.routed = self.client.route(step.kjt, put=ray.put)
+                    out.put(step)
         except BaseException as e:  # surfaced by the main loop
             out.put(e)
         out.put(_END)
@@ -175,13 +180,13 @@ class Worker:
                 cur = wait_step()
                 if cur is None:
                     break
-                self.ebc.prefetch(cur.kjt)
+                self.ebc.prefetch(cur.kjt, cur.routed)
             t_step = time.perf_counter()
             nxt = None
             if self.spec.train.staleness == 1 and not ended:
                 nxt, ended = peek_step()
                 if nxt is not None:
-                    self.ebc.prefetch(nxt.kjt)
+                    self.ebc.prefetch(nxt.kjt, nxt.routed)
             if dense_ref is not None:
                 t0 = time.perf_counter()
                 self._load_params(ray.get(dense_ref)[1])
