@@ -130,7 +130,7 @@ class _PooledFromPS(torch.autograd.Function):
     @staticmethod
     def forward(ctx, anchor: torch.Tensor, pooled: torch.Tensor, sink: Callable[[torch.Tensor], None]) -> torch.Tensor:
         ctx.sink = sink
-        return pooled.clone()
+        return pooled.view_as(pooled)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):

@@ -41,7 +41,8 @@ class DenseParamServer:
                 self.opt.step()
                 self.param.grad = None
                 self.version += 1
-            return self.version, self.param.detach().numpy().copy()
+            # No copy: Ray serialises the return value before the next call can run.
+            return self.version, self.param.detach().numpy()
 
     def pull(self) -> tuple[int, np.ndarray]:
         return self.push_pull(None)

@@ -86,16 +86,16 @@ class EmbeddingPS:
 
     # -- hot path ---------------------------------------------------------------------
     def pull(self, key: tuple, indices: np.ndarray, offsets: np.ndarray | None, train: bool = True) -> np.ndarray:
-        """Pooled partial sums [num_nonempty_bags, D], in table-major bag order.
+        """Pooled partial sums of the non-empty bags.
 
-        ``offsets`` None means one id per bag (single-hot), the common Criteo case: the
-        offsets are then 0..len(indices) and need not cross the wire.
+        With ``offsets``: ``[num_nonempty_bags, D]`` in table-major bag order. Without
+        (every bag holds exactly one id, the common Criteo case): TBE's own output
+        ``[batch, T*D]`` untouched, so neither side copies or reorders it.
         """
         t0 = time.perf_counter()
         idx = torch.as_tensor(indices)
         if offsets is None:
-            off = torch.arange(idx.numel() + 1, dtype=torch.int64)
-            nz = torch.arange(idx.numel())
+            off, nz = torch.arange(idx.numel() + 1, dtype=torch.int64), None
         else:
             off = torch.as_tensor(offsets)
             nz = nonempty_bags(off)
@@ -106,27 +106,34 @@ class EmbeddingPS:
         else:
             with torch.no_grad():
                 out = self.tbe(idx, off)
-        num_tables = len(self.vmap.table_sizes)
-        batch = (off.numel() - 1) // num_tables
-        rows = out.detach().view(batch, num_tables, self.dim).transpose(0, 1).reshape(-1, self.dim)[nz]
+        out = out.detach()
+        if nz is not None:
+            num_tables = len(self.vmap.table_sizes)
+            out = out.view(out.shape[0], num_tables, self.dim).transpose(0, 1).reshape(-1, self.dim)[nz]
         self._stats["pulls"] += 1
         self._stats["busy_s"] += time.perf_counter() - t0
-        return rows.numpy()
+        return out.numpy()
 
     def push(self, key: tuple, grad: np.ndarray) -> int:
-        """Apply the gradient of a pulled batch (fused optimizer update). Returns ids updated."""
+        """Apply the gradient of a pulled batch (fused optimizer update), in the layout
+        ``pull`` returned. Returns the number of bags updated."""
         t0 = time.perf_counter()
         with self._lock:
             out, nz = self._pending.pop(key)
         num_tables = len(self.vmap.table_sizes)
         batch = out.shape[0]
-        g = torch.zeros(num_tables * batch, self.dim)
-        g[nz] = torch.as_tensor(grad)
-        out.backward(g.view(num_tables, batch, self.dim).transpose(0, 1).reshape(batch, num_tables * self.dim))
+        if nz is None:
+            out.backward(torch.as_tensor(grad))
+            bags = batch * num_tables
+        else:
+            g = torch.zeros(num_tables * batch, self.dim)
+            g[nz] = torch.as_tensor(grad)
+            out.backward(g.view(num_tables, batch, self.dim).transpose(0, 1).reshape(batch, num_tables * self.dim))
+            bags = int(nz.numel())
         self._stats["pushes"] += 1
-        self._stats["rows_updated"] += int(nz.numel())
+        self._stats["rows_updated"] += bags
         self._stats["busy_s"] += time.perf_counter() - t0
-        return int(nz.numel())
+        return bags
 
     def drop(self, key_prefix) -> int:
         """Forget pulled-but-never-pushed batches of a worker (it died or was removed)."""

@@ -86,23 +86,38 @@ def route(values: torch.Tensor, lengths: torch.Tensor, batch: int, vmap: VShardM
     return RoutedBatch(batch, num_tables, requests)
 
 
+def _table_major(part: torch.Tensor, req: PSRequest, num_tables: int, dim: int) -> torch.Tensor:
+    """Rows of a PS answer in table-major bag order, whatever layout it came in."""
+    if req.offsets is None:  # TBE layout [batch, T*D], every bag non-empty
+        return part.view(req.batch, num_tables, dim).transpose(0, 1).reshape(-1, dim)
+    return part
+
+
 def assemble(routed: RoutedBatch, partials: list[np.ndarray], dim: int) -> torch.Tensor:
-    """Scatter each PS's partial sums into the pooled output [B, T*D]."""
+    """Add each PS's partial sums into the pooled output [B, T*D]."""
     n, t = routed.num_samples, routed.num_tables
     if len(routed.requests) == 1 and routed.requests[0].covers_all:
-        return torch.as_tensor(partials[0]).view(t, n, dim).transpose(0, 1).reshape(n, t * dim)
+        return torch.as_tensor(partials[0])  # already [B, T*D]: no copy at all
     pooled = torch.zeros(n, t, dim)
     for req, part in zip(routed.requests, partials):
-        pooled.index_put_((req.bag_n, req.bag_t), torch.as_tensor(part), accumulate=True)
-    return pooled.view(routed.num_samples, routed.num_tables * dim)
+        rows = _table_major(torch.as_tensor(part), req, t, dim)
+        pooled.index_put_((req.bag_n, req.bag_t), rows, accumulate=True)
+    return pooled.view(n, t * dim)
 
 
 def split_grad(routed: RoutedBatch, grad: torch.Tensor, dim: int) -> list[np.ndarray]:
-    """The pooled-output gradient rows each PS needs, in the order it returned them."""
-    g = grad.reshape(routed.num_samples, routed.num_tables, dim)
+    """The pooled-output gradient each PS needs, in the layout it answered in."""
+    n, t = routed.num_samples, routed.num_tables
     if len(routed.requests) == 1 and routed.requests[0].covers_all:
-        return [g.transpose(0, 1).reshape(-1, dim).contiguous().numpy()]
-    return [g[req.bag_n, req.bag_t].contiguous().numpy() for req in routed.requests]
+        return [grad.contiguous().numpy()]
+    g = grad.reshape(n, t, dim)
+    out = []
+    for req in routed.requests:
+        rows = g[req.bag_n, req.bag_t]
+        if req.offsets is None:
+            rows = rows.view(t, req.batch, dim).transpose(0, 1).reshape(req.batch, t * dim)
+        out.append(rows.contiguous().numpy())
+    return out
 
 
 def nonempty_bags(offsets: torch.Tensor) -> torch.Tensor:
