@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import secrets
 import sys
@@ -23,20 +24,27 @@ def new_job_id(name: str) -> str:
 
 
 def ensure_data(spec: JobSpec) -> None:
-    """Generate the spec's synthetic data on first use (paths that match nothing)."""
+    """Generate the spec's synthetic data when it is missing, incomplete or stale.
+
+    ``synth.json`` is written last, so a generation that was interrupted (or one with
+    another row count or seed) is regenerated instead of being trained on silently.
+    """
     from dlrover.data.criteo import expand_paths
 
-    try:
+    s = spec.data.synth
+    if s is None:
         expand_paths(spec.data.paths)
         return
-    except DLRoverError:
-        if spec.data.synth is None:
-            raise
-    from dlrover.data.synth import SynthConfig, generate
+    meta = Path(s.out) / "synth.json"
+    try:
+        cfg = json.loads(meta.read_text()).get("config", {})
+    except (OSError, ValueError):
+        cfg = {}
+    if (cfg.get("rows"), cfg.get("files"), cfg.get("seed")) != (s.rows, s.files, s.seed):
+        from dlrover.data.synth import SynthConfig, generate
 
-    s = spec.data.synth
-    print(f"[dlrover] generating synthetic Criteo data: {s.rows} rows in {s.files} files -> {s.out}", file=sys.stderr)
-    generate(s.out, SynthConfig(rows=s.rows, files=s.files, seed=s.seed), progress=True)
+        print(f"[dlrover] generating synthetic Criteo data: {s.rows:,} rows in {s.files} files -> {s.out}", file=sys.stderr)
+        generate(s.out, SynthConfig(rows=s.rows, files=s.files, seed=s.seed), progress=True)
     expand_paths(spec.data.paths)
 
 
@@ -58,9 +66,12 @@ def init_ray(spec: JobSpec, address: str | None, dashboard: bool = False) -> boo
     address = address or os.environ.get("RAY_ADDRESS")
     env = {"env_vars": {"PYTHONWARNINGS": "ignore", "TORCH_CPP_LOG_LEVEL": "ERROR", "RAY_IGNORE_UNHANDLED_ERRORS": "1"}}
     if address:
-        ray.init(address=address, namespace="dlrover", logging_level="ERROR")
+        try:
+            ray.init(address=address, namespace="dlrover", logging_level="ERROR")
+        except (ConnectionError, ValueError, RuntimeError) as e:
+            raise DLRoverError(f"--address {address}: cannot connect to Ray: {str(e).splitlines()[0]}") from None
         return False
-    cpus = max(os.cpu_count() or 1, int(required_cpus(spec) + 0.999))
+    cpus = max(os.cpu_count() or 1, math.ceil(required_cpus(spec)))
     ray.init(
         address="local",  # always a new cluster, never a stale one from /tmp/ray
         num_cpus=cpus,
@@ -129,6 +140,7 @@ def run_job(
             raise
         finally:
             bar.close()
+            ray.kill(master, no_restart=True)
     finally:
         if started:
             ray.shutdown()

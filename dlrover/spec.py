@@ -220,6 +220,8 @@ def load_spec(path: str | Path, overrides: list[tuple[str, str]] | None = None) 
         raise SpecError(f"{path}: spec file not found")
     try:
         doc = yaml.safe_load(p.read_text())
+    except (OSError, UnicodeDecodeError) as e:
+        raise SpecError(f"{path}: cannot read spec: {e.__class__.__name__}") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)

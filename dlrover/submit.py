@@ -59,12 +59,15 @@ def submit(spec_path: str, address: str, overrides: list[str], wait: bool = Fals
     for item in overrides:
         cmd += ["--set", item]
     client = _client(address)
-    client.submit_job(
-        entrypoint=shlex.join(cmd),
-        submission_id=job_id,
-        runtime_env={"working_dir": str(workdir), "excludes": WORKING_DIR_EXCLUDES},
-        metadata={"dlrover_job": job_id, "name": spec.name, "policy": spec.policy.name, "workers": str(spec.resources.workers), "ps": str(spec.resources.ps)},
-    )
+    try:
+        client.submit_job(
+            entrypoint=shlex.join(cmd),
+            submission_id=job_id,
+            runtime_env={"working_dir": str(workdir), "excludes": WORKING_DIR_EXCLUDES},
+            metadata={"dlrover_job": job_id, "name": spec.name, "policy": spec.policy.name, "workers": str(spec.resources.workers), "ps": str(spec.resources.ps)},
+        )
+    except (RuntimeError, ValueError, OSError) as e:  # upload too large, HTTP errors, ...
+        raise DLRoverError(f"submit to {address} failed: {str(e).strip().splitlines()[0]}") from None
     print(f"submitted {job_id} to {address}")
     if not wait:
         print(f"follow with: ray job logs -f {job_id} --address {address}")

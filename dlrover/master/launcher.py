@@ -14,6 +14,7 @@ import ray
 import torch
 
 from dlrover.data.criteo import FileIndex
+from dlrover.errors import DLRoverError
 from dlrover.model.dlrm import PSEmbeddingBagCollection, build_dense_dlrm, dense_parameters, table_configs
 from dlrover.ps.dense_ps import DenseParamServer
 from dlrover.ps.embedding_ps import EmbeddingPS
@@ -22,6 +23,7 @@ from dlrover.spec import JobSpec
 from dlrover.worker.worker import Worker, worker_threads
 
 MB = 2**20
+ACTOR_START_TIMEOUT_S = 180.0
 
 
 def initial_dense_params(spec: JobSpec) -> torch.Tensor:
@@ -62,6 +64,21 @@ class Launcher:
         )
         for _ in range(workers):
             self.add_worker()
+        self._wait_started()
+
+    def _wait_started(self) -> None:
+        """Fail fast, with a one-line reason, when actors cannot start: a cluster without
+        the CPUs or memory the spec asks for would otherwise leave them pending forever."""
+        probes = [p.stats.remote() for p in self.ps] + [self.dense_ps.pull.remote()] + [w.ping.remote() for w in self.workers.values()]
+        try:
+            ray.get(probes, timeout=ACTOR_START_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            raise DLRoverError(
+                f"{self.job_id}: actors did not start within {ACTOR_START_TIMEOUT_S:.0f}s; the cluster may lack the "
+                f"CPUs/memory in resources (workers x worker_cpu/worker_memory_mb, ps x ps_cpu/ps_memory_mb)"
+            ) from None
+        except ray.exceptions.RayActorError as e:
+            raise DLRoverError(f"{self.job_id}: an actor failed to start: {str(e).strip().splitlines()[0]}") from None
 
     def add_worker(self) -> str:
         """Create one worker actor and return its name; it trains once ``start``-ed."""

@@ -19,7 +19,7 @@ import torch
 
 from dlrover.data.criteo import FileIndex, expand_paths, index_file
 from dlrover.data.shards import Shard, ShardQueue
-from dlrover.errors import DLRoverError
+from dlrover.errors import DataError, DLRoverError
 from dlrover.master.events import EventLog
 from dlrover.master.launcher import Launcher
 from dlrover.metrics.evaluation import evaluate_scores
@@ -41,6 +41,10 @@ class DataPlan:
     @classmethod
     def build(cls, spec: JobSpec) -> "DataPlan":
         files = {p: index_file(p) for p in expand_paths(spec.data.paths)}
+        if spec.data.format != "auto":
+            for p, idx in files.items():
+                if idx.fmt != spec.data.format:
+                    raise DataError(f"{p}: looks like {idx.fmt} (by its extension) but data.format is {spec.data.format}")
         train = {p: idx.rows - int(idx.rows * spec.data.eval_fraction) for p, idx in files.items()}
         return cls(files, train)
 
@@ -75,6 +79,9 @@ class JobMaster:
         self.failures: list[dict] = []
         self.scale_events: list[dict] = []
         self.status = "starting"
+        # Workers that died or were removed: a call of theirs still running in this actor
+        # (Ray does not cancel it) must not lease a shard to a name nobody trains under.
+        self._retired: set[str] = set()
 
     # -- called by workers ------------------------------------------------------------------
     def next_shard(self, worker: str) -> Shard | None | str:
@@ -84,7 +91,7 @@ class JobMaster:
                 self.train_start = self.clock()
             deadline = self.clock() + NEXT_SHARD_WAIT_S
             while True:
-                if self.queue.finished or self.status == "stopping":
+                if self.queue.finished or self.status == "stopping" or worker in self._retired:
                     return "stop"
                 shard = self.queue.next(worker)
                 if shard is not None:
@@ -96,6 +103,8 @@ class JobMaster:
 
     def shard_done(self, worker: str, shard_id: int, rows: int, bad_lines: int) -> None:
         with self._work:
+            if worker in self._retired:
+                return  # its shards were requeued when it was retired
             self.queue.done(shard_id, worker, rows)
             self.bad_lines += bad_lines
             if self.queue.finished:
@@ -144,9 +153,17 @@ class JobMaster:
         )
         self.events.add("job_start", job_id=self.job_id, samples_expected=self.queue.samples_expected)
         self.launcher = Launcher(self.job_id, spec, self.data.files, master=ray.get_runtime_context().current_actor)
-        self.launcher.launch(spec.resources.workers, spec.resources.ps)
+        try:
+            return self._train_and_evaluate()
+        finally:
+            self.launcher.shutdown()
+
+    def _train_and_evaluate(self) -> dict:
+        self.launcher.launch(self.spec.resources.workers, self.spec.resources.ps)
         self.events.add("launched", workers=len(self.launcher.workers), ps=len(self.launcher.ps))
-        self.status = "training"
+        with self._lock:
+            if self.status != "stopping":
+                self.status = "training"
         self._watch_workers()
         if self._eval_ref is not None:  # a periodic evaluation still running: keep its result
             ray.wait([self._eval_ref[0]])
@@ -162,7 +179,6 @@ class JobMaster:
         ps_stats = ray.get([ps.stats.remote() for ps in self.launcher.ps])
         # Each (sample, feature) bag is pushed to exactly one PS: this counts applied updates.
         summary["ps_bags_updated"] = int(sum(s["rows_updated"] for s in ps_stats))
-        self.launcher.shutdown()
         return summary
 
     # -- internals --------------------------------------------------------------------------------
@@ -179,6 +195,8 @@ class JobMaster:
             try:
                 stats = ray.get(ref)
                 self.events.add("worker_exit", actor=name, **{k: v for k, v in stats.items() if np.isscalar(v)})
+                with self._lock:
+                    self.metrics.pop(name, None)
             except ray.exceptions.RayTaskError as e:
                 cause = getattr(e, "cause", None)
                 if isinstance(cause, DLRoverError):
@@ -186,7 +204,6 @@ class JobMaster:
                     # hit it again. Stop the job and hand the one-line error to the user.
                     self.events.add("job_error", actor=name, error=str(cause))
                     self.stop()
-                    self.launcher.shutdown()
                     raise type(cause)(str(cause)) from None
                 pending.update(self._replace_worker(name, e))
             except ray.exceptions.RayActorError as e:
@@ -197,23 +214,23 @@ class JobMaster:
         if len(self.failures) >= MAX_WORKER_REPLACEMENTS:
             # A failure that keeps coming back is a bug, not bad luck: stop with its cause.
             self.stop()
-            self.launcher.shutdown()
             raise RuntimeError(f"{name} failed and {len(self.failures)} replacements already failed: {err}")
         with self._work:
+            self._retired.add(name)
+            self.metrics.pop(name, None)
             requeued = self.queue.requeue_owner(name)
             self._work.notify_all()
         self.launcher.forget_worker(name)
         failure = {"kind": "worker_death", "actor": name, "at_s": at, "cause": type(err).__name__, "shards_requeued": len(requeued)}
-        if self.queue.finished:
-            failure["recovered_s"] = self.clock() - self.t0
-            self.failures.append(failure)
-            return {}
-        new = self.launcher.add_worker()
+        pending = {}
+        if not self.queue.finished:
+            new = self.launcher.add_worker()
+            failure["replacement"] = new
+            pending[self.launcher.start(new)] = new
         failure["recovered_s"] = self.clock() - self.t0
-        failure["replacement"] = new
         self.failures.append(failure)
-        self.events.add("failure", **failure)
-        return {self.launcher.start(new): new}
+        self.events.add("failure", **{("failure_kind" if k == "kind" else k): v for k, v in failure.items()})
+        return pending
 
     def _tick(self) -> None:
         """Periodic control work; for now the optional every-N-steps evaluation."""
@@ -245,9 +262,23 @@ class JobMaster:
         ranges = self.data.eval_ranges(self.spec.data.shard_rows)
         if not ranges:
             return {}
-        workers = list(self.launcher.workers.values())
-        parts = [ranges[i :: len(workers)] for i in range(len(workers))]
-        out = self._score(ray.get([w.evaluate.remote(p) for w, p in zip(workers, parts) if p]))
+        for attempt in range(2):
+            if not self.launcher.workers:  # every worker died after the last shard
+                self.launcher.add_worker()
+            workers = list(self.launcher.workers.items())
+            parts = [ranges[i :: len(workers)] for i in range(len(workers))]
+            try:
+                results = ray.get([w.evaluate.remote(p) for (_, w), p in zip(workers, parts) if p])
+                break
+            except ray.exceptions.RayActorError:
+                if attempt:
+                    raise
+                for name, w in workers:  # drop the dead ones and score again on the rest
+                    try:
+                        ray.get(w.ping.remote(), timeout=30)
+                    except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
+                        self.launcher.forget_worker(name)
+        out = self._score(results)
         self.events.add("eval", final=True, **out)
         return out
 

@@ -79,7 +79,8 @@ class EmbeddingPS:
                 full = init_table(seed, t, vmap.table_sizes[t], dim)
                 w.zero_()
                 w[torch.from_numpy(np.flatnonzero(valid))] = full[torch.from_numpy(rows[valid])]
-        self._pending: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._pending: dict[tuple, tuple[torch.Tensor, torch.Tensor | None]] = {}
+        self._dropped: set[str] = set()  # workers gone: their late pulls keep no graph
         self._lock = threading.Lock()
         self._stats = {"pulls": 0, "pushes": 0, "rows_updated": 0, "busy_s": 0.0}
         self._started = time.monotonic()
@@ -99,7 +100,7 @@ class EmbeddingPS:
         else:
             off = torch.as_tensor(offsets)
             nz = nonempty_bags(off)
-        if train:
+        if train and key[0] not in self._dropped:
             out = self.tbe(idx, off)
             with self._lock:
                 self._pending[key] = (out, nz)
@@ -138,6 +139,7 @@ class EmbeddingPS:
     def drop(self, key_prefix) -> int:
         """Forget pulled-but-never-pushed batches of a worker (it died or was removed)."""
         with self._lock:
+            self._dropped.add(key_prefix)
             stale = [k for k in self._pending if k[0] == key_prefix]
             for k in stale:
                 del self._pending[k]

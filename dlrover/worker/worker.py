@@ -124,18 +124,31 @@ class Worker:
                 if shard is None:
                     continue
                 index = self.files[shard.path]
+                carried_bad = 0
                 for batch, bad, last in batches_of(self.reader, index, shard.start, shard.stop, self.spec.data.batch_size):
-                    step = to_step(Step(shard, batch, last, bad))
-                    # Routing and the object-store put of the ids are CPU work that can
-                    # run here, off the training thread.
-                    step.routed = self.client.route(step.kjt, put=ray.put)
-                    out.put(step)
+                    if len(batch) == 0 and not last:  # every line skipped: nothing to train
+                        carried_bad += bad
+                        continue
+                    step = Step(shard, batch, last, bad + carried_bad)
+                    carried_bad = 0
+                    if len(batch):
+                        to_step(step)
+                        # Routing and the object-store put of the ids are CPU work that
+                        # can run here, off the training thread.
+                        step.routed = self.client.route(step.kjt, put=ray.put)
+                    out.put(step)  # an empty last step only closes the shard's books
         except BaseException as e:  # surfaced by the main loop
             out.put(e)
         out.put(_END)
 
     # -- training loop -----------------------------------------------------------------------------
     def run(self) -> dict:
+        try:
+            return self._run()
+        finally:
+            self._stop.set()  # the input thread must not ask for shards once we are gone
+
+    def _run(self) -> dict:
         q: queue.Queue = queue.Queue(maxsize=4)
         producer = threading.Thread(target=self._produce, args=(q,), daemon=True, name="shard-reader")
         producer.start()
@@ -180,43 +193,48 @@ class Worker:
                 cur = wait_step()
                 if cur is None:
                     break
-                self.ebc.prefetch(cur.kjt, cur.routed)
+                if cur.kjt is not None:
+                    self.ebc.prefetch(cur.kjt, cur.routed)
             t_step = time.perf_counter()
             nxt = None
             if self.spec.train.staleness == 1 and not ended:
                 nxt, ended = peek_step()
-                if nxt is not None:
+                if nxt is not None and nxt.kjt is not None:
                     self.ebc.prefetch(nxt.kjt, nxt.routed)
-            if dense_ref is not None:
-                t0 = time.perf_counter()
-                self._load_params(ray.get(dense_ref)[1])
-                stats["wait_dense_s"] += time.perf_counter() - t0
-            for p in self.params:
-                p.grad = None
-            t0 = time.perf_counter()
-            logits = self.model(cur.dense, cur.kjt).squeeze(-1)
-            loss = self.loss_fn(logits, cur.labels)
-            loss.backward()
-            stats["compute_s"] += time.perf_counter() - t0
-            dense_ref = self.dense_ps.push_pull.remote(self._flat_grad())
-            push_refs = self.ebc.take_push_refs()
-
             n = len(cur.batch)
+            push_refs: list[Any] = []
+            if n:
+                if dense_ref is not None:
+                    t0 = time.perf_counter()
+                    self._load_params(ray.get(dense_ref)[1])
+                    stats["wait_dense_s"] += time.perf_counter() - t0
+                for p in self.params:
+                    p.grad = None
+                t0 = time.perf_counter()
+                logits = self.model(cur.dense, cur.kjt).squeeze(-1)
+                loss = self.loss_fn(logits, cur.labels)
+                loss.backward()
+                stats["compute_s"] += time.perf_counter() - t0
+                dense_ref = self.dense_ps.push_pull.remote(self._flat_grad())
+                push_refs = self.ebc.take_push_refs()
+                loss_sum = float(loss) * n
+                stats["steps"] += 1
+                stats["samples"] += n
+                stats["loss_sum"] += loss_sum
+                window["samples"] += n
+                window["loss_sum"] += loss_sum
+                window["steps"] += 1
+
             prog = in_flight.setdefault(cur.shard.shard_id, ShardProgress(cur.shard))
             prog.rows += n
             prog.bad_lines += cur.bad_lines
             prog.refs.extend(push_refs)
             if cur.last_of_shard:
-                prog.refs.append(dense_ref)
+                if dense_ref is not None:
+                    prog.refs.append(dense_ref)
                 self._finished.append(in_flight.pop(cur.shard.shard_id))
             self._finished = self._report_applied(self._finished, block=False)
 
-            stats["steps"] += 1
-            stats["samples"] += n
-            stats["loss_sum"] += float(loss) * n
-            window["samples"] += n
-            window["loss_sum"] += float(loss) * n
-            window["steps"] += 1
             window["step_s"] += time.perf_counter() - t_step
             now = time.monotonic()
             if now - last_report >= self.spec.train.log_every_s:
@@ -283,6 +301,8 @@ class Worker:
         with torch.no_grad():
             for path, start, stop in ranges:
                 for batch, _bad, _last in batches_of(reader, self.files[path], start, stop, self.spec.data.batch_size):
+                    if len(batch) == 0:
+                        continue
                     step = to_step(Step(None, batch, False))
                     logits.append(model(step.dense, step.kjt).squeeze(-1).numpy())
                     labels.append(batch.labels)
