@@ -92,3 +92,20 @@ def test_vshard_map_layout_covers_every_row_once():
         assert sorted(rows.tolist()) == list(range(n))
     with pytest.raises(ValueError):
         VShardMap.round_robin([10], 2, 3)
+
+
+def test_initial_weights_do_not_depend_on_the_number_of_ps():
+    sizes = [70_000, 5]  # spans two init blocks
+    tables = {}
+    for num_ps in (1, 3):
+        vmap = VShardMap.round_robin(sizes, 8, num_ps)
+        full = [np.zeros((n, 4), np.float32) for n in sizes]
+        for k in range(num_ps):
+            ps = EmbeddingPS(k, vmap, 4, {"name": "sgd", "lr": 0.1}, seed=5)
+            for t in range(len(sizes)):
+                rows, w = ps.table_rows(t)
+                full[t][rows] = w
+        tables[num_ps] = full
+    for a, b in zip(tables[1], tables[3]):
+        np.testing.assert_array_equal(a, b)
+        assert np.abs(a).max() > 0 and np.abs(a).max() <= (1 / len(a)) ** 0.5

@@ -33,14 +33,32 @@ def _optim_type(name: str):
     }[name]
 
 
-def init_table(seed: int, table: int, num_rows: int, dim: int) -> torch.Tensor:
-    """Deterministic initial weights of a whole table, independent of how it is sharded.
+INIT_CHUNK_ROWS = 1 << 16  # rows per independently seeded block of initial weights
 
-    Same distribution as TorchRec's default: U(-sqrt(1/n), sqrt(1/n)).
+
+def init_rows(seed: int, table: int, num_rows: int, dim: int, rows: np.ndarray) -> torch.Tensor:
+    """Deterministic initial weights of the given global rows of a table.
+
+    Same distribution as TorchRec's default, U(-sqrt(1/n), sqrt(1/n)). Values come in
+    blocks of ``INIT_CHUNK_ROWS`` rows, each from its own ``(seed, table, block)``
+    generator, so a row's starting value does not depend on how the table is sharded,
+    and a PS never holds more than one block of a table it does not own.
     """
-    g = torch.Generator().manual_seed(seed * 7919 + table)
     bound = (1.0 / num_rows) ** 0.5
-    return torch.empty(num_rows, dim).uniform_(-bound, bound, generator=g)
+    out = torch.empty(len(rows), dim)
+    block_of = rows // INIT_CHUNK_ROWS
+    for b in np.unique(block_of):
+        g = torch.Generator().manual_seed(((seed * 7919 + table) << 20) + int(b))
+        n = min(INIT_CHUNK_ROWS, num_rows - int(b) * INIT_CHUNK_ROWS)
+        block = torch.empty(n, dim).uniform_(-bound, bound, generator=g)
+        sel = np.flatnonzero(block_of == b)
+        out[torch.from_numpy(sel)] = block[torch.from_numpy(rows[sel] - int(b) * INIT_CHUNK_ROWS)]
+    return out
+
+
+def init_table(seed: int, table: int, num_rows: int, dim: int) -> torch.Tensor:
+    """The whole initial table (tests and tools; a PS uses :func:`init_rows`)."""
+    return init_rows(seed, table, num_rows, dim, np.arange(num_rows))
 
 
 class EmbeddingPS:
@@ -76,9 +94,8 @@ class EmbeddingPS:
             for t, w in enumerate(self.tbe.split_embedding_weights()):
                 rows = vmap.global_rows(ps_index, t)
                 valid = rows >= 0
-                full = init_table(seed, t, vmap.table_sizes[t], dim)
                 w.zero_()
-                w[torch.from_numpy(np.flatnonzero(valid))] = full[torch.from_numpy(rows[valid])]
+                w[torch.from_numpy(np.flatnonzero(valid))] = init_rows(seed, t, vmap.table_sizes[t], dim, rows[valid])
         self._pending: dict[tuple, tuple[torch.Tensor, torch.Tensor | None]] = {}
         self._dropped: set[str] = set()  # workers gone: their late pulls keep no graph
         self._lock = threading.Lock()
