@@ -104,6 +104,8 @@ def run_job(
     from dlrover.master.master import JobMaster
 
     ensure_data(spec)
+    if spec.checkpoint.dir:
+        print("[dlrover] warning: checkpoint.dir is accepted but not written yet (checkpoints arrive with fault tolerance)", file=sys.stderr)
     job_id = job_id or new_job_id(spec.name)
     run_dir = Path(runs_dir) / job_id
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -136,6 +136,8 @@ class PolicySpec(_Strict):
 
 
 class CheckpointSpec(_Strict):
+    """Reserved: validated now, written once checkpoints land (the Fault issue)."""
+
     dir: str | None = None
     interval_s: float = Field(300.0, gt=0)
 
