@@ -64,7 +64,7 @@ def init_ray(spec: JobSpec, address: str | None, dashboard: bool = False) -> boo
         return False
     # Inside a Ray Jobs entrypoint RAY_ADDRESS points at the cluster: join it.
     address = address or os.environ.get("RAY_ADDRESS")
-    env = {"env_vars": {"PYTHONWARNINGS": "ignore", "TORCH_CPP_LOG_LEVEL": "ERROR", "RAY_IGNORE_UNHANDLED_ERRORS": "1"}}
+    env = {"env_vars": {"PYTHONWARNINGS": "ignore", "TORCH_CPP_LOG_LEVEL": "ERROR", "RAY_IGNORE_UNHANDLED_ERRORS": "1", **{k: v for k, v in os.environ.items() if k == "DLROVER_NO_SHM"}}}
     if address:
         try:
             ray.init(address=address, namespace="dlrover", logging_level="ERROR")

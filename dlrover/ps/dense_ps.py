@@ -11,7 +11,10 @@ from __future__ import annotations
 import threading
 
 import numpy as np
+import ray
 import torch
+
+from dlrover.ps.shm import ShmArray
 
 
 def make_dense_optimizer(params, spec: dict) -> torch.optim.Optimizer:
@@ -32,6 +35,7 @@ class DenseParamServer:
         self.opt = make_dense_optimizer([self.param], optimizer)
         self.version = 0
         self._lock = threading.Lock()
+        self._segments: dict[str, ShmArray] = {}
 
     def push_pull(self, grad: np.ndarray | None) -> tuple[int, np.ndarray]:
         """Apply one step's gradient (if any) and return (version, parameters)."""
@@ -46,3 +50,25 @@ class DenseParamServer:
 
     def pull(self) -> tuple[int, np.ndarray]:
         return self.push_pull(None)
+
+    def push_pull_shm(self, name: str, size: int) -> tuple[int, None]:
+        """``push_pull`` through a worker's shared-memory segment: read the gradient from
+        it, write the updated parameters back into it (see ``dlrover.ps.shm``)."""
+        buf = self._segments.get(name)
+        if buf is None:
+            buf = self._segments[name] = ShmArray(name, size, create=False)
+        with self._lock:
+            self.param.grad = torch.from_numpy(buf.array)
+            self.opt.step()
+            self.param.grad = None
+            self.version += 1
+            buf.array[:] = self.param.detach().numpy()
+            return self.version, None
+
+    def release(self, name: str) -> None:
+        seg = self._segments.pop(name, None)
+        if seg is not None:
+            seg.close()
+
+    def node_id(self) -> str:
+        return ray.get_runtime_context().get_node_id()

@@ -34,6 +34,7 @@ from dlrover.model.dlrm import (
 )
 from dlrover.ps.vshard import VShardMap
 from dlrover.spec import JobSpec
+from dlrover.worker.dense_client import DenseClient
 
 
 @dataclass
@@ -100,18 +101,11 @@ class Worker:
         self.client = PSClient(ps, vmap, self.spec.model.embedding_dim, name, get=ray.get)
         self.ebc = PSEmbeddingBagCollection(table_configs(self.spec.model), self.client)
         self.model = build_dense_dlrm(self.spec.model, self.ebc, self.spec.seed)
-        self.params = dense_parameters(self.model)
+        self.dense = DenseClient(dense_parameters(self.model), dense_ps)
         self.loss_fn = torch.nn.BCEWithLogitsLoss()
         self._proc = psutil.Process()
         self._stop = threading.Event()
         self._eval: tuple | None = None
-
-    # -- dense parameters ------------------------------------------------------------------
-    def _load_params(self, flat: np.ndarray) -> None:
-        torch.nn.utils.vector_to_parameters(torch.as_tensor(flat), self.params)
-
-    def _flat_grad(self) -> np.ndarray:
-        return torch.cat([p.grad.reshape(-1) for p in self.params]).numpy()
 
     # -- input pipeline ----------------------------------------------------------------------
     def _produce(self, out: queue.Queue) -> None:
@@ -147,12 +141,13 @@ class Worker:
             return self._run()
         finally:
             self._stop.set()  # the input thread must not ask for shards once we are gone
+            self.dense.close()
 
     def _run(self) -> dict:
         q: queue.Queue = queue.Queue(maxsize=4)
         producer = threading.Thread(target=self._produce, args=(q,), daemon=True, name="shard-reader")
         producer.start()
-        self._load_params(ray.get(self.dense_ps.pull.remote())[1])
+        self.dense.pull()
         self.model.train()
         stats = {"steps": 0, "samples": 0, "loss_sum": 0.0, "wait_dense_s": 0.0, "compute_s": 0.0, "wait_data_s": 0.0}
         in_flight: dict[int, ShardProgress] = {}
@@ -206,16 +201,16 @@ class Worker:
             if n:
                 if dense_ref is not None:
                     t0 = time.perf_counter()
-                    self._load_params(ray.get(dense_ref)[1])
+                    self.dense.apply(dense_ref)
                     stats["wait_dense_s"] += time.perf_counter() - t0
-                for p in self.params:
+                for p in self.dense.params:
                     p.grad = None
                 t0 = time.perf_counter()
                 logits = self.model(cur.dense, cur.kjt).squeeze(-1)
                 loss = self.loss_fn(logits, cur.labels)
                 loss.backward()
                 stats["compute_s"] += time.perf_counter() - t0
-                dense_ref = self.dense_ps.push_pull.remote(self._flat_grad())
+                dense_ref = self.dense.push()
                 push_refs = self.ebc.take_push_refs()
                 loss_sum = float(loss) * n
                 stats["steps"] += 1
