@@ -41,6 +41,16 @@ def synth_dir(tmp_path_factory):
     return d
 
 
+@pytest.fixture(scope="session")
+def synth_dir_large(tmp_path_factory):
+    """120k rows: enough for async 2x2 training to converge near single-process TorchRec."""
+    from dlrover.data.synth import SynthConfig, generate
+
+    d = tmp_path_factory.mktemp("synth_large")
+    generate(str(d), SynthConfig(rows=120_000, files=2, seed=4), progress=False)
+    return d
+
+
 def small_spec(data_dir, **over):
     """A fast job spec over ``data_dir`` (small MLPs and tables)."""
     from dlrover.spec import spec_from_dict

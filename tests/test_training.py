@@ -13,8 +13,8 @@ from dlrover.runner import run_job
 
 
 @pytest.fixture(scope="module")
-def two_by_two(ray_local, synth_dir, tmp_path_factory):
-    spec = small_spec(synth_dir, data__epochs=2, data__eval_every_steps=25, train__log_every_s=0.5)
+def two_by_two(ray_local, synth_dir_large, tmp_path_factory):
+    spec = small_spec(synth_dir_large, data__epochs=2, data__eval_every_steps=25, train__log_every_s=0.5)
     summary, path = run_job(spec, runs_dir=str(tmp_path_factory.mktemp("runs")), progress="none")
     return spec, summary, path
 
@@ -22,7 +22,7 @@ def two_by_two(ray_local, synth_dir, tmp_path_factory):
 def test_every_row_trained_exactly_once(two_by_two):
     spec, s, path = two_by_two
     assert s["status"] == "succeeded"
-    assert s["samples_expected"] == 2 * 36_000  # 2 epochs x (40k rows - 10% held out)
+    assert s["samples_expected"] == 2 * 108_000  # 2 epochs x (120k rows - 10% held out)
     assert s["samples_trained"] == s["samples_expected"]
     assert s["samples_lost"] == 0
     # Each sample has 26 single-id bags and each bag lives on exactly one PS: the PS
@@ -85,3 +85,11 @@ def test_killed_worker_is_replaced_and_no_shard_is_lost(ray_local, synth_dir, tm
     f = s["failures"][0]
     assert f["kind"] == "worker_death" and f["actor"] == f"{job_id}/worker-0"
     assert f["recovered_s"] >= f["at_s"] and f["replacement"] == f"{job_id}/worker-2"
+
+
+def test_no_exchange_segments_left_behind():
+    """The kill test above kills a worker holding a shared-memory segment; the master's
+    shutdown removes it (names carry the job id)."""
+    import glob
+
+    assert glob.glob("/dev/shm/dlr_kill-test_*") == []

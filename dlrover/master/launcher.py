@@ -7,7 +7,10 @@ grows out of ``add_worker`` / ``forget_worker``.
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import itertools
+import os
 from typing import Any
 
 import ray
@@ -20,6 +23,7 @@ from dlrover.ps.dense_ps import DenseParamServer
 from dlrover.ps.embedding_ps import EmbeddingPS
 from dlrover.ps.vshard import VShardMap
 from dlrover.spec import JobSpec
+from dlrover.worker.dense_client import shm_prefix
 from dlrover.worker.worker import Worker, worker_threads
 
 MB = 2**20
@@ -115,3 +119,8 @@ class Launcher:
         for h in [*self.workers.values(), *self.ps, self.dense_ps]:
             if h is not None:
                 ray.kill(h, no_restart=True)
+        # Exchange segments of workers that were killed before they could remove them
+        # (this node only; see dlrover.worker.dense_client).
+        for path in glob.glob(f"/dev/shm/{shm_prefix(self.job_id)}*"):
+            with contextlib.suppress(OSError):
+                os.unlink(path)

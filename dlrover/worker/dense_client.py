@@ -19,8 +19,14 @@ import torch
 from dlrover.ps.shm import ShmArray
 
 
+def shm_prefix(name: str) -> str:
+    """Segment-name prefix of a job or worker (``<job_id>/worker-3`` -> ``dlr_<job_id>_worker-3_``),
+    so the master can remove the segments of workers that were killed."""
+    return "dlr_" + name.replace("/", "_") + "_"
+
+
 class DenseClient:
-    def __init__(self, params: list[torch.nn.Parameter], dense_ps: Any, get: Callable[[Any], Any] = ray.get) -> None:
+    def __init__(self, params: list[torch.nn.Parameter], dense_ps: Any, owner: str, get: Callable[[Any], Any] = ray.get) -> None:
         self.params = params
         self.dense_ps = dense_ps
         self._get = get
@@ -30,7 +36,8 @@ class DenseClient:
         self._flat = torch.nn.utils.parameters_to_vector(params).detach().clone()
         torch.nn.utils.vector_to_parameters(self._flat, params)
         same_node = get(dense_ps.node_id.remote()) == ray.get_runtime_context().get_node_id() and not os.environ.get("DLROVER_NO_SHM")
-        self._shm = ShmArray(f"dlr_{os.getpid()}_{uuid.uuid4().hex[:8]}", size, create=True) if same_node else None
+        name = f"{shm_prefix(owner)}{uuid.uuid4().hex[:8]}"
+        self._shm = ShmArray(name, size, create=True) if same_node else None
 
     @property
     def transport(self) -> str:

@@ -101,7 +101,7 @@ class Worker:
         self.client = PSClient(ps, vmap, self.spec.model.embedding_dim, name, get=ray.get)
         self.ebc = PSEmbeddingBagCollection(table_configs(self.spec.model), self.client)
         self.model = build_dense_dlrm(self.spec.model, self.ebc, self.spec.seed)
-        self.dense = DenseClient(dense_parameters(self.model), dense_ps)
+        self.dense = DenseClient(dense_parameters(self.model), dense_ps, owner=name)
         self.loss_fn = torch.nn.BCEWithLogitsLoss()
         self._proc = psutil.Process()
         self._stop = threading.Event()
