@@ -70,9 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     bsub = b.add_subparsers(dest="bench_cmd", required=True, parser_class=_Parser)
     tp = bsub.add_parser("throughput", help="dlrover (1 worker + 1 PS) vs single-process TorchRec")
     tp.add_argument("--json", action="store_true")
-    tp.add_argument("--rows", type=_positive_int, default=200_000)
+    tp.add_argument("--rows", type=_positive_int, default=400_000)
     tp.add_argument("--batch-size", type=_positive_int, default=2048)
-    tp.add_argument("--steps", type=_positive_int, default=60, help="timed steps per system")
+    tp.add_argument("--steps", type=_positive_int, default=150, help="timed steps per system")
     return p
 
 

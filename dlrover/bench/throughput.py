@@ -75,7 +75,7 @@ def measure_dlrover(spec: JobSpec, runs_dir: str) -> float:
     return summary["throughput_samples_per_s"]
 
 
-def run_throughput_bench(rows: int = 200_000, batch_size: int = 2048, steps: int = 60) -> dict:
+def run_throughput_bench(rows: int = 400_000, batch_size: int = 2048, steps: int = 150) -> dict:
     cache = os.environ.get("DLROVER_BENCH_DATA", os.path.join(tempfile.gettempdir(), "dlrover-bench-data"))
     rows = min(rows, steps * batch_size)
     data_dir = os.path.join(cache, f"criteo-{rows}")
@@ -84,17 +84,23 @@ def run_throughput_bench(rows: int = 200_000, batch_size: int = 2048, steps: int
 
     ensure_data(spec)
     cores = os.cpu_count() or 1
-    # The strongest baseline: intra-op threads = 1 or every core, whichever is faster here.
-    base, base_threads = 0.0, 1
-    for threads in sorted({1, cores}):
+    # The strongest baseline: intra-op threads = 1 or every core, whichever is faster, and
+    # measured again after dlrover (this machine is noisy); the best run counts.
+    runs: list[tuple[float, int]] = []
+
+    def baseline(threads: int) -> None:
         print(f"[bench] baseline: single-process TorchRec, {threads} thread(s), {steps} steps of {batch_size}", file=sys.stderr)
-        rate = measure_baseline(spec, steps, threads=threads)
-        print(f"[bench]   {rate:,.0f} samples/s", file=sys.stderr)
-        if rate > base:
-            base, base_threads = rate, threads
+        runs.append((measure_baseline(spec, steps, threads=threads), threads))
+        print(f"[bench]   {runs[-1][0]:,.0f} samples/s", file=sys.stderr)
+
+    for threads in sorted({1, cores}):
+        baseline(threads)
     print(f"[bench] dlrover: 1 worker + 1 PS actor, {rows} rows", file=sys.stderr)
-    with tempfile.TemporaryDirectory() as runs:
-        ours = measure_dlrover(spec, runs)
+    with tempfile.TemporaryDirectory() as runs_dir:
+        ours = measure_dlrover(spec, runs_dir)
+    print(f"[bench]   {ours:,.0f} samples/s", file=sys.stderr)
+    baseline(max(runs)[1])
+    base, base_threads = max(runs)
     return {
         "dlrover_samples_per_s": ours,
         "baseline_samples_per_s": base,
