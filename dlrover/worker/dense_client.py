@@ -65,5 +65,6 @@ class DenseClient:
 
     def close(self) -> None:
         if self._shm is not None:
+            self.dense_ps.release.remote(self._shm.name)  # the PS unmaps its view
             self._shm.close()
             self._shm = None
