@@ -14,10 +14,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from dlrover.data.criteo import NUM_SPARSE
 from dlrover.errors import SpecError
 
-NUM_SPARSE = 26
-NUM_DENSE = 13
 
 
 class _Strict(BaseModel):

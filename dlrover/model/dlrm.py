@@ -23,9 +23,10 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 from dlrover.ps.routing import RoutedBatch, assemble, route, split_grad
 from dlrover.ps.vshard import VShardMap
-from dlrover.spec import NUM_DENSE, ModelSpec
+from dlrover.data.criteo import NUM_DENSE, NUM_SPARSE
+from dlrover.spec import ModelSpec
 
-FEATURES = [f"cat_{i}" for i in range(26)]
+FEATURES = [f"cat_{i}" for i in range(NUM_SPARSE)]
 
 
 def table_configs(model: ModelSpec) -> list[EmbeddingBagConfig]:

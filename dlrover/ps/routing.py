@@ -40,13 +40,6 @@ class RoutedBatch:
     requests: list[PSRequest]
 
 
-def table_rows(values: torch.Tensor, lengths: torch.Tensor, table_sizes: torch.Tensor, batch: int) -> torch.Tensor:
-    """Raw categorical values -> row ids inside each table (modulo hashing)."""
-    per_table = lengths.view(-1, batch).sum(dim=1)
-    sizes = torch.repeat_interleave(table_sizes, per_table)
-    return torch.remainder(values, sizes)
-
-
 def route(values: torch.Tensor, lengths: torch.Tensor, batch: int, vmap: VShardMap) -> RoutedBatch:
     """Route a key-major jagged batch (``values`` already row ids, ``lengths`` [T*B])."""
     num_tables = lengths.numel() // batch
