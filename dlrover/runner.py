@@ -49,8 +49,26 @@ def ensure_data(spec: JobSpec) -> None:
 
 
 def required_cpus(spec: JobSpec) -> float:
+    """Logical CPUs the job may hold at once: its budget, else its request."""
     r = spec.resources
-    return r.workers * r.worker_cpu + r.ps * r.ps_cpu
+    return max(r.budget_cpu or 0.0, r.workers * r.worker_cpu + r.ps * r.ps_cpu)
+
+
+def resolve_policy(spec: JobSpec) -> JobSpec:
+    """Check the policy and its knobs here, on the driver (a bad knob is a one-line
+    error before Ray starts), and make its paths absolute for the master actor."""
+    from dlrover.master.control import default_history_dir
+    from dlrover.resource.policy_config import load_policy
+
+    p = spec.policy
+    load_policy(p.name, p.config, p.knobs)
+    policy = p.model_copy(
+        update={
+            "config": os.path.abspath(p.config) if p.config else None,
+            "history_dir": os.path.abspath(os.path.expanduser(p.history_dir or default_history_dir())),
+        }
+    )
+    return spec.model_copy(update={"policy": policy})
 
 
 def init_ray(spec: JobSpec, address: str | None, dashboard: bool = False) -> bool:
@@ -64,7 +82,7 @@ def init_ray(spec: JobSpec, address: str | None, dashboard: bool = False) -> boo
         return False
     # Inside a Ray Jobs entrypoint RAY_ADDRESS points at the cluster: join it.
     address = address or os.environ.get("RAY_ADDRESS")
-    env = {"env_vars": {"PYTHONWARNINGS": "ignore", "TORCH_CPP_LOG_LEVEL": "ERROR", "RAY_IGNORE_UNHANDLED_ERRORS": "1", **{k: v for k, v in os.environ.items() if k == "DLROVER_NO_SHM"}}}
+    env = {"env_vars": {"PYTHONWARNINGS": "ignore", "TORCH_CPP_LOG_LEVEL": "ERROR", "RAY_IGNORE_UNHANDLED_ERRORS": "1", **{k: v for k, v in os.environ.items() if k in ("DLROVER_NO_SHM", "DLROVER_HISTORY_DIR")}}}
     if address:
         try:
             ray.init(address=address, namespace="dlrover", logging_level="ERROR")
@@ -104,8 +122,7 @@ def run_job(
     from dlrover.master.master import JobMaster
 
     ensure_data(spec)
-    if spec.checkpoint.dir:
-        print("[dlrover] warning: checkpoint.dir is accepted but not written yet (checkpoints arrive with fault tolerance)", file=sys.stderr)
+    spec = resolve_policy(spec)
     job_id = job_id or new_job_id(spec.name)
     run_dir = Path(runs_dir) / job_id
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -128,10 +128,19 @@ class OptimizerSpec(_Strict):
 
 
 class PolicySpec(_Strict):
-    """Allocation policy. Only ``static`` (keep the requested resources) exists so far."""
+    """Allocation policy: who decides the job's resources while it runs.
 
-    name: Literal["static"] = "static"
+    ``static`` keeps the request; ``dlrover_rm`` is the three-stage elastic policy;
+    ``scripted`` replays fixed steps (tests, benchmarks). ``config`` is a policy YAML
+    (``policies/<name>.yaml``); ``knobs`` override single knobs of it inline.
+    """
+
+    name: Literal["static", "dlrover_rm", "scripted"] = "static"
     config: str | None = None
+    knobs: dict[str, Any] = Field(default_factory=dict)
+    interval_s: float = Field(2.0, gt=0, description="how often the master asks the policy")
+    warmup_s: float = Field(4.0, ge=0, description="after a change, seconds before throughput counts")
+    history_dir: str | None = Field(None, description="history store of finished jobs (warm start); default ~/.dlrover/history")
 
 
 class CheckpointSpec(_Strict):
@@ -149,6 +158,16 @@ class TrainSpec(_Strict):
     vshards: int = Field(64, ge=1, le=65536)
     threads_per_worker: int | None = Field(None, ge=1)
     log_every_s: float = Field(2.0, gt=0)
+    # One shard in flight across all workers, each started from the latest dense
+    # parameters: the run is a pure function of the data order, however many workers
+    # and PS come and go (slow; for reproducibility checks).
+    deterministic: bool = False
+
+    @model_validator(mode="after")
+    def _deterministic(self) -> "TrainSpec":
+        if self.deterministic and self.staleness != 0:
+            raise ValueError("deterministic: true needs staleness: 0")
+        return self
 
 
 class JobSpec(_Strict):

@@ -1,8 +1,9 @@
 """Launcher: creates the job's actors on Ray with the names and resources of the spec.
 
 Names follow ``<job_id>/ps-<i>``, ``<job_id>/dense-ps``, ``<job_id>/worker-<i>`` so the Ray
-dashboard groups a job's actors. Embedded in the master now; the elastic Scaler (issue 3)
-grows out of ``add_worker`` / ``forget_worker``.
+dashboard groups a job's actors. The launcher knows how to create and kill single actors
+and remembers each one's resources; ``dlrover.master.scaler`` decides what to create.
+PS ids are stable (``ps-3`` stays ``ps-3`` when ``ps-1`` retires).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import contextlib
 import glob
 import itertools
 import os
+from collections import Counter
 from typing import Any
 
 import ray
@@ -22,6 +24,7 @@ from dlrover.model.dlrm import PSEmbeddingBagCollection, build_dense_dlrm, dense
 from dlrover.ps.dense_ps import DenseParamServer
 from dlrover.ps.embedding_ps import EmbeddingPS
 from dlrover.ps.vshard import VShardMap
+from dlrover.resource.plan import Config
 from dlrover.spec import JobSpec
 from dlrover.worker.dense_client import shm_prefix
 from dlrover.worker.worker import Worker, worker_threads
@@ -41,39 +44,63 @@ class Launcher:
         self.spec = spec
         self.files = files
         self.master = master
-        self.ps: list[Any] = []
+        self.ps: dict[int, Any] = {}
         self.dense_ps: Any = None
         self.workers: dict[str, Any] = {}
+        self.resources: dict[str, tuple[float, int]] = {}  # actor name -> (CPUs, memory MB)
         self.vmap: VShardMap | None = None
         self._worker_ids = itertools.count()
+        self._ps_ids = itertools.count()
 
     def _name(self, role: str) -> str:
         return f"{self.job_id}/{role}"
 
-    def launch(self, workers: int, ps: int) -> None:
-        spec, res = self.spec, self.spec.resources
-        self.vmap = VShardMap.round_robin(spec.model.table_sizes(), max(spec.train.vshards, ps), ps)
-        ps_cls = ray.remote(EmbeddingPS)
-        opt = spec.optimizer.sparse.model_dump()
-        self.ps = [
-            ps_cls.options(name=self._name(f"ps-{i}"), num_cpus=res.ps_cpu, memory=res.ps_memory_mb * MB).remote(
-                i, self.vmap, spec.model.embedding_dim, opt, spec.seed, worker_threads(res.ps_cpu, None)
-            )
-            for i in range(ps)
-        ]
+    def launch(self, config: Config) -> None:
+        """Start the job's first actors: ``config.ps`` PS, the dense PS, ``config.workers`` workers."""
+        spec = self.spec
+        self.vmap = VShardMap.round_robin(spec.model.table_sizes(), max(spec.train.vshards, config.ps), config.ps)
+        for _ in range(config.ps):
+            self.add_ps(config.ps_cpu, config.ps_memory_mb)
         self.dense_ps = (
             ray.remote(DenseParamServer)
             .options(name=self._name("dense-ps"), num_cpus=0, max_concurrency=1)
             .remote(initial_dense_params(spec).numpy(), spec.optimizer.dense.model_dump())
         )
-        for _ in range(workers):
-            self.add_worker()
-        self._wait_started()
+        for _ in range(config.workers):
+            self.add_worker(config.worker_cpu, config.worker_memory_mb)
+        self.wait_started()
 
-    def _wait_started(self) -> None:
+    def ps_name(self, ps_id: int) -> str:
+        return self._name(f"ps-{ps_id}")
+
+    def add_ps(self, cpu: float, memory_mb: int) -> int:
+        """Create one PS actor; it owns the vshards ``self.vmap`` gives its id (none for a
+        PS added to a running job, until a migration hands it some)."""
+        ps_id = next(self._ps_ids)
+        name = self.ps_name(ps_id)
+        self.ps[ps_id] = (
+            ray.remote(EmbeddingPS)
+            .options(name=name, num_cpus=cpu, memory=memory_mb * MB)
+            .remote(ps_id, self.vmap, self.spec.model.embedding_dim, self.spec.optimizer.sparse.model_dump(), self.spec.seed, worker_threads(cpu, None))
+        )
+        self.resources[name] = (cpu, memory_mb)
+        return ps_id
+
+    def remove_ps(self, ps_id: int) -> None:
+        handle = self.ps.pop(ps_id, None)
+        self.resources.pop(self.ps_name(ps_id), None)
+        if handle is not None:
+            ray.kill(handle, no_restart=True)
+
+    def wait_started(self, names: list[str] | None = None) -> None:
         """Fail fast, with a one-line reason, when actors cannot start: a cluster without
-        the CPUs or memory the spec asks for would otherwise leave them pending forever."""
-        probes = [p.stats.remote() for p in self.ps] + [self.dense_ps.pull.remote()] + [w.ping.remote() for w in self.workers.values()]
+        the CPUs or memory the spec asks for would otherwise leave them pending forever.
+        ``names``: only these actors (default: all)."""
+        ps = {self.ps_name(k): h for k, h in self.ps.items()}
+        probes = [h.stats.remote() for n, h in ps.items() if names is None or n in names]
+        probes += [h.ping.remote() for n, h in self.workers.items() if names is None or n in names]
+        if names is None:
+            probes.append(self.dense_ps.pull.remote())
         try:
             ray.get(probes, timeout=ACTOR_START_TIMEOUT_S)
         except ray.exceptions.GetTimeoutError:
@@ -84,25 +111,43 @@ class Launcher:
         except ray.exceptions.RayActorError as e:
             raise DLRoverError(f"{self.job_id}: an actor failed to start: {str(e).strip().splitlines()[0]}") from None
 
-    def add_worker(self) -> str:
-        """Create one worker actor and return its name; it trains once ``start``-ed."""
+    def add_worker(self, cpu: float | None = None, memory_mb: int | None = None) -> str:
+        """Create one worker actor and return its name; it trains once ``start``-ed.
+        Default size: the spec's ``resources``."""
         res = self.spec.resources
+        cpu = res.worker_cpu if cpu is None else cpu
+        memory_mb = res.worker_memory_mb if memory_mb is None else memory_mb
         name = self._name(f"worker-{next(self._worker_ids)}")
+        # Threads: run, evaluate, pause and set_routing may overlap.
         self.workers[name] = (
             ray.remote(Worker)
-            .options(name=name, num_cpus=res.worker_cpu, memory=res.worker_memory_mb * MB, max_concurrency=2)
+            .options(name=name, num_cpus=cpu, memory=memory_mb * MB, max_concurrency=4)
             .remote(
                 name,
                 self.spec.model_dump(),
                 self.master,
-                self.ps,
+                dict(self.ps),
                 self.dense_ps,
                 self.vmap,
                 self.files,
-                worker_threads(res.worker_cpu, self.spec.train.threads_per_worker),
+                worker_threads(cpu, self.spec.train.threads_per_worker),
             )
         )
+        self.resources[name] = (cpu, memory_mb)
         return name
+
+    def config(self, exclude: set[str] | frozenset = frozenset()) -> Config:
+        """The configuration running now (the most common size per role); ``exclude``:
+        workers on their way out (draining)."""
+        def common(names: list[str], default: tuple[float, int]) -> tuple[float, int]:
+            sizes = [self.resources[n] for n in names if n in self.resources]
+            return Counter(sizes).most_common(1)[0][0] if sizes else default
+
+        r = self.spec.resources
+        workers = [n for n in self.workers if n not in exclude]
+        wc, wm = common(workers, (r.worker_cpu, r.worker_memory_mb))
+        pc, pm = common([self.ps_name(k) for k in self.ps], (r.ps_cpu, r.ps_memory_mb))
+        return Config(len(workers), len(self.ps), float(wc), float(pc), int(wm), int(pm))
 
     def start(self, name: str) -> Any:
         """Begin training on worker ``name``; returns the ObjectRef of its ``run``."""
@@ -110,13 +155,14 @@ class Launcher:
 
     def forget_worker(self, name: str) -> None:
         handle = self.workers.pop(name, None)
-        for ps in self.ps:
+        self.resources.pop(name, None)
+        for ps in self.ps.values():
             ps.drop.remote(name)
         if handle is not None:
             ray.kill(handle, no_restart=True)
 
     def shutdown(self) -> None:
-        for h in [*self.workers.values(), *self.ps, self.dense_ps]:
+        for h in [*self.workers.values(), *self.ps.values(), self.dense_ps]:
             if h is not None:
                 ray.kill(h, no_restart=True)
         # Exchange segments of workers that were killed before they could remove them

@@ -4,6 +4,9 @@ The master is a threaded Ray actor: ``run`` is one long call that drives the job
 workers call ``next_shard`` / ``shard_done`` / ``report`` concurrently (guarded by one
 lock and a condition variable that wakes workers waiting for work). Actor deaths arrive
 as errors on the workers' ``run`` ObjectRefs through ``ray.wait``: events, not polling.
+
+Every ``policy.interval_s`` the control loop (``dlrover.master.control``) builds a
+``JobView``, asks the policy, and has the Scaler carry out what it decides.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import torch
 from dlrover.data.criteo import FileIndex, expand_paths, index_file
 from dlrover.data.shards import Shard, ShardQueue
 from dlrover.errors import DataError, DLRoverError
+from dlrover.master.control import Controller
 from dlrover.master.events import EventLog
 from dlrover.master.launcher import Launcher
 from dlrover.metrics.evaluation import evaluate_scores
@@ -82,6 +86,8 @@ class JobMaster:
         # Workers that died or were removed: a call of theirs still running in this actor
         # (Ray does not cancel it) must not lease a shard to a name nobody trains under.
         self._retired: set[str] = set()
+        self._draining: set[str] = set()  # finish their leased shards, then get "stop"
+        self.control: Controller | None = None
 
     # -- called by workers ------------------------------------------------------------------
     def next_shard(self, worker: str) -> Shard | None | str:
@@ -91,9 +97,11 @@ class JobMaster:
                 self.train_start = self.clock()
             deadline = self.clock() + NEXT_SHARD_WAIT_S
             while True:
-                if self.queue.finished or self.status == "stopping" or worker in self._retired:
+                if self.queue.finished or self.status == "stopping" or worker in self._retired or worker in self._draining:
                     return "stop"
-                shard = self.queue.next(worker)
+                # Deterministic mode: one shard at a time across the job.
+                busy = self.spec.train.deterministic and self.queue.doing_count > 0
+                shard = None if busy else self.queue.next(worker)
                 if shard is not None:
                     return shard
                 left = deadline - self.clock()
@@ -112,11 +120,20 @@ class JobMaster:
             self._work.notify_all()
 
     def report(self, worker: str, metrics: dict) -> None:
+        now = self.clock() - self.t0
+        if metrics.get("first_step"):
+            self.events.add("first_step", actor=worker)
+            if self.control is not None:
+                self.control.first_step(worker, now)
+            return
         with self._lock:
             self.samples_done += metrics.get("samples", 0)
             self.steps_done += metrics.get("steps", 0)
-            metrics = dict(metrics, at_s=self.clock() - self.t0)
+            metrics = dict(metrics, at_s=now)
             self.metrics[worker] = metrics
+            samples = self.samples_done
+        if self.control is not None:
+            self.control.on_report(worker, metrics, now, samples)
         self.events.add("metrics", actor=worker, **metrics)
 
     # -- called by the driver ----------------------------------------------------------------
@@ -133,6 +150,7 @@ class JobMaster:
                 "loss": float(np.mean(loss)) if loss else None,
                 "workers": len(self.launcher.workers) if self.launcher else 0,
                 "ps": len(self.launcher.ps) if self.launcher else 0,
+                "config": self.launcher.config().short() if self.launcher and self.launcher.vmap else None,
             }
 
     def stop(self) -> None:
@@ -153,14 +171,17 @@ class JobMaster:
         )
         self.events.add("job_start", job_id=self.job_id, samples_expected=self.queue.samples_expected)
         self.launcher = Launcher(self.job_id, spec, self.data.files, master=ray.get_runtime_context().current_actor)
+        self.control = Controller(self, self.data)
         try:
             return self._train_and_evaluate()
         finally:
             self.launcher.shutdown()
 
     def _train_and_evaluate(self) -> dict:
-        self.launcher.launch(self.spec.resources.workers, self.spec.resources.ps)
-        self.events.add("launched", workers=len(self.launcher.workers), ps=len(self.launcher.ps))
+        config = self.control.initial_config()
+        self.launcher.launch(config)
+        self.control.started(config)
+        self.events.add("launched", workers=len(self.launcher.workers), ps=len(self.launcher.ps), config=config.short())
         with self._lock:
             if self.status != "stopping":
                 self.status = "training"
@@ -176,18 +197,42 @@ class JobMaster:
         self.status = "succeeded" if self.queue.finished else "failed"
         self.events.add("job_end", status=self.status)
         summary = self._summary(metrics)
-        ps_stats = ray.get([ps.stats.remote() for ps in self.launcher.ps])
+        ps_stats = ray.get([ps.stats.remote() for ps in self.launcher.ps.values()]) + self.control.retired_ps_stats
         # Each (sample, feature) bag is pushed to exactly one PS: this counts applied updates.
         summary["ps_bags_updated"] = int(sum(s["rows_updated"] for s in ps_stats))
+        summary.update(self.control.finish(summary))
+        self._export_final()
         return summary
+
+    def _export_final(self) -> None:
+        """Write the trained model (global embedding tables + dense parameters) to
+        ``checkpoint.dir/<job_id>/final.pt`` when a checkpoint directory is set."""
+        if not self.spec.checkpoint.dir:
+            return
+        import os
+
+        sizes = self.spec.model.table_sizes()
+        tables = [torch.zeros(n, self.spec.model.embedding_dim) for n in sizes]
+        for h in self.launcher.ps.values():
+            for t, (rows, w) in enumerate(ray.get([h.table_rows.remote(t) for t in range(len(sizes))])):
+                tables[t][torch.from_numpy(rows)] = torch.from_numpy(w)
+        dense = torch.as_tensor(ray.get(self.launcher.dense_ps.pull.remote())[1])
+        out = os.path.join(self.spec.checkpoint.dir, self.job_id)
+        os.makedirs(out, exist_ok=True)
+        tmp = os.path.join(out, "final.pt.tmp")
+        torch.save({"tables": tables, "dense": dense, "job_id": self.job_id}, tmp)
+        os.replace(tmp, os.path.join(out, "final.pt"))
+        self.events.add("model_saved", path=os.path.join(out, "final.pt"))
 
     # -- internals --------------------------------------------------------------------------------
     def _watch_workers(self) -> None:
         """Wait for every worker's ``run`` to return; a worker that dies is replaced."""
         pending = {self.launcher.start(name): name for name in list(self.launcher.workers)}
         while pending:
-            ready, _ = ray.wait(list(pending), num_returns=1, timeout=TICK_S)
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=min(TICK_S, self.spec.policy.interval_s))
             self._tick()
+            if not self.queue.finished and self.status == "training":
+                pending.update(self.control.tick(running=list(pending.values())))
             if not ready:
                 continue
             ref = ready[0]
@@ -197,6 +242,9 @@ class JobMaster:
                 self.events.add("worker_exit", actor=name, **{k: v for k, v in stats.items() if np.isscalar(v)})
                 with self._lock:
                     self.metrics.pop(name, None)
+                if name in self._draining:  # removed by a scale-in: its work is done
+                    self.launcher.forget_worker(name)
+                    self.control.forget(name)
             except ray.exceptions.RayTaskError as e:
                 cause = getattr(e, "cause", None)
                 if isinstance(cause, DLRoverError):
@@ -209,6 +257,12 @@ class JobMaster:
             except ray.exceptions.RayActorError as e:
                 pending.update(self._replace_worker(name, e))
 
+    def drain(self, names: list[str]) -> None:
+        """Give these workers no more shards; they finish what they hold and exit."""
+        with self._work:
+            self._draining.update(names)
+            self._work.notify_all()
+
     def _replace_worker(self, name: str, err: Exception) -> dict:
         at = self.clock() - self.t0
         if len(self.failures) >= MAX_WORKER_REPLACEMENTS:
@@ -220,11 +274,13 @@ class JobMaster:
             self.metrics.pop(name, None)
             requeued = self.queue.requeue_owner(name)
             self._work.notify_all()
+        size = self.launcher.resources.get(name, (None, None))
         self.launcher.forget_worker(name)
+        self.control.forget(name)
         failure = {"kind": "worker_death", "actor": name, "at_s": at, "cause": type(err).__name__, "shards_requeued": len(requeued)}
         pending = {}
-        if not self.queue.finished:
-            new = self.launcher.add_worker()
+        if not self.queue.finished and name not in self._draining:
+            new = self.launcher.add_worker(*size)
             failure["replacement"] = new
             pending[self.launcher.start(new)] = new
         failure["recovered_s"] = self.clock() - self.t0

@@ -72,9 +72,10 @@ class Lookup:
 
 @dataclass
 class PSClient:
-    """Talks to the PS actors for one worker. ``ps`` are Ray actor handles."""
+    """Talks to the PS actors for one worker. ``ps``: Ray actor handles by PS id (a list
+    means ids 0..n-1). ``set_routing`` swaps both at once after a PS migration."""
 
-    ps: list[Any]
+    ps: dict[int, Any] | list[Any]
     vmap: VShardMap
     dim: int
     owner_name: str
@@ -82,6 +83,8 @@ class PSClient:
     _seq: Any = field(default_factory=itertools.count)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.ps, dict):
+            self.ps = dict(enumerate(self.ps))
         self._table_sizes = torch.tensor(self.vmap.table_sizes, dtype=torch.int64)
         self.timings = {"route_s": 0.0, "issue_pull_s": 0.0, "wait_pull_s": 0.0, "push_s": 0.0}
 
@@ -101,9 +104,15 @@ class PSClient:
         self.timings["route_s"] += time.perf_counter() - t0
         return routed
 
+    def set_routing(self, ps: dict[int, Any], vmap: VShardMap) -> None:
+        """Switch to a new vshard map (only between steps, with no lookup in flight)."""
+        self.ps, self.vmap = dict(ps), vmap
+
     def start(self, kjt: KeyedJaggedTensor, train: bool = True, routed: RoutedBatch | None = None) -> Lookup:
-        """Issue the pulls of one batch to its PS without waiting for them."""
-        routed = routed if routed is not None else self.route(kjt)
+        """Issue the pulls of one batch to its PS without waiting for them. A batch routed
+        under an older vshard map (before a migration) is routed again."""
+        if routed is None or routed.version != self.vmap.version:
+            routed = self.route(kjt)
         t0 = time.perf_counter()
         key = (self.owner_name, next(self._seq))
         refs = [self.ps[r.ps].pull.remote(key, r.indices, r.offsets, train) for r in routed.requests]

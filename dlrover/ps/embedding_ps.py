@@ -15,6 +15,7 @@ import time
 import warnings
 
 import numpy as np
+import psutil
 import torch
 
 from dlrover.ps.routing import nonempty_bags
@@ -66,30 +67,19 @@ class EmbeddingPS:
 
     def __init__(
         self,
-        ps_index: int,
+        ps_index: int,  # the PS id (stable across migrations; owners in ``vmap``)
         vmap: VShardMap,
         dim: int,
         optimizer: dict,
         seed: int = 0,
         threads: int = 1,
     ) -> None:
-        from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
-            ComputeDevice,
-            EmbeddingLocation,
-            SplitTableBatchedEmbeddingBagsCodegen,
-        )
-
         torch.set_num_threads(max(1, threads))
         self.index = ps_index
         self.vmap = vmap
         self.dim = dim
-        sizes = vmap.local_table_sizes(ps_index)
-        self.tbe = SplitTableBatchedEmbeddingBagsCodegen(
-            [(n, dim, EmbeddingLocation.HOST, ComputeDevice.CPU) for n in sizes],
-            optimizer=_optim_type(optimizer["name"]),
-            learning_rate=float(optimizer["lr"]),
-            eps=float(optimizer.get("eps", 1e-8)),
-        )
+        self._optimizer = dict(optimizer)
+        self.tbe = self._new_tbe(vmap.local_table_sizes(ps_index))
         with torch.no_grad():
             for t, w in enumerate(self.tbe.split_embedding_weights()):
                 rows = vmap.global_rows(ps_index, t)
@@ -101,6 +91,22 @@ class EmbeddingPS:
         self._lock = threading.Lock()
         self._stats = {"pulls": 0, "pushes": 0, "rows_updated": 0, "busy_s": 0.0}
         self._started = time.monotonic()
+        self._proc = psutil.Process()
+
+    def _new_tbe(self, sizes: list[int]):
+        from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+            ComputeDevice,
+            EmbeddingLocation,
+            SplitTableBatchedEmbeddingBagsCodegen,
+        )
+
+        opt = self._optimizer
+        return SplitTableBatchedEmbeddingBagsCodegen(
+            [(n, self.dim, EmbeddingLocation.HOST, ComputeDevice.CPU) for n in sizes],
+            optimizer=_optim_type(opt["name"]),
+            learning_rate=float(opt["lr"]),
+            eps=float(opt.get("eps", 1e-8)),
+        )
 
     # -- hot path ---------------------------------------------------------------------
     def pull(self, key: tuple, indices: np.ndarray, offsets: np.ndarray | None, train: bool = True) -> np.ndarray:
@@ -162,6 +168,80 @@ class EmbeddingPS:
                 del self._pending[k]
         return len(stale)
 
+    # -- migration (workers are paused: nothing pulled-but-not-pushed) ----------------
+    def _table_arrays(self, tbe) -> list[list[torch.Tensor]]:
+        """Per table: [weights, *optimizer states] as writable views into ``tbe``."""
+        weights = tbe.split_embedding_weights()
+        states = [] if self._optimizer["name"] == "sgd" else tbe.split_optimizer_states()
+        return [[w.detach(), *(states[t] if states else [])] for t, w in enumerate(weights)]
+
+    def export_vshards(self, vshards: list[int]) -> dict:
+        """Weights and optimizer state of ``vshards`` (which this PS owns), for their new owner."""
+        t0 = time.perf_counter()
+        vs = np.asarray(sorted(vshards), dtype=np.int64)
+        if len(vs) and np.any(self.vmap.owner[vs] != self.index):
+            raise ValueError(f"ps-{self.index} does not own all of vshards {vs.tolist()}")
+        slots = np.searchsorted(self.vmap.owned(self.index), vs)
+        tables = []
+        for rpv, arrays in zip(self.vmap.rows_per_vshard(), self._table_arrays(self.tbe)):
+            # Each vshard is a contiguous block of rpv local rows: copy whole blocks.
+            tables.append([np.concatenate([a[s * rpv : (s + 1) * rpv].numpy() for s in slots]) for a in arrays] if len(slots) else [])
+        payload = {"vshards": vs, "tables": tables}
+        self._stats["export_s"] = time.perf_counter() - t0
+        return payload
+
+    def reconfigure(self, vmap: VShardMap, incoming: list[Any]) -> dict:
+        """Switch to ``vmap``: keep the owned vshards this PS still owns, take the vshards in
+        ``incoming`` (``export_vshards`` payloads, or ObjectRefs to them), drop the rest.
+
+        Builds a new TBE of the new local size and copies whole vshard blocks into it; the
+        fused optimizer's state travels with the weights, so training goes on exactly where
+        it stopped. Returns bytes received and the time taken.
+        """
+        import ray
+
+        t0 = time.perf_counter()
+        with self._lock:
+            if self._pending:
+                raise RuntimeError(f"ps-{self.index}: reconfigure with {len(self._pending)} pulls not pushed")
+        payloads = [p if isinstance(p, dict) else ray.get(p) for p in incoming]
+        t_recv = time.perf_counter()
+        new_owned = vmap.owned(self.index)
+        if np.array_equal(new_owned, self.vmap.owned(self.index)):
+            self.vmap = vmap  # same slots: only the version moves
+            return {"bytes_in": 0, "recv_s": 0.0, "copy_s": 0.0}
+        old_owned = self.vmap.owned(self.index)
+        source: dict[int, tuple[int, Any]] = {}  # vshard -> (position in payload, payload index or -1 = old tbe)
+        for s, v in enumerate(old_owned):
+            source[int(v)] = (s, -1)
+        for i, p in enumerate(payloads):
+            for s, v in enumerate(p["vshards"]):
+                source[int(v)] = (s, i)
+        missing = [int(v) for v in new_owned if int(v) not in source]
+        if missing:
+            raise RuntimeError(f"ps-{self.index}: no data for vshards {missing}")
+        tbe = self._new_tbe(vmap.local_table_sizes(self.index))
+        old_arrays, new_arrays = self._table_arrays(self.tbe), self._table_arrays(tbe)
+        nbytes = 0
+        with torch.no_grad():
+            for t, rpv in enumerate(vmap.rows_per_vshard()):
+                dst, src_old = new_arrays[t], old_arrays[t]
+                if len(new_owned) == 0:
+                    for d in dst:
+                        d.zero_()
+                for slot, v in enumerate(new_owned):
+                    pos, which = source[int(v)]
+                    for k, d in enumerate(dst):
+                        if which < 0:
+                            block = src_old[k][pos * rpv : (pos + 1) * rpv]
+                        else:
+                            block = torch.from_numpy(payloads[which]["tables"][t][k][pos * rpv : (pos + 1) * rpv])
+                            nbytes += block.numel() * block.element_size()
+                        d[slot * rpv : (slot + 1) * rpv] = block
+        self.tbe, self.vmap = tbe, vmap
+        done = time.perf_counter()
+        return {"bytes_in": nbytes, "recv_s": t_recv - t0, "copy_s": done - t_recv}
+
     # -- state --------------------------------------------------------------------------
     def table_rows(self, table: int) -> tuple[np.ndarray, np.ndarray]:
         """(global row ids, weights) of the rows of ``table`` this PS owns."""
@@ -186,4 +266,6 @@ class EmbeddingPS:
         s["pending"] = len(self._pending)
         s["uptime_s"] = time.monotonic() - self._started
         s["pid"] = os.getpid()
+        s["rss_mb"] = self._proc.memory_info().rss / 2**20
+        s["cpu_percent"] = self._proc.cpu_percent()
         return s

@@ -38,6 +38,7 @@ class RoutedBatch:
     num_samples: int
     num_tables: int
     requests: list[PSRequest]
+    version: int = 0  # of the VShardMap it was routed with: stale after a migration
 
 
 def route(values: torch.Tensor, lengths: torch.Tensor, batch: int, vmap: VShardMap) -> RoutedBatch:
@@ -49,10 +50,10 @@ def route(values: torch.Tensor, lengths: torch.Tensor, batch: int, vmap: VShardM
     if single_hot and vmap.num_ps == 1:
         # The common Criteo case on one PS: the request is the whole batch as it is.
         bag_t = torch.div(bag_of_value, batch, rounding_mode="floor")
-        req = PSRequest(0, local.numpy(), None, batch, bag_of_value - bag_t * batch, bag_t, covers_all=True)
-        return RoutedBatch(batch, num_tables, [req])
+        req = PSRequest(vmap.ps_ids[0], local.numpy(), None, batch, bag_of_value - bag_t * batch, bag_t, covers_all=True)
+        return RoutedBatch(batch, num_tables, [req], vmap.version)
     requests = []
-    for k in range(vmap.num_ps):
+    for k in vmap.ps_ids:
         sel = owner == k
         vals_k = local[sel]
         bags_k = bag_of_value[sel]
@@ -76,7 +77,7 @@ def route(values: torch.Tensor, lengths: torch.Tensor, batch: int, vmap: VShardM
         offsets = torch.zeros(num_tables * b_k + 1, dtype=torch.int64)
         torch.cumsum(lens.view(-1), 0, out=offsets[1:])
         requests.append(PSRequest(k, vals_k.numpy(), offsets.numpy(), b_k, bag_n, bag_t))
-    return RoutedBatch(batch, num_tables, requests)
+    return RoutedBatch(batch, num_tables, requests, vmap.version)
 
 
 def _table_major(part: torch.Tensor, req: PSRequest, num_tables: int, dim: int) -> torch.Tensor:

@@ -2,9 +2,10 @@
 
 Row ``r`` of table ``t`` lives in vshard ``r % V`` at position ``r // V`` inside it.
 Every table is cut the same way, so one vshard is a slice of every table, and a PS owns
-a set of vshards. Moving a vshard (issue: elastic PS) moves whole slices of rows with
-their optimizer state, and routing stays a table lookup (no per-id hashing on the hot
-path beyond one modulo).
+a set of vshards. Moving a vshard (``dlrover.master.scaler``) moves whole slices of rows
+with their optimizer state, and routing stays a table lookup (no per-id hashing on the
+hot path beyond one modulo). PS ids are stable names (``ps-<id>``), not positions: after
+PS 1 of 0..2 retires, the owners are {0, 2}.
 
 On a PS the owned vshards are laid out back to back: table ``t`` on PS ``k`` has
 ``len(owned_k) * rows_per_vshard[t]`` rows and global row ``r`` sits at local row
@@ -45,8 +46,50 @@ class VShardMap:
         return cls(list(table_sizes), num_vshards, np.arange(num_vshards) % num_ps)
 
     @property
+    def ps_ids(self) -> list[int]:
+        """The PS that own at least one vshard, ascending."""
+        return [int(k) for k in np.unique(self.owner)]
+
+    @property
     def num_ps(self) -> int:
-        return int(self.owner.max()) + 1
+        return len(np.unique(self.owner))
+
+    def reassigned(self, ps_ids: list[int], load: dict[int, float] | None = None) -> "VShardMap":
+        """A new version spreading the vshards over ``ps_ids`` with as few moves as possible.
+
+        Vshards of PS that leave go to the PS with the fewest; then vshards move one at a
+        time from the most to the least loaded PS until counts (or, given ``load`` per PS,
+        the load each vshard carries on average) are as even as they can be.
+        """
+        ids = sorted(set(int(k) for k in ps_ids))
+        if not ids or len(ids) > self.num_vshards:
+            raise ValueError(f"cannot spread {self.num_vshards} vshards over {len(ids)} PS")
+        owner = self.owner.copy()
+        per_vshard = {k: (load or {}).get(k, 1.0) / max(1, int(np.sum(self.owner == k))) for k in self.ps_ids}
+        weight = np.array([per_vshard.get(int(k), 1.0) for k in self.owner])
+        if load is None:
+            weight[:] = 1.0
+        held = {k: float(weight[owner == k].sum()) for k in ids}
+        for v in np.flatnonzero(~np.isin(owner, ids)):  # orphans of leaving PS
+            k = min(ids, key=lambda i: held[i])
+            owner[v] = k
+            held[k] += weight[v]
+        while True:  # move the lightest vshard of the heaviest PS while that narrows the gap
+            hi, lo = max(ids, key=lambda i: held[i]), min(ids, key=lambda i: held[i])
+            cand = np.flatnonzero(owner == hi)
+            if len(cand) <= 1:
+                break
+            v = cand[np.argmin(weight[cand])]
+            if held[hi] - weight[v] < held[lo] + weight[v] - 1e-9:
+                break
+            owner[v] = lo
+            held[hi] -= weight[v]
+            held[lo] += weight[v]
+        return VShardMap(list(self.table_sizes), self.num_vshards, owner, self.version + 1)
+
+    def moves(self, new: "VShardMap") -> list[tuple[int, int, int]]:
+        """``(vshard, from_ps, to_ps)`` for every vshard whose owner differs in ``new``."""
+        return [(int(v), int(self.owner[v]), int(new.owner[v])) for v in np.flatnonzero(self.owner != new.owner)]
 
     def rows_per_vshard(self) -> list[int]:
         v = self.num_vshards

@@ -5,6 +5,11 @@ file reading overlaps training. The main loop keeps one lookup in flight: the pu
 step i+1 is issued before step i's forward (``train.staleness: 1``), so the PS work of
 the next batch overlaps this batch's MLP compute. A shard is reported done only after
 every PS has acknowledged the pushes of its last batch: "done" means "applied".
+
+Elastic operations pause the loop at a step boundary: ``pause`` (called by the master on
+another of the actor's threads) returns once every push of this worker is applied and no
+lookup is in flight; ``set_routing`` installs the new PS set and vshard map and lets the
+loop go on. Batches routed under the old map are routed again when their turn comes.
 """
 
 from __future__ import annotations
@@ -60,6 +65,7 @@ class ShardProgress:
 
 
 _END = object()
+PAUSE_POLL_S = 0.05  # how often a worker idle on input checks for a pause request
 
 
 def batches_of(reader: FileReader, index: FileIndex, start: int, stop: int, batch_size: int):
@@ -106,6 +112,41 @@ class Worker:
         self._proc = psutil.Process()
         self._stop = threading.Event()
         self._eval: tuple | None = None
+        # Pause/resume handshake between the master's calls and the training loop.
+        self._ctl = threading.Condition()
+        self._running = False
+        self._pause_requested = False
+        self._paused = False
+        self._queue: queue.Queue | None = None
+
+    # -- elastic control (called by the master on another thread of this actor) -----------
+    def pause(self, timeout_s: float = 60.0) -> bool:
+        """Park the training loop at a step boundary with all of its updates applied.
+        True once parked (or when not training at all)."""
+        with self._ctl:
+            if not self._running:
+                return True
+            self._pause_requested = True
+            self._ctl.notify_all()
+            return self._ctl.wait_for(lambda: self._paused or not self._running, timeout=timeout_s)
+
+    def set_routing(self, ps: dict[int, Any], vmap: VShardMap) -> int:
+        """Install a new PS set and vshard map, and resume if paused. Returns the map version."""
+        with self._ctl:
+            self.client.set_routing(ps, vmap)
+            self._eval = None  # the evaluation replica is rebuilt with the new map
+            self._pause_requested = False
+            self._ctl.notify_all()
+        return vmap.version
+
+    def _park(self, drain: list[Any]) -> None:
+        """Training thread: settle ``drain`` (every unapplied push), then wait for resume."""
+        ray.get(drain)
+        with self._ctl:
+            self._paused = True
+            self._ctl.notify_all()
+            self._ctl.wait_for(lambda: not self._pause_requested)
+            self._paused = False
 
     # -- input pipeline ----------------------------------------------------------------------
     def _produce(self, out: queue.Queue) -> None:
@@ -137,14 +178,20 @@ class Worker:
 
     # -- training loop -----------------------------------------------------------------------------
     def run(self) -> dict:
+        with self._ctl:
+            self._running = True
         try:
             return self._run()
         finally:
             self._stop.set()  # the input thread must not ask for shards once we are gone
+            with self._ctl:
+                self._running = False
+                self._ctl.notify_all()
             self.dense.close()
 
     def _run(self) -> dict:
         q: queue.Queue = queue.Queue(maxsize=4)
+        self._queue = q
         producer = threading.Thread(target=self._produce, args=(q,), daemon=True, name="shard-reader")
         producer.start()
         self.dense.pull()
@@ -153,19 +200,29 @@ class Worker:
         in_flight: dict[int, ShardProgress] = {}
         self._finished: list[ShardProgress] = []
         last_report = time.monotonic()
-        window = {"samples": 0, "loss_sum": 0.0, "t0": time.monotonic(), "steps": 0, "step_s": 0.0}
+        window = self._new_window(time.monotonic())
 
         def take(item: Any) -> Step | None:
             if isinstance(item, BaseException):
                 raise item
             return None if item is _END else item
 
+        def unapplied() -> list[Any]:
+            refs = [r for p in [*in_flight.values(), *self._finished] for r in p.refs]
+            return refs + ([dense_ref] if dense_ref is not None else [])
+
         def wait_step() -> Step | None:
             # About to block on input: the master may be waiting for our done reports
             # before it hands out more (end of epoch), so settle them first.
             self._finished = self._report_applied(self._finished, block=True)
             t0 = time.perf_counter()
-            item = q.get()
+            while True:
+                try:
+                    item = q.get(timeout=PAUSE_POLL_S)
+                    break
+                except queue.Empty:
+                    if self._pause_requested:  # idle: a safe point as it is
+                        self._park(unapplied())
             stats["wait_data_s"] += time.perf_counter() - t0
             return take(item)
 
@@ -181,6 +238,7 @@ class Worker:
         dense_ref = None
         cur: Step | None = None
         ended = False
+        shard_id = None
         while True:
             if cur is None:
                 if ended:
@@ -191,13 +249,24 @@ class Worker:
                 if cur.kjt is not None:
                     self.ebc.prefetch(cur.kjt, cur.routed)
             t_step = time.perf_counter()
+            # Read once per step: a pause skips the lookahead pull, so that at the end of
+            # this step no lookup is in flight and the loop can park.
+            pausing = self._pause_requested
             nxt = None
-            if self.spec.train.staleness == 1 and not ended:
+            if self.spec.train.staleness == 1 and not ended and not pausing:
                 nxt, ended = peek_step()
                 if nxt is not None and nxt.kjt is not None:
                     self.ebc.prefetch(nxt.kjt, nxt.routed)
             n = len(cur.batch)
             push_refs: list[Any] = []
+            if self.spec.train.deterministic and cur.shard.shard_id != shard_id:
+                # Shards run one at a time across workers in this mode: start each from
+                # the dense parameters the previous shard (maybe another worker's) left.
+                if dense_ref is not None:
+                    ray.get(dense_ref)
+                    dense_ref = None
+                self.dense.pull()
+            shard_id = cur.shard.shard_id
             if n:
                 if dense_ref is not None:
                     t0 = time.perf_counter()
@@ -212,6 +281,8 @@ class Worker:
                 stats["compute_s"] += time.perf_counter() - t0
                 dense_ref = self.dense.push()
                 push_refs = self.ebc.take_push_refs()
+                if stats["steps"] == 0:
+                    self.master.report.remote(self.name, {"first_step": True})
                 loss_sum = float(loss) * n
                 stats["steps"] += 1
                 stats["samples"] += n
@@ -234,12 +305,14 @@ class Worker:
             now = time.monotonic()
             if now - last_report >= self.spec.train.log_every_s:
                 self._report(window, now)
-                window = {"samples": 0, "loss_sum": 0.0, "t0": now, "steps": 0, "step_s": 0.0}
+                window = self._new_window(now)
                 last_report = now
 
             if self.spec.train.staleness == 0:
                 ray.get(push_refs)
             cur = nxt
+            if pausing:
+                self._park(unapplied())
         if dense_ref is not None:
             ray.get(dense_ref)
         self._report_applied(self._finished, block=True)
@@ -263,6 +336,9 @@ class Worker:
             ray.get(self.master.shard_done.remote(self.name, prog.shard.shard_id, prog.rows, prog.bad_lines))
         return remaining
 
+    def _new_window(self, now: float) -> dict:
+        return {"samples": 0, "loss_sum": 0.0, "t0": now, "steps": 0, "step_s": 0.0, "wait_pull_s": self.client.timings["wait_pull_s"]}
+
     def _report(self, window: dict, now: float) -> None:
         dt = max(now - window["t0"], 1e-9)
         steps = max(window["steps"], 1)
@@ -274,6 +350,8 @@ class Worker:
                 "samples_per_s": window["samples"] / dt,
                 "loss": window["loss_sum"] / max(window["samples"], 1),
                 "step_time_s": window["step_s"] / steps,
+                "wait_ps_s": (self.client.timings["wait_pull_s"] - window["wait_pull_s"]) / steps,
+                "queue_depth": self._queue.qsize() if self._queue is not None else 0,
                 "rss_mb": self._proc.memory_info().rss / 2**20,
                 "cpu_percent": self._proc.cpu_percent(),
             },

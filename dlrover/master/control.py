@@ -1,0 +1,387 @@
+"""The master's control loop: metrics in, policy decision, Scaler out.
+
+Every ``policy.interval_s`` the Controller builds a :class:`~dlrover.resource.plan.JobView`
+from what the job reported, asks the policy, and has the :class:`Scaler` carry out a
+changed plan. It also owns the measurement windows: while one configuration runs, the
+job's throughput is measured after a warm-up (``policy.warmup_s``); when the
+configuration changes the window closes into a :class:`Measurement` that refits the
+performance model (``PerfModel.observe``) and is reported as predicted vs measured.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import ray
+
+from dlrover.master.scaler import Scaler, scale_plan
+from dlrover.resource.history import HistoryRecord, HistoryStore, dataset_signature, job_signature
+from dlrover.resource.perf_model import PerfModel
+from dlrover.resource.plan import ActorMetrics, Budget, Config, JobView, Measurement, ResourcePlan
+from dlrover.resource.policy_config import load_policy
+
+if TYPE_CHECKING:
+    from dlrover.master.master import DataPlan, JobMaster
+
+MIN_WINDOW_S = 2.0  # a window shorter than this says too little to fit on
+RSS_POINTS = 20  # RSS samples per actor kept for the memory trend
+STRAGGLER_FACTOR = 1.5  # default "slow" bar: step time over this x the workers' median
+PS_STATS_TIMEOUT_S = 5.0
+
+
+def default_history_dir() -> str:
+    return os.environ.get("DLROVER_HISTORY_DIR") or os.path.expanduser("~/.dlrover/history")
+
+
+def job_budget(spec: Any, requested: Config) -> Budget:
+    """The job's budget: ``resources.budget_*``, else the request. Memory without its own
+    budget grows with the CPU budget (same MB per CPU as the request)."""
+    r = spec.resources
+    cpu = r.budget_cpu or requested.cpu
+    memory = r.budget_memory_mb or int(requested.memory_mb * cpu / requested.cpu)
+    return Budget(cpu=cpu, memory_mb=memory, max_ps=spec.train.vshards)
+
+
+@dataclass
+class _Window:
+    """Throughput of one configuration, from the job's cumulative sample count."""
+
+    config: Config
+    opened_s: float
+    start_s: float  # opened_s + warm-up: samples before this do not count
+    predicted: float | None
+    t_a: float | None = None
+    s_a: int = 0
+    t_b: float | None = None
+    s_b: int = 0
+
+    def update(self, now: float, samples: int) -> None:
+        if now < self.start_s:
+            return
+        if self.t_a is None:
+            self.t_a, self.s_a = now, samples
+        self.t_b, self.s_b = now, samples
+
+    def measurement(self) -> Measurement | None:
+        if self.t_a is None or self.t_b is None or self.t_b - self.t_a <= 0 or self.s_b <= self.s_a:
+            return None
+        dur = self.t_b - self.t_a
+        return Measurement(self.config, (self.s_b - self.s_a) / dur, dur, self.t_b, self.predicted)
+
+
+class Controller:
+    def __init__(self, master: "JobMaster", data: "DataPlan") -> None:
+        self.m = master
+        spec = master.spec
+        self.spec = spec
+        self.policy = load_policy(spec.policy.name, spec.policy.config, spec.policy.knobs)
+        self.model = PerfModel(spec.data.batch_size)
+        self.requested = Config.from_resources(spec.resources)
+        self.budget = job_budget(spec, self.requested)
+        self.signature = job_signature(spec.model.model_dump(), spec.data.batch_size)
+        self.dataset = dataset_signature(sorted(data.files), sum(i.rows for i in data.files.values()))
+        self.history_dir = spec.policy.history_dir or default_history_dir()
+        self.store = HistoryStore(self.history_dir)
+        self.history = self.store.similar(self.signature, self.dataset)
+        self.measurements: list[Measurement] = []
+        self.window: _Window | None = None
+        self.retired_ps_stats: list[dict] = []
+        self.scaler = Scaler(master.launcher, running=lambda: self._running)
+        self._running: list[str] = []
+        self._lock = threading.Lock()
+        self._next_tick = 0.0
+        self._last_change = 0.0
+        self._rss: dict[str, deque] = {}
+        self._slow_since: dict[str, float] = {}
+        self._ps_prev: dict[int, tuple[float, float]] = {}
+        self._ps_metrics: dict[int, ActorMetrics] = {}
+        self._await_first_step: dict[str, dict] = {}  # new worker -> its scale event
+
+    # -- lifecycle ----------------------------------------------------------------------
+    def now(self) -> float:
+        return self.m.clock() - self.m.t0
+
+    def initial_config(self) -> Config:
+        """Stage 1 (warm start) or the request, as the policy says; clipped to the budget."""
+        view = self._view(self.now(), self.requested)
+        plan = self.policy.initial(view)
+        if not plan.config.fits(self.budget):
+            raise ValueError(f"policy {self.policy.name} chose {plan.config.short()}, beyond the budget {self.budget}")
+        self.m.events.add("initial_config", stage=plan.stage, reason=plan.reason, config=plan.config.to_dict())
+        if plan.config != self.requested:
+            self.m.scale_events.append(self._event("warm_start", plan, self.requested, plan.config, self.now()))
+        self._initial_plan = plan
+        return plan.config
+
+    def started(self, config: Config) -> None:
+        now = self.now()
+        self._open(config, now, getattr(self, "_initial_plan", None))
+
+    def _open(self, config: Config, now: float, plan: ResourcePlan | None) -> None:
+        predicted = plan.predicted_throughput if plan is not None and plan.predicted_throughput else self.model.predict(config)
+        with self._lock:
+            self.window = _Window(config, now, now + self.spec.policy.warmup_s, predicted)
+        self._last_change = now
+
+    def _close(self) -> None:
+        with self._lock:
+            w, self.window = self.window, None
+        meas = w.measurement() if w is not None else None
+        if meas is None or meas.duration_s < MIN_WINDOW_S:
+            return
+        self.measurements.append(meas)
+        self.model.observe(meas.config, meas.throughput, weight=meas.duration_s)
+        self.m.events.add("measurement", config=meas.config.to_dict(), throughput=meas.throughput, predicted=meas.predicted, duration_s=meas.duration_s)
+
+    # -- reports ------------------------------------------------------------------------
+    def on_report(self, worker: str, metrics: dict, now: float, samples: int) -> None:
+        with self._lock:
+            if self.window is not None:
+                self.window.update(now, samples)
+            if "rss_mb" in metrics:
+                self._rss.setdefault(worker, deque(maxlen=RSS_POINTS)).append((now, float(metrics["rss_mb"])))
+
+    def first_step(self, worker: str, now: float) -> None:
+        ev = self._await_first_step.pop(worker, None)
+        if ev is not None:
+            ev.setdefault("first_step_s", {})[worker] = round(now - ev["at_s"], 3)
+
+    def forget(self, name: str) -> None:
+        with self._lock:
+            self._rss.pop(name, None)
+        self._slow_since.pop(name, None)
+
+    # -- the loop -----------------------------------------------------------------------
+    def tick(self, running: list[str]) -> dict[Any, str]:
+        """One control step; returns ``{run ObjectRef: worker}`` of workers it started."""
+        now = self.now()
+        if now < self._next_tick or self.m._eval_ref is not None:
+            return {}
+        self._next_tick = now + self.spec.policy.interval_s
+        self._running = list(running)
+        view = self._view(now, self._config())
+        plan = self.policy.decide(view)
+        if plan is None or not plan.changes(view.config):
+            return {}
+        if not plan.config.fits(self.budget):
+            self.m.events.add("plan_rejected", reason=plan.reason, config=plan.config.to_dict(), why="over budget")
+            return {}
+        return self._apply(plan, view)
+
+    def _apply(self, plan: ResourcePlan, view: JobView) -> dict[Any, str]:
+        lz = self.m.launcher
+        draining = self.m._draining
+        workers = {n: lz.resources[n] for n in lz.workers if n not in draining and n in lz.resources}
+        ps = {k: lz.resources[lz.ps_name(k)] for k in lz.ps}
+        sp = scale_plan(plan, workers, ps, lz.ps_name)
+        if sp.empty():
+            return {}
+        t0 = self.now()
+        self._close()
+        res = self.scaler.execute(sp, {k: a.busy for k, a in self._ps_metrics.items()})
+        self.m.drain(res.drained)
+        self.retired_ps_stats += res.retired_ps_stats
+        started = {lz.start(w): w for w in res.new_workers}
+        new = self._config()
+        ev = self._event(_kind(view.config, new, plan), plan, view.config, new, t0)
+        ev.update(
+            ops=sp.ops(),
+            duration_s=round(self.now() - t0, 3),
+            launch_s=round(res.launch_s, 3),
+            pause_s=round(res.pause_s, 3),
+            vshards_moved=res.vshards_moved,
+            bytes_moved=res.bytes_moved,
+            migration_bytes_per_s=(res.bytes_moved / res.pause_s) if res.pause_s > 0 and res.bytes_moved else None,
+        )
+        for w in res.new_workers:
+            self._await_first_step[w] = ev
+        self.m.scale_events.append(ev)
+        self.m.events.add("scale", **{k: v for k, v in ev.items() if k != "kind"}, scale_kind=ev["kind"])
+        self._open(new, self.now(), plan)
+        return started
+
+    def _event(self, kind: str, plan: ResourcePlan, old: Config, new: Config, at: float) -> dict:
+        return {
+            "kind": kind,
+            "at_s": round(at, 3),
+            "stage": plan.stage,
+            "reason": plan.reason,
+            "from": old.to_dict(),
+            "to": new.to_dict(),
+            "summary": f"{old.short()} -> {new.short()}",
+            "predicted_throughput": plan.predicted_throughput,
+        }
+
+    def _config(self) -> Config:
+        lz = self.m.launcher
+        return lz.config(exclude=self.m._draining)
+
+    # -- the view -----------------------------------------------------------------------
+    def _view(self, now: float, config: Config) -> JobView:
+        q = self.m.queue
+        with self._lock:
+            w = self.window
+            current = w.measurement() if w is not None else None
+        if current is not None and current.duration_s < 1.0:
+            current = None
+        progress = q.samples_done / max(q.samples_expected, 1) if q is not None else 0.0
+        remaining = None
+        if current is not None and q is not None:
+            remaining = (q.samples_expected - q.samples_done) / max(current.throughput, 1e-9)
+        return JobView(
+            now_s=now,
+            config=config,
+            budget=self.budget,
+            batch_size=self.spec.data.batch_size,
+            signature=self.signature,
+            model=self.model,
+            measurements=list(self.measurements),
+            current=current,
+            actors=self._actor_metrics(now) if self.m.launcher.vmap is not None else {},
+            progress=progress,
+            remaining_s=remaining,
+            last_change_s=self._last_change,
+            history=self.history,
+            requested=self.requested,
+        )
+
+    def _actor_metrics(self, now: float) -> dict[str, ActorMetrics]:
+        lz = self.m.launcher
+        out: dict[str, ActorMetrics] = {}
+        with self.m._lock:
+            reports = {n: dict(r) for n, r in self.m.metrics.items() if n in lz.workers}
+        steps = [r.get("step_time_s", 0.0) for r in reports.values() if r.get("step_time_s")]
+        median = float(np.median(steps)) if steps else 0.0
+        factor = float(getattr(getattr(self.policy, "knobs", None), "straggler_factor", STRAGGLER_FACTOR))
+        for name, r in reports.items():
+            cpu, mem = lz.resources.get(name, (1.0, 0))
+            slow = median > 0 and len(steps) >= 2 and r.get("step_time_s", 0.0) > factor * median
+            if slow:
+                self._slow_since.setdefault(name, r.get("at_s", now))
+            else:
+                self._slow_since.pop(name, None)
+            out[name] = ActorMetrics(
+                name=name,
+                role="worker",
+                cpu=cpu,
+                memory_limit_mb=mem,
+                rss_mb=float(r.get("rss_mb", 0.0)),
+                cpu_util=float(r.get("cpu_percent", 0.0)) / 100.0 / max(cpu, 1e-9),
+                step_time_s=float(r.get("step_time_s", 0.0)),
+                samples_per_s=float(r.get("samples_per_s", 0.0)),
+                wait_ps_s=float(r.get("wait_ps_s", 0.0)),
+                queue_depth=int(r.get("queue_depth", 0)),
+                slow_since_s=self._slow_since.get(name),
+                rss_trend_mb_per_s=self._trend(name),
+                at_s=float(r.get("at_s", now)),
+            )
+        out.update({m.name: m for m in self._poll_ps(now).values()})
+        return out
+
+    def _poll_ps(self, now: float) -> dict[int, ActorMetrics]:
+        lz = self.m.launcher
+        ids = list(lz.ps)
+        try:
+            stats = ray.get([lz.ps[k].stats.remote() for k in ids], timeout=PS_STATS_TIMEOUT_S)
+        except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError):
+            return self._ps_metrics
+        out = {}
+        for k, st in zip(ids, stats):
+            name = lz.ps_name(k)
+            prev = self._ps_prev.get(k)
+            busy = 0.0
+            if prev is not None and st["uptime_s"] > prev[0]:
+                busy = (st["busy_s"] - prev[1]) / (st["uptime_s"] - prev[0])
+            self._ps_prev[k] = (st["uptime_s"], st["busy_s"])
+            with self._lock:
+                self._rss.setdefault(name, deque(maxlen=RSS_POINTS)).append((now, float(st.get("rss_mb", 0.0))))
+            cpu, mem = lz.resources.get(name, (1.0, 0))
+            out[k] = ActorMetrics(
+                name=name,
+                role="ps",
+                cpu=cpu,
+                memory_limit_mb=mem,
+                rss_mb=float(st.get("rss_mb", 0.0)),
+                cpu_util=float(st.get("cpu_percent", 0.0)) / 100.0 / max(cpu, 1e-9),
+                busy=max(0.0, busy),
+                queue_depth=int(st.get("pending", 0)),
+                rss_trend_mb_per_s=self._trend(name),
+                at_s=now,
+            )
+        self._ps_metrics = out
+        return out
+
+    def _trend(self, name: str) -> float:
+        """Least-squares slope of the actor's RSS (MB/s) over its recent samples."""
+        with self._lock:
+            pts = list(self._rss.get(name, ()))
+        if len(pts) < 3 or pts[-1][0] - pts[0][0] < 2.0:
+            return 0.0
+        t, y = np.array(pts).T
+        return float(np.polyfit(t, y, 1)[0])
+
+    # -- end of job ---------------------------------------------------------------------
+    def finish(self, summary: dict) -> dict:
+        """Close the last window; the summary's policy fields; a history record."""
+        self._close()
+        configs = [
+            {
+                "config": m.config.to_dict(),
+                "summary": m.config.short(),
+                "predicted_throughput": m.predicted,
+                "measured_throughput": m.throughput,
+                "error": (m.predicted - m.throughput) / m.throughput if m.predicted else None,
+                "duration_s": m.duration_s,
+                "at_s": m.at_s,
+            }
+            for m in self.measurements
+        ]
+        out = {
+            "policy": self.policy.name,
+            "configurations": configs,
+            "final_config": self._config().to_dict(),
+            "perf_model": {"params": self.model.params._asdict(), "identified": list(self.model.identified), "points": self.model.n_points},
+            "history_dir": self.history_dir,
+        }
+        if summary.get("status") == "succeeded" and self.measurements:
+            best = max(self.measurements, key=lambda m: m.throughput)
+            record = HistoryRecord(
+                signature=self.signature,
+                dataset=self.dataset,
+                job_id=self.m.job_id,
+                finished_at=time.time(),
+                final_config=self._config(),
+                best_config=best.config,
+                best_throughput=best.throughput,
+                measurements=[{"config": m.config.to_dict(), "throughput": m.throughput, "duration_s": m.duration_s} for m in self.measurements],
+                perf_model=self.model.to_dict(),
+                samples=int(summary.get("samples_trained", 0)),
+                wall_time_s=float(summary.get("wall_time_s", 0.0)),
+                status="completed",
+            )
+            try:
+                out["history_record"] = str(self.store.add(record))
+            except OSError as e:
+                self.m.events.add("history_error", error=f"{self.history_dir}: {e}")
+        return out
+
+
+def _kind(old: Config, new: Config, plan: ResourcePlan) -> str:
+    """One word for the event: what changed most visibly."""
+    if plan.replace and old == new:
+        return "replace"
+    if plan.rebalance_ps and old == new:
+        return "rebalance"
+    if (old.workers, old.ps) == (new.workers, new.ps):
+        return "resize"
+    if new.workers + new.ps > old.workers + old.ps:
+        return "scale_out"
+    if new.workers + new.ps < old.workers + old.ps:
+        return "scale_in"
+    return "rescale"

@@ -1,0 +1,144 @@
+"""ResourcePlan -> ScalePlan -> Scaler: turning a policy's decision into actors on Ray.
+
+``scale_plan`` is pure: it diffs the running actors against the plan's target and says
+which actors to launch, drain or retire, and whether vshards must move. ``Scaler``
+executes it while training goes on:
+
+1. launch the new PS (owning nothing yet) and workers (not started), wait until they run;
+2. if the PS set changes or a rebalance is asked: pause every worker at a step boundary
+   (all of its pushes applied), have the old owners export the moving vshards (weights
+   and optimizer state), every PS switch to the new map at once, then resume the workers
+   with the new routing; retired PS go away only after that;
+3. start the new workers; workers to remove are drained (they finish their leased shards
+   and get no more).
+
+Ray fixes an actor's CPUs and memory at creation, so a resize is a replacement: the plan
+launches actors of the new size and drains or retires the old ones.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import ray
+
+from dlrover.master.launcher import Launcher
+from dlrover.resource.plan import ResourcePlan
+
+PAUSE_TIMEOUT_S = 120.0
+
+
+@dataclass
+class ScalePlan:
+    """What to do to the running actors (names are actor names, PS by id)."""
+
+    add_workers: list[tuple[float, int]] = field(default_factory=list)  # (CPUs, memory MB) each
+    drain_workers: list[str] = field(default_factory=list)
+    add_ps: list[tuple[float, int]] = field(default_factory=list)
+    retire_ps: list[int] = field(default_factory=list)
+    rebalance: bool = False
+
+    def empty(self) -> bool:
+        return not (self.add_workers or self.drain_workers or self.add_ps or self.retire_ps or self.rebalance)
+
+    def ops(self) -> list[str]:
+        out = []
+        for what, n in (("add_worker", len(self.add_workers)), ("drain_worker", len(self.drain_workers)), ("add_ps", len(self.add_ps)), ("retire_ps", len(self.retire_ps))):
+            if n:
+                out.append(f"{what} x{n}")
+        if self.rebalance:
+            out.append("rebalance")
+        return out
+
+
+def _keep(actors: dict[str, tuple[float, int]], n: int, size: tuple[float, int], replace: set[str]) -> list[str]:
+    """Up to ``n`` running actors already of ``size`` (and not to be replaced), oldest first."""
+    return [a for a, s in actors.items() if s == size and a not in replace][:n]
+
+
+def scale_plan(
+    plan: ResourcePlan,
+    workers: dict[str, tuple[float, int]],
+    ps: dict[int, tuple[float, int]],
+    ps_name: Callable[[int], str],
+) -> ScalePlan:
+    """Diff the running actors (name -> (CPUs, memory MB)) against ``plan.config``."""
+    c = plan.config
+    replace = set(plan.replace)
+    keep_w = _keep(workers, c.workers, (c.worker_cpu, c.worker_memory_mb), replace)
+    by_name = {ps_name(k): s for k, s in ps.items()}
+    keep_p = _keep(by_name, c.ps, (c.ps_cpu, c.ps_memory_mb), replace)
+    return ScalePlan(
+        add_workers=[(c.worker_cpu, c.worker_memory_mb)] * (c.workers - len(keep_w)),
+        drain_workers=[w for w in workers if w not in keep_w],
+        add_ps=[(c.ps_cpu, c.ps_memory_mb)] * (c.ps - len(keep_p)),
+        retire_ps=[k for k in ps if ps_name(k) not in keep_p],
+        rebalance=plan.rebalance_ps,
+    )
+
+
+@dataclass
+class ScaleResult:
+    new_workers: list[str]
+    drained: list[str]
+    retired_ps_stats: list[dict]
+    launch_s: float = 0.0  # creating actors (training goes on meanwhile)
+    pause_s: float = 0.0  # workers parked while vshards moved
+    bytes_moved: int = 0
+    vshards_moved: int = 0
+
+
+class Scaler:
+    """Executes ScalePlans with a Launcher. Runs on the master's control thread."""
+
+    def __init__(self, launcher: Launcher, running: Callable[[], list[str]]) -> None:
+        self.launcher = launcher
+        self.running = running  # names of workers whose ``run`` is going on
+
+    def execute(self, sp: ScalePlan, ps_load: dict[int, float] | None = None) -> ScaleResult:
+        lz = self.launcher
+        t0 = time.monotonic()
+        new_ps = [lz.add_ps(cpu, mem) for cpu, mem in sp.add_ps]
+        new_workers = [lz.add_worker(cpu, mem) for cpu, mem in sp.add_workers]
+        lz.wait_started([lz.ps_name(k) for k in new_ps] + new_workers)
+        result = ScaleResult(new_workers, list(sp.drain_workers), [], launch_s=time.monotonic() - t0)
+        keep_ps = [k for k in lz.ps if k not in sp.retire_ps]
+        new_vmap = lz.vmap.reassigned(keep_ps, ps_load if sp.rebalance else None) if (new_ps or sp.retire_ps or sp.rebalance) else None
+        if new_vmap is not None and lz.vmap.moves(new_vmap):
+            self._migrate(new_vmap, sp.retire_ps, result)
+        elif new_workers:
+            ray.get([lz.workers[w].set_routing.remote(dict(lz.ps), lz.vmap) for w in new_workers])
+        for k in sp.retire_ps:
+            lz.remove_ps(k)
+        return result
+
+    def _migrate(self, new_vmap: Any, retire: list[int], result: ScaleResult) -> None:
+        """Move vshards to their new owners with every worker parked (no update in flight)."""
+        lz = self.launcher
+        old = lz.vmap
+        moves = old.moves(new_vmap)
+        t_pause = time.monotonic()
+        running = [w for w in self.running() if w in lz.workers]
+        parked = ray.get([lz.workers[w].pause.remote(PAUSE_TIMEOUT_S) for w in running])
+        if not all(parked):
+            stuck = [w for w, ok in zip(running, parked) if not ok]
+            ray.get([lz.workers[w].set_routing.remote(dict(lz.ps), old) for w in running])
+            raise RuntimeError(f"workers did not pause within {PAUSE_TIMEOUT_S:.0f}s: {stuck}")
+        sources = sorted({src for _, src, _ in moves})
+        exports = {src: lz.ps[src].export_vshards.remote([v for v, s, _ in moves if s == src]) for src in sources}
+        replies = ray.get(
+            [
+                lz.ps[k].reconfigure.remote(new_vmap, [exports[s] for s in sources if any(s == src and d == k for _, src, d in moves)])
+                for k in lz.ps
+                if k not in retire
+            ]
+        )
+        result.retired_ps_stats = ray.get([lz.ps[k].stats.remote() for k in retire])
+        lz.vmap = new_vmap
+        ps = {k: h for k, h in lz.ps.items() if k not in retire}
+        ray.get([h.set_routing.remote(ps, new_vmap) for h in lz.workers.values()])
+        result.pause_s = time.monotonic() - t_pause
+        result.bytes_moved = int(sum(r["bytes_in"] for r in replies))
+        result.vshards_moved = len(moves)

@@ -1,0 +1,243 @@
+"""Resource-performance model of one job: step time as a function of its configuration.
+
+The DLRover-RM / Optimus form, extended with CPU terms, for ``w`` workers of ``cw`` CPUs
+each, ``p`` parameter servers of ``cp`` CPUs each and a per-worker batch of ``B``::
+
+    T_iter = t0 + t1 * B / cw + t2 * w / (p * cp) + t3 * w / p + t4 * w
+    throughput = w * B / T_iter                                  (samples/s)
+
+``T_iter`` is linear in non-negative coefficients, so a handful of measured windows fit
+it with NNLS. Online the data rarely vary every variable, so a term whose feature the
+measured configurations cannot separate from the others is pinned to the prior, scaled
+as a whole to the data, instead of being fitted to noise.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import numpy as np
+import pandas as pd
+from scipy.optimize import nnls
+
+if TYPE_CHECKING:
+    from dlrover.resource.plan import Config
+
+
+class PerfParams(NamedTuple):
+    """Coefficients of the step-time model, each tied to one term of ``T_iter`` (seconds)."""
+
+    t0: float  # fixed per-step overhead (s)
+    t1: float  # worker compute: t1 * B / cw
+    t2: float  # PS compute:     t2 * w / (p * cp)
+    t3: float  # PS communication/contention: t3 * w / p
+    t4: float  # shared-resource contention: t4 * w
+
+
+# Rough values for the 2-core CPU development machine; a history record's fit replaces it.
+DEFAULT_PRIOR = PerfParams(t0=0.004, t1=2.0e-5, t2=0.004, t3=0.003, t4=0.004)
+
+N_TERMS = len(PerfParams._fields)
+
+# A term is identifiable only if at least this fraction of its (unit-norm) feature column
+# lies outside the span of the terms chosen before it; below that its coefficient would be
+# set by measurement noise, not by the data.
+_IDENT_TOL = 1e-2
+
+_POINT_COLUMNS = ["workers", "ps", "worker_cpu", "ps_cpu", "batch_size", "throughput", "weight"]
+
+
+def _broadcast(w: Any, p: Any, cw: Any, cp: Any, batch: Any) -> list[np.ndarray]:
+    """The five variables as 1-D float arrays of one length; all must be positive."""
+    arrays = np.broadcast_arrays(*(np.atleast_1d(np.asarray(x, dtype=np.float64)) for x in (w, p, cw, cp, batch)))
+    for name, x in zip(("workers", "ps", "worker_cpu", "ps_cpu", "batch_size"), arrays):
+        bad = ~(np.isfinite(x) & (x > 0))
+        if bad.any():
+            raise ValueError(f"{name} must be positive and finite, got {x[bad][0]!r}")
+    return [x.ravel() for x in arrays]
+
+
+def features(w: Any, p: Any, cw: Any, cp: Any, batch: Any) -> np.ndarray:
+    """Design matrix ``[N, 5]`` of ``T_iter``, one row per configuration (inputs broadcast)."""
+    w, p, cw, cp, b = _broadcast(w, p, cw, cp, batch)
+    return np.stack([np.ones_like(w), b / cw, w / (p * cp), w / p, w], axis=1)
+
+
+def step_time(params: PerfParams, w: Any, p: Any, cw: Any, cp: Any, batch: Any) -> np.ndarray:
+    """Seconds per step of one worker, shape ``[N]``."""
+    return features(w, p, cw, cp, batch) @ np.asarray(params, dtype=np.float64)
+
+
+def throughput(params: PerfParams, w: Any, p: Any, cw: Any, cp: Any, batch: Any) -> np.ndarray:
+    """Samples per second of the whole job (every worker finishes a batch per step), ``[N]``."""
+    w_arr, _, _, _, b_arr = _broadcast(w, p, cw, cp, batch)
+    return w_arr * b_arr / step_time(params, w, p, cw, cp, batch)
+
+
+def _positive(name: str, x: Any) -> float:
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        v = math.nan
+    if not (math.isfinite(v) and v > 0):
+        raise ValueError(f"{name} must be positive and finite, got {x!r}")
+    return v
+
+
+def _identifiable(a: np.ndarray, max_free: int) -> np.ndarray:
+    """Greedy rank check over the columns of ``a`` in term order (Gram-Schmidt).
+
+    A column is kept if enough of it lies outside the span of those kept before it, so
+    the overhead ``t0`` is always chosen first and later, collinear terms are pinned.
+    """
+    keep = np.zeros(a.shape[1], dtype=bool)
+    basis: list[np.ndarray] = []
+    for j in range(a.shape[1]):
+        if len(basis) >= max_free:
+            break
+        norm = np.linalg.norm(a[:, j])
+        if norm == 0.0:
+            continue
+        r = a[:, j] / norm
+        for _ in range(2):  # re-orthogonalise once for numerical stability
+            for q in basis:
+                r = r - (q @ r) * q
+        rn = np.linalg.norm(r)
+        if rn > _IDENT_TOL:
+            keep[j] = True
+            basis.append(r / rn)
+    return keep
+
+
+def fit_params(
+    X: np.ndarray, t_iter: np.ndarray, prior: PerfParams, weights: np.ndarray | None = None
+) -> tuple[PerfParams, tuple[bool, ...]]:
+    """NNLS fit of measured step times, minimising weighted squared *relative* errors.
+
+    Relative errors because step times span orders of magnitude across configurations and
+    the noise of a measured window is roughly multiplicative. Terms the data cannot
+    identify (see ``_identifiable``) are pinned to ``s * prior``, where ``s`` scales the
+    prior as a whole to the data: a job twice as heavy as the prior's is likely twice as
+    slow in every term, and so one point already moves every prediction, and a second
+    point never undoes that for the directions it does not explore. Returns the params
+    and, per term, whether the data identified it.
+    """
+    X = np.asarray(X, dtype=np.float64).reshape(-1, N_TERMS)
+    t = np.asarray(t_iter, dtype=np.float64).ravel()
+    wts = np.ones_like(t) if weights is None else np.asarray(weights, dtype=np.float64).ravel()
+    if len(t) != len(X) or len(wts) != len(X):
+        raise ValueError(f"X has {len(X)} rows but t_iter {len(t)} and weights {len(wts)}")
+    if not np.all(np.isfinite(t) & (t > 0)):
+        raise ValueError(f"step times must be positive and finite, got {t[~(np.isfinite(t) & (t > 0))][0]!r}")
+    if not np.all(np.isfinite(wts) & (wts >= 0)):
+        raise ValueError(f"weights must be non-negative and finite, got {wts[~(np.isfinite(wts) & (wts >= 0))][0]!r}")
+    theta_prior = np.asarray(prior, dtype=np.float64)
+    n_rows = int(np.count_nonzero(wts > 0))
+    if n_rows == 0:
+        return PerfParams(*map(float, theta_prior)), (False,) * N_TERMS
+
+    r = np.sqrt(wts) / t  # row scale: relative error, times sqrt(weight)
+    a = X * r[:, None]
+    b = np.sqrt(wts)  # = t * r
+    f = a @ theta_prior
+    s = float(f @ b / (f @ f)) if f @ f > 0 else 1.0  # least-squares scale of the prior
+    free = _identifiable(a, max_free=n_rows)
+    theta = np.where(free, 0.0, s * theta_prior)
+    if free.any():
+        # NNLS clips the free terms at zero where the pinned ones already overshoot.
+        theta[free], _ = nnls(a[:, free], b - a @ theta)
+    return PerfParams(*map(float, theta)), tuple(bool(x) for x in free)
+
+
+class PerfModel:
+    """Online-fitted model of one job: add a measured window, refit, predict configurations.
+
+    With no points it predicts from the prior; each ``observe`` refits at once, so right
+    after it ``predict`` of the measured configuration is close to the measurement (equal
+    to it while the data identify no more terms than distinct configurations).
+    """
+
+    def __init__(self, batch_size: int, prior: PerfParams | None = None) -> None:
+        if not (isinstance(batch_size, (int, np.integer)) and batch_size > 0):
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        prior = DEFAULT_PRIOR if prior is None else PerfParams(*map(float, prior))
+        if not all(math.isfinite(x) and x >= 0 for x in prior) or sum(prior) <= 0:
+            raise ValueError(f"prior coefficients must be non-negative, finite, not all zero, got {prior!r}")
+        self.batch_size = int(batch_size)
+        self.prior = prior
+        self._rows: list[tuple[int, int, float, float, float, float]] = []  # w, p, cw, cp, thr, weight
+        self._params = prior
+        self._identified: tuple[bool, ...] = (False,) * N_TERMS
+
+    @property
+    def params(self) -> PerfParams:
+        return self._params
+
+    @property
+    def identified(self) -> tuple[bool, ...]:
+        """Per term, whether the measured configurations determined it (else: scaled prior)."""
+        return self._identified
+
+    @property
+    def n_points(self) -> int:
+        return len(self._rows)
+
+    def observe(self, config: Config, throughput: float, weight: float = 1.0) -> None:
+        """Add one measured window (samples/s of the whole job) and refit."""
+        self._add(config.workers, config.ps, config.worker_cpu, config.ps_cpu, throughput, weight)
+        self._refit()
+
+    def _add(self, w: int, p: int, cw: float, cp: float, thr: Any, weight: Any) -> None:
+        thr, weight = _positive("throughput", thr), _positive("weight", weight)
+        _broadcast(w, p, cw, cp, self.batch_size)  # validates the configuration
+        self._rows.append((int(w), int(p), float(cw), float(cp), thr, weight))
+
+    def _refit(self) -> None:
+        if not self._rows:
+            self._params, self._identified = self.prior, (False,) * N_TERMS
+            return
+        w, p, cw, cp, thr, wt = (np.array(c, dtype=np.float64) for c in zip(*self._rows))
+        t_iter = w * self.batch_size / thr
+        self._params, self._identified = fit_params(features(w, p, cw, cp, self.batch_size), t_iter, self.prior, wt)
+
+    def predict(self, config: Config) -> float:
+        """Predicted throughput (samples/s) of ``config``."""
+        return float(self.predict_many([config])[0])
+
+    def predict_many(self, configs: list[Config]) -> np.ndarray:
+        if not configs:
+            return np.zeros(0)
+        cols = np.array([(c.workers, c.ps, c.worker_cpu, c.ps_cpu) for c in configs], dtype=np.float64)
+        return throughput(self._params, cols[:, 0], cols[:, 1], cols[:, 2], cols[:, 3], self.batch_size)
+
+    def points(self) -> pd.DataFrame:
+        """The observations, one row each, in the order they came."""
+        rows = [(w, p, cw, cp, self.batch_size, thr, wt) for w, p, cw, cp, thr, wt in self._rows]
+        return pd.DataFrame(rows, columns=_POINT_COLUMNS)
+
+    def to_dict(self) -> dict:
+        """JSON-safe state; the fit is recomputed from the points on load."""
+        return {
+            "batch_size": self.batch_size,
+            "prior": dict(self.prior._asdict()),
+            "points": [
+                dict(zip(_POINT_COLUMNS, (w, p, cw, cp, self.batch_size, thr, wt)))
+                for w, p, cw, cp, thr, wt in self._rows
+            ],
+            "params": dict(self._params._asdict()),  # informational
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> PerfModel:
+        model = cls(int(d["batch_size"]), PerfParams(**d["prior"]))
+        for pt in d.get("points", []):
+            model._add(pt["workers"], pt["ps"], pt["worker_cpu"], pt["ps_cpu"], pt["throughput"], pt.get("weight", 1.0))
+        model._refit()
+        return model
+
+    def __repr__(self) -> str:
+        terms = ", ".join(
+            f"{k}={v:.3g}{'' if ok else '*'}" for (k, v), ok in zip(self._params._asdict().items(), self._identified)
+        )
+        return f"PerfModel(B={self.batch_size}, n={self.n_points}, {terms})  (* = scaled prior)"

@@ -1,0 +1,156 @@
+"""What a policy sees and what it decides: the contract shared by the live JobMaster and
+the cluster simulator.
+
+``JobView`` is a plain snapshot (no Ray handles), so the same ``Policy`` object runs
+against a live job or a simulated one. A policy returns a ``ResourcePlan`` (the target
+configuration plus targeted corrections); the master diffs it against what runs into a
+``ScalePlan`` and a ``Scaler`` executes that on Ray (``dlrover.master.scaler``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dlrover.resource.history import HistoryRecord
+    from dlrover.resource.perf_model import PerfModel
+
+
+@dataclass(frozen=True)
+class Config:
+    """One resource configuration of a job (the variables of the performance model)."""
+
+    workers: int
+    ps: int
+    worker_cpu: float
+    ps_cpu: float
+    worker_memory_mb: int = 2048
+    ps_memory_mb: int = 2048
+
+    @property
+    def cpu(self) -> float:
+        return self.workers * self.worker_cpu + self.ps * self.ps_cpu
+
+    @property
+    def memory_mb(self) -> int:
+        return self.workers * self.worker_memory_mb + self.ps * self.ps_memory_mb
+
+    def replace(self, **changes: Any) -> "Config":
+        return dataclasses.replace(self, **changes)
+
+    def fits(self, budget: "Budget") -> bool:
+        return (
+            self.cpu <= budget.cpu + 1e-9
+            and self.memory_mb <= budget.memory_mb
+            and 1 <= self.workers <= budget.max_workers
+            and 1 <= self.ps <= budget.max_ps
+        )
+
+    def short(self) -> str:
+        return f"{self.workers}w x {self.worker_cpu:g}cpu + {self.ps}ps x {self.ps_cpu:g}cpu"
+
+    @classmethod
+    def from_resources(cls, r: Any) -> "Config":
+        """From a spec's ``resources`` section (``dlrover.spec.ResourceSpec``)."""
+        return cls(r.workers, r.ps, float(r.worker_cpu), float(r.ps_cpu), r.worker_memory_mb, r.ps_memory_mb)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The most a job may hold at once (the job's budget within the cluster's)."""
+
+    cpu: float
+    memory_mb: int
+    max_workers: int = 64
+    max_ps: int = 64  # also bounded by the number of vshards
+
+
+@dataclass
+class ActorMetrics:
+    """Latest runtime metrics of one actor (a window of its own reports)."""
+
+    name: str
+    role: str  # "worker" | "ps"
+    cpu: float  # allocated CPUs
+    memory_limit_mb: int
+    rss_mb: float = 0.0
+    cpu_util: float = 0.0  # used / allocated, over the last window (0..1+)
+    step_time_s: float = 0.0  # workers: mean step time over the window
+    samples_per_s: float = 0.0  # workers
+    wait_ps_s: float = 0.0  # workers: per-step time blocked on PS pulls
+    queue_depth: int = 0  # workers: parsed batches waiting; PS: pending pulls
+    busy: float = 0.0  # PS: fraction of wall time spent serving pulls and pushes
+    slow_since_s: float | None = None  # workers: since when step time has been over the straggler bar
+    rss_trend_mb_per_s: float = 0.0  # slope of RSS over the recent window
+    at_s: float = 0.0
+
+
+@dataclass
+class Measurement:
+    """Throughput of the whole job measured while it ran one configuration."""
+
+    config: Config
+    throughput: float  # samples/s
+    duration_s: float  # length of the measured window (warm-up excluded)
+    at_s: float  # end of the window, job time
+    predicted: float | None = None  # what the model predicted before the job ran it
+
+
+@dataclass
+class JobView:
+    """Everything a policy may look at, as plain data."""
+
+    now_s: float  # job time (seconds since submission)
+    config: Config  # what runs now
+    budget: Budget
+    batch_size: int
+    signature: str  # model + data signature (history lookups)
+    model: "PerfModel"  # online-fitted resource-performance model of this job
+    measurements: list[Measurement] = field(default_factory=list)  # finished windows, oldest first
+    current: Measurement | None = None  # the running configuration's window so far (None: warming up)
+    actors: dict[str, ActorMetrics] = field(default_factory=dict)
+    progress: float = 0.0  # fraction of the job's samples done
+    remaining_s: float | None = None  # estimated time to finish at the current throughput
+    last_change_s: float = 0.0  # when the configuration last changed
+    history: list["HistoryRecord"] = field(default_factory=list)  # similar finished jobs, newest first
+    requested: Config | None = None  # what the user asked for in the spec
+
+
+@dataclass
+class ResourcePlan:
+    """A policy's decision: the configuration to run, and targeted corrections.
+
+    ``replace`` names actors to be swapped for fresh ones of the plan's size (straggler,
+    a hot PS moved to a bigger one, memory pressure); ``rebalance_ps`` asks for vshards
+    to be spread by measured PS load.
+    """
+
+    config: Config
+    reason: str
+    stage: str = ""  # "warm_start" | "model" | "correction" | "" (static, scripted)
+    predicted_throughput: float | None = None
+    replace: list[str] = field(default_factory=list)
+    rebalance_ps: bool = False
+
+    def changes(self, current: Config) -> bool:
+        return self.config != current or bool(self.replace) or self.rebalance_ps
+
+
+class Policy(ABC):
+    """Allocation policy: one interface for the live master and the simulator."""
+
+    name: str = "policy"
+
+    @abstractmethod
+    def initial(self, view: JobView) -> ResourcePlan:
+        """The configuration to start the job with (``view.config`` is the request)."""
+
+    @abstractmethod
+    def decide(self, view: JobView) -> ResourcePlan | None:
+        """Called every control tick; ``None`` keeps things as they are."""

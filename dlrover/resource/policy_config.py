@@ -1,0 +1,303 @@
+"""Policy knobs: one strict pydantic model per policy, loaded from ``policies/<name>.yaml``.
+
+A policy file is::
+
+    name: dlrover_rm
+    knobs:
+      min_gain: 0.05
+      ...
+
+Knobs not in the file take the defaults below (which equal ``policies/<name>.yaml``, a
+test checks it); the job spec's ``policy`` section may override single knobs. Like the
+job spec, every model forbids unknown keys, so a typo is a one-line :class:`SpecError`
+naming the file and the dotted knob (``policies/x.yaml: knobs.min_gian: unknown field``).
+
+Knobs that a tuner may vary carry their search space in the field's JSON schema:
+``{"search": [low, high], "type": "int" | "float"}`` for a numeric range,
+``{"search": {"choices": [...]}, "type": "categorical"}`` for a categorical one (see
+:func:`knob_search_space`).
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
+
+from dlrover.errors import SpecError
+from dlrover.spec import _format_error
+
+if TYPE_CHECKING:
+    from dlrover.resource.plan import Config, Policy
+
+POLICIES_DIR = Path(__file__).resolve().parents[2] / "policies"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def _range(low: float, high: float) -> dict:
+    """A numeric search range; integer if both ends are ints."""
+    kind = "int" if isinstance(low, int) and isinstance(high, int) else "float"
+    return {"search": [low, high], "type": kind}
+
+
+def _choices(*values: Any) -> dict:
+    return {"search": {"choices": list(values)}, "type": "categorical"}
+
+
+# --------------------------------------------------------------------------- static
+
+
+class StaticKnobs(_Strict):
+    """``static`` has no knobs: it keeps the resources the job spec asked for."""
+
+
+# --------------------------------------------------------------------------- scripted
+
+
+class ScriptStep(_Strict):
+    """One queued decision: when it fires and what it changes (unset fields are kept)."""
+
+    at_progress: float | None = Field(None, ge=0.0, le=1.0, description="fire once this fraction of the samples is done")
+    at_s: float | None = Field(None, ge=0.0, description="fire at this job time (s)")
+    workers: int | None = Field(None, ge=1, description="new number of workers")
+    ps: int | None = Field(None, ge=1, description="new number of parameter servers")
+    worker_cpu: float | None = Field(None, gt=0, description="CPUs per worker")
+    ps_cpu: float | None = Field(None, gt=0, description="CPUs per PS")
+    worker_memory_mb: int | None = Field(None, ge=64, description="memory per worker (MB)")
+    ps_memory_mb: int | None = Field(None, ge=64, description="memory per PS (MB)")
+    rebalance_ps: bool = Field(False, description="spread vshards over the PS by measured load")
+    replace: list[str] = Field(default_factory=list, description="actor names to swap for fresh ones")
+
+    @model_validator(mode="after")
+    def _one_trigger(self) -> "ScriptStep":
+        if (self.at_progress is None) == (self.at_s is None):
+            raise ValueError("exactly one of at_progress, at_s")
+        return self
+
+    def changes(self) -> dict[str, Any]:
+        keys = ("workers", "ps", "worker_cpu", "ps_cpu", "worker_memory_mb", "ps_memory_mb")
+        return {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
+
+
+class ScriptedKnobs(_Strict):
+    """``scripted``: a fixed list of decisions for tests and benchmarks."""
+
+    steps: list[ScriptStep] = Field(default_factory=list, description="decisions, fired once each, in order")
+
+
+# --------------------------------------------------------------------------- dlrover_rm
+
+
+class ConfigKnob(_Strict):
+    """A resource configuration written in a policy file."""
+
+    workers: int = Field(2, ge=1, description="workers")
+    ps: int = Field(1, ge=1, description="parameter servers")
+    worker_cpu: float = Field(1.0, gt=0, description="CPUs per worker")
+    ps_cpu: float = Field(1.0, gt=0, description="CPUs per PS")
+    worker_memory_mb: int = Field(2048, ge=64, description="memory per worker (MB)")
+    ps_memory_mb: int = Field(2048, ge=64, description="memory per PS (MB)")
+
+    def to_config(self) -> "Config":
+        from dlrover.resource.plan import Config
+
+        return Config(**self.model_dump())
+
+
+def _cpu_choices(v: list[float]) -> list[float]:
+    if not v or any(x <= 0 for x in v):
+        raise ValueError("needs at least one CPU size, each > 0")
+    return sorted({float(x) for x in v})
+
+
+class DLRoverRMKnobs(_Strict):
+    """``dlrover_rm``: warm start, model-driven scaling, runtime correction."""
+
+    # Stage 1: warm start
+    warm_start: bool = Field(True, description="start from the best measured config of similar finished jobs")
+    history_records: int = Field(
+        1, ge=1, le=50, description="newest similar records whose measurements seed the model", json_schema_extra=_range(1, 5)
+    )
+    history_weight: float = Field(
+        0.5, gt=0, le=1, description="weight of a history measurement relative to an equally long one of this job", json_schema_extra=_range(0.1, 1.0)
+    )
+    start_from_request: bool = Field(True, description="without history: start from the spec's resources (else default_config)")
+    default_config: ConfigKnob = Field(default_factory=ConfigKnob, description="start config without history or request")
+
+    # Stage 2: model-driven scaling
+    profile_window_s: float = Field(
+        60.0, ge=0, description="measure a config this long (after warm-up) before scaling", json_schema_extra=_range(10.0, 300.0)
+    )
+    cooldown_s: float = Field(120.0, ge=0, description="least time between two config changes (s)", json_schema_extra=_range(30.0, 600.0))
+    min_gain: float = Field(
+        0.05, ge=0, description="least predicted relative throughput gain worth a change", json_schema_extra=_range(0.01, 0.3)
+    )
+    min_gain_per_cpu: float = Field(
+        0.05, ge=0, description="least relative throughput gain per added CPU (cost efficiency)", json_schema_extra=_range(0.0, 0.3)
+    )
+    move_cost_s: float = Field(
+        30.0, ge=0, description="training time lost by one reconfiguration (s)", json_schema_extra=_range(0.0, 120.0)
+    )
+    min_remaining_s: float = Field(
+        60.0, ge=0, description="no model-driven change when the job ends sooner than this (s)", json_schema_extra=_range(0.0, 600.0)
+    )
+    search: Literal["greedy", "grid"] = Field(
+        "greedy", description="greedy: hill-climb from the current config; grid: best point of the whole grid",
+        json_schema_extra=_choices("greedy", "grid"),
+    )
+    max_workers: int | None = Field(None, ge=1, description="cap on workers (null: the budget's)")
+    max_ps: int | None = Field(None, ge=1, description="cap on parameter servers (null: the budget's)")
+    worker_cpu_choices: list[float] = Field(default_factory=lambda: [0.5, 1.0, 2.0, 4.0], description="CPU sizes a worker may get")
+    ps_cpu_choices: list[float] = Field(default_factory=lambda: [0.5, 1.0, 2.0, 4.0], description="CPU sizes a PS may get")
+    max_changes: int = Field(6, ge=0, description="most model-driven changes and reverts per job", json_schema_extra=_range(1, 20))
+
+    # Stage 3: runtime correction
+    straggler_factor: float = Field(
+        1.5, gt=1, description="a worker is slow while its step time exceeds this x the workers' median (the master marks it)",
+        json_schema_extra=_range(1.2, 3.0),
+    )
+    straggler_window_s: float = Field(
+        30.0, ge=0, description="replace a worker slow for this long (s)", json_schema_extra=_range(10.0, 300.0)
+    )
+    hot_ps_busy: float = Field(0.9, gt=0, le=1, description="a PS this busy (fraction of wall time) is hot", json_schema_extra=_range(0.6, 0.99))
+    hot_ps_imbalance: float = Field(
+        1.5, ge=1, description="max/mean PS busy at or above this: rebalance vshards", json_schema_extra=_range(1.1, 3.0)
+    )
+    mem_high_watermark: float = Field(
+        0.9, gt=0, le=1, description="act when RSS is predicted to reach this fraction of the limit", json_schema_extra=_range(0.7, 0.98)
+    )
+    oom_horizon_s: float = Field(120.0, ge=0, description="how far ahead the RSS trend is extrapolated (s)", json_schema_extra=_range(30.0, 600.0))
+    mem_growth_factor: float = Field(1.5, gt=1, description="memory multiplier when raising a role's memory", json_schema_extra=_range(1.2, 2.5))
+    mem_max_step_mb: int = Field(8192, ge=64, description="largest single memory raise (MB)")
+    correction_cooldown_s: float = Field(
+        60.0, ge=0, description="least time between two corrections of the same kind and actor (s)", json_schema_extra=_range(10.0, 300.0)
+    )
+    max_corrections: int = Field(20, ge=0, description="most runtime corrections per job")
+
+    @field_validator("worker_cpu_choices", "ps_cpu_choices")
+    @classmethod
+    def _cpus(cls, v: list[float]) -> list[float]:
+        return _cpu_choices(v)
+
+
+KNOBS: dict[str, type[BaseModel]] = {"static": StaticKnobs, "scripted": ScriptedKnobs, "dlrover_rm": DLRoverRMKnobs}
+
+
+def _policy_class(name: str) -> type["Policy"]:
+    if name == "static":
+        from dlrover.resource.static import StaticPolicy
+
+        return StaticPolicy
+    if name == "scripted":
+        from dlrover.resource.scripted import ScriptedPolicy
+
+        return ScriptedPolicy
+    from dlrover.resource.dlrover_rm import DLRoverRMPolicy
+
+    return DLRoverRMPolicy
+
+
+def _file_model(name: str) -> type[BaseModel]:
+    knobs = KNOBS[name]
+    return create_model(  # type: ignore[call-overload]
+        f"{name}_policy_file",
+        __config__=ConfigDict(extra="forbid"),
+        name=(str, ...),
+        knobs=(knobs, Field(default_factory=knobs)),
+    )
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def _prefixed(source: str, err: ValidationError, prefix: str) -> str:
+    line = _format_error(source, err)
+    head = f"{source}: "
+    return head + prefix + line[len(head):] if prefix and line.startswith(head) else line
+
+
+def _read_file(name: str, path: str) -> dict:
+    p = Path(path)
+    if not p.is_file():
+        raise SpecError(f"{path}: policy file not found")
+    try:
+        doc = yaml.safe_load(p.read_text())
+    except (OSError, UnicodeDecodeError) as e:
+        raise SpecError(f"{path}: cannot read policy file: {e.__class__.__name__}") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+        raise SpecError(f"{where}: {getattr(e, 'problem', None) or 'invalid YAML'}") from None
+    if not isinstance(doc, dict):
+        raise SpecError(f"{path}: expected a YAML mapping with name: and knobs:")
+    if "name" not in doc:
+        raise SpecError(f"{path}: name: missing (expected name: {name})")
+    if doc["name"] != name:
+        raise SpecError(f"{path}: name: file is for policy {doc['name']!r}, not {name!r}")
+    if doc.get("knobs") is None:
+        doc["knobs"] = {}
+    try:
+        _file_model(name).model_validate(doc)
+    except ValidationError as e:
+        raise SpecError(_format_error(str(path), e)) from None
+    return doc
+
+
+def load_knobs(
+    name: str, config_path: str | None = None, overrides: dict | None = None, overrides_source: str = "job spec"
+) -> BaseModel:
+    """Validated knobs of policy ``name``: defaults < ``config_path`` file < ``overrides``.
+
+    ``overrides`` is a knobs mapping (the job spec's ``policy.knobs``); an error in it is
+    reported as ``<overrides_source>: policy.knobs.<knob>: <problem>``.
+    """
+    if name not in KNOBS:
+        raise SpecError(f"policy.name: unknown policy {name!r} (known: {', '.join(sorted(KNOBS))})")
+    model = KNOBS[name]
+    raw: dict = {}
+    if config_path is not None:
+        raw = _read_file(name, config_path)["knobs"]
+    if overrides is None:
+        return model.model_validate(raw)
+    if not isinstance(overrides, dict):
+        raise SpecError(f"{overrides_source}: policy.knobs: expected a mapping of knob: value")
+    try:
+        return model.model_validate(_merge(raw, overrides))
+    except ValidationError as e:
+        raise SpecError(_prefixed(overrides_source, e, "policy.knobs.")) from None
+
+
+def load_policy(
+    name: str, config_path: str | None = None, overrides: dict | None = None, overrides_source: str = "job spec"
+) -> "Policy":
+    """A fresh policy object (one per job: policies keep per-job state)."""
+    knobs = load_knobs(name, config_path, overrides, overrides_source)
+    return _policy_class(name)(knobs)  # type: ignore[call-arg]
+
+
+def default_policy_path(name: str) -> Path:
+    """``policies/<name>.yaml`` of this checkout (may not exist)."""
+    return POLICIES_DIR / f"{name}.yaml"
+
+
+def knob_search_space(name: str) -> dict[str, dict]:
+    """Tunable knobs of policy ``name``: ``{knob: {"search": [low, high] | {"choices": [...]}, ...}}``."""
+    out = {}
+    for key, f in KNOBS[name].model_fields.items():
+        extra = f.json_schema_extra
+        if isinstance(extra, dict) and "search" in extra:
+            out[key] = dict(extra)
+    return out

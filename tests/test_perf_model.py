@@ -1,0 +1,207 @@
+"""The resource-performance model: fit, pinning of unidentifiable terms, online behaviour."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import numpy as np
+import pytest
+
+from dlrover.resource.perf_model import (
+    DEFAULT_PRIOR,
+    PerfModel,
+    PerfParams,
+    features,
+    fit_params,
+    step_time,
+    throughput,
+)
+from dlrover.resource.plan import Config
+
+TRUE = PerfParams(t0=0.003, t1=2.5e-5, t2=0.006, t3=0.002, t4=0.003)
+B = 2048
+
+
+def cfg(w: int, p: int, cw: float, cp: float) -> Config:
+    return Config(workers=w, ps=p, worker_cpu=cw, ps_cpu=cp)
+
+
+def true_thr(params: PerfParams, c: Config) -> float:
+    return float(throughput(params, c.workers, c.ps, c.worker_cpu, c.ps_cpu, B)[0])
+
+
+def test_features_terms_and_broadcast():
+    x = features(2, 1, 0.5, 2.0, 100)
+    np.testing.assert_allclose(x, [[1.0, 200.0, 1.0, 2.0, 2.0]])
+    xs = features([1, 2, 4], 2, [1.0, 2.0, 4.0], 0.5, B)
+    assert xs.shape == (3, 5)
+    np.testing.assert_allclose(xs[:, 2], [1.0, 2.0, 4.0])  # w / (p * cp)
+    st = step_time(TRUE, [1, 2, 4], 2, 1.0, 0.5, B)
+    np.testing.assert_allclose(throughput(TRUE, [1, 2, 4], 2, 1.0, 0.5, B), np.array([1, 2, 4]) * B / st)
+
+
+def test_round_trip_recovers_coefficients_and_predicts_held_out():
+    grid = [
+        cfg(w, p, cw, cp) for w, p, cw, cp in itertools.product(range(1, 9), range(1, 5), [0.5, 1, 2, 4], [0.5, 1, 2])
+    ]
+    rng = np.random.default_rng(0)
+    order = rng.permutation(len(grid))
+    train, test = [grid[i] for i in order[:300]], [grid[i] for i in order[300:]]
+    model = PerfModel(B, prior=DEFAULT_PRIOR)
+    for c in train:
+        model.observe(c, true_thr(TRUE, c) * rng.lognormal(0.0, 0.02))
+
+    assert model.n_points == len(train)
+    assert model.identified == (True,) * 5
+    np.testing.assert_allclose(np.array(model.params), np.array(TRUE), rtol=0.10)
+
+    measured = np.array([true_thr(TRUE, c) for c in test]) * rng.lognormal(0.0, 0.02, len(test))
+    pred = model.predict_many(test)
+    assert np.mean(np.abs(pred / measured - 1)) < 0.10
+    truth = np.array([true_thr(TRUE, c) for c in test])
+    assert np.mean(np.abs(pred / truth - 1)) < 0.02  # the noise averages out
+
+
+def test_no_points_predicts_from_prior():
+    model = PerfModel(B)
+    c = cfg(4, 2, 1.0, 1.0)
+    assert model.n_points == 0 and model.identified == (False,) * 5
+    assert model.params == DEFAULT_PRIOR
+    assert model.predict(c) == pytest.approx(true_thr(DEFAULT_PRIOR, c), rel=1e-12)
+
+
+def test_one_point_matches_measurement_and_scales_prior():
+    model = PerfModel(B)
+    c = cfg(3, 2, 2.0, 1.0)
+    model.observe(c, 1234.5)
+    assert model.predict(c) == pytest.approx(1234.5, rel=1e-6)
+    # Every other configuration moves by the same factor: the prior is scaled as a whole.
+    others = [cfg(1, 1, 0.5, 0.5), cfg(8, 4, 4.0, 2.0), cfg(2, 3, 1.0, 2.0)]
+    prior_pred = np.array([true_thr(DEFAULT_PRIOR, o) for o in others])
+    scale = 1234.5 / true_thr(DEFAULT_PRIOR, c)
+    np.testing.assert_allclose(model.predict_many(others), prior_pred * scale, rtol=1e-6)
+    assert model.identified == (True, False, False, False, False)
+
+
+def test_pinning_when_p_and_cp_never_vary():
+    # p and cp fixed: w/(p*cp), w/p and w are collinear, so only t0, t1, t2 are identified.
+    configs = [cfg(w, 2, cw, 1.0) for w in range(1, 7) for cw in (0.5, 1.0, 2.0)]
+
+    # Data from the prior itself: the pinned terms keep exactly the prior's values.
+    model = PerfModel(B)
+    for c in configs:
+        model.observe(c, true_thr(DEFAULT_PRIOR, c))
+    assert model.identified == (True, True, True, False, False)
+    assert model.params.t3 == pytest.approx(DEFAULT_PRIOR.t3, rel=1e-9)
+    assert model.params.t4 == pytest.approx(DEFAULT_PRIOR.t4, rel=1e-9)
+
+    # Data from other coefficients: pinned terms are the prior under one common scale, the
+    # free ones absorb the rest, and the measured configurations are still reproduced.
+    model = PerfModel(B)
+    for c in configs:
+        model.observe(c, true_thr(TRUE, c))
+    assert model.identified == (True, True, True, False, False)
+    s3, s4 = model.params.t3 / DEFAULT_PRIOR.t3, model.params.t4 / DEFAULT_PRIOR.t4
+    assert s3 == pytest.approx(s4, rel=1e-9) and s3 != pytest.approx(1.0, rel=1e-3)
+    assert model.params.t1 == pytest.approx(TRUE.t1, rel=1e-6)  # varied cw identifies t1
+    measured = np.array([true_thr(TRUE, c) for c in configs])
+    np.testing.assert_allclose(model.predict_many(configs), measured, rtol=1e-6)
+
+
+def test_near_collinear_feature_is_not_identified():
+    model = PerfModel(B)
+    model.observe(cfg(2, 1, 1.0, 1.0), 5000.0)
+    model.observe(cfg(2, 1, 1.001, 1.0), 5100.0)  # 0.1% change of cw: noise, not signal
+    assert model.identified == (True, False, False, False, False)
+    assert model.params.t1 / DEFAULT_PRIOR.t1 == pytest.approx(model.params.t2 / DEFAULT_PRIOR.t2, rel=1e-9)
+
+
+def test_pinned_terms_follow_the_data_scale():
+    # A job uniformly twice as slow as the prior: two points that vary only w still give
+    # exact predictions in directions they never explored (cw, p, cp).
+    slow = PerfParams(*(2 * x for x in DEFAULT_PRIOR))
+    model = PerfModel(B)
+    for c in (cfg(2, 2, 1.0, 1.0), cfg(4, 2, 1.0, 1.0)):
+        model.observe(c, true_thr(slow, c))
+    assert model.identified == (True, False, True, False, False)
+    unseen = [cfg(1, 1, 4.0, 0.5), cfg(8, 4, 0.5, 2.0), cfg(3, 1, 2.0, 1.0)]
+    truth = np.array([true_thr(slow, c) for c in unseen])
+    np.testing.assert_allclose(model.predict_many(unseen), truth, rtol=1e-6)
+
+
+def test_online_predictions_track_measurements():
+    rng = np.random.default_rng(7)
+    seq = [cfg(2, 1, 1.0, 1.0), cfg(4, 1, 1.0, 1.0), cfg(4, 2, 1.0, 1.0), cfg(4, 2, 0.5, 1.0)]
+    seq += [cfg(4, 2, 0.5, 2.0), cfg(6, 2, 1.0, 0.5), cfg(8, 3, 2.0, 1.0), cfg(3, 4, 1.0, 2.0)]
+    model = PerfModel(B)
+    for c in seq:
+        m = true_thr(TRUE, c) * rng.lognormal(0.0, 0.02)
+        model.observe(c, m)
+        assert model.predict(c) == pytest.approx(m, rel=0.05)
+    assert all(model.identified)
+
+
+def test_repeated_observations_average_and_weights_count():
+    c = cfg(4, 2, 1.0, 1.0)
+    model = PerfModel(B)
+    model.observe(c, 100.0)
+    model.observe(c, 120.0)
+    assert 100.0 < model.predict(c) < 120.0
+    even = model.predict(c)
+    model = PerfModel(B)
+    model.observe(c, 100.0)
+    model.observe(c, 120.0, weight=9.0)
+    assert even < model.predict(c) < 120.0
+    assert model.identified == (True, False, False, False, False)
+    assert list(model.points()["weight"]) == [1.0, 9.0]
+
+
+@pytest.mark.parametrize("bad", [0.0, -5.0, float("nan"), float("inf"), "fast"])
+def test_bad_throughput_raises_and_adds_nothing(bad):
+    model = PerfModel(B)
+    with pytest.raises(ValueError, match=f"throughput.*{bad}"):
+        model.observe(cfg(2, 1, 1.0, 1.0), bad)
+    assert model.n_points == 0
+
+
+def test_other_bad_inputs_raise():
+    model = PerfModel(B)
+    with pytest.raises(ValueError, match="weight"):
+        model.observe(cfg(2, 1, 1.0, 1.0), 100.0, weight=0.0)
+    with pytest.raises(ValueError, match="workers"):
+        model.observe(cfg(0, 1, 1.0, 1.0), 100.0)
+    with pytest.raises(ValueError, match="ps_cpu"):
+        features(1, 1, 1.0, 0.0, B)
+    with pytest.raises(ValueError, match="batch_size"):
+        PerfModel(0)
+    with pytest.raises(ValueError, match="step times"):
+        fit_params(features([1, 2], 1, 1.0, 1.0, B), np.array([0.1, -0.1]), DEFAULT_PRIOR)
+    assert model.n_points == 0
+
+
+def test_fit_params_without_data_returns_prior():
+    params, ident = fit_params(np.zeros((0, 5)), np.zeros(0), TRUE)
+    assert params == TRUE and ident == (False,) * 5
+
+
+def test_dict_round_trip_is_json_safe_and_identical():
+    rng = np.random.default_rng(1)
+    model = PerfModel(512, prior=TRUE)
+    for c in (cfg(2, 1, 1.0, 1.0), cfg(4, 2, 0.5, 1.0), cfg(6, 2, 2.0, 0.5), cfg(4, 2, 0.5, 1.0)):
+        model.observe(c, float(rng.uniform(500, 5000)), weight=float(rng.uniform(0.5, 2)))
+    clone = PerfModel.from_dict(json.loads(json.dumps(model.to_dict())))
+    probe = [cfg(w, p, cw, cp) for w, p, cw, cp in itertools.product((1, 3, 8), (1, 4), (0.5, 2.0), (1.0, 2.0))]
+    assert np.array_equal(clone.predict_many(probe), model.predict_many(probe))
+    assert clone.params == model.params and clone.identified == model.identified
+    assert clone.prior == TRUE and clone.batch_size == 512
+    assert clone.points().equals(model.points())
+    assert list(model.points().columns) == [
+        "workers",
+        "ps",
+        "worker_cpu",
+        "ps_cpu",
+        "batch_size",
+        "throughput",
+        "weight",
+    ]

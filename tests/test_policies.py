@@ -1,0 +1,477 @@
+"""Allocation policies (static, scripted, dlrover_rm), their knob files and the history store.
+
+No Ray: every JobView is built by hand, and the performance model is a real PerfModel
+whose prior is the ground truth of the test (with no points it predicts the prior).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+
+import numpy as np
+import pytest
+import yaml
+
+from dlrover.errors import SpecError
+from dlrover.resource.dlrover_rm import DLRoverRMPolicy, clip_to_budget
+from dlrover.resource.history import HistoryRecord, HistoryStore, dataset_signature, job_signature
+from dlrover.resource.perf_model import PerfModel, PerfParams
+from dlrover.resource.plan import ActorMetrics, Budget, Config, JobView, Measurement
+from dlrover.resource.policy_config import (
+    KNOBS,
+    POLICIES_DIR,
+    DLRoverRMKnobs,
+    knob_search_space,
+    load_knobs,
+    load_policy,
+)
+from dlrover.resource.scripted import ScriptedPolicy
+from dlrover.resource.static import StaticPolicy
+
+B = 512
+# Worker-compute bound: throughput ~ linear in worker CPUs (adding CPU pays off).
+COMPUTE_BOUND = PerfParams(t0=0.001, t1=2e-4, t2=1e-5, t3=1e-5, t4=1e-5)
+# Saturating in workers (contention), as in DLRover-RM's Fig. 6: an interior optimum.
+SATURATING = PerfParams(t0=0.004, t1=2e-5, t2=0.004, t3=0.003, t4=0.004)
+BIG = Budget(cpu=64, memory_mb=1_000_000, max_workers=32, max_ps=16)
+
+
+def cfg(w=2, p=1, cw=1.0, cp=1.0, wm=2048, pm=2048) -> Config:
+    return Config(w, p, float(cw), float(cp), wm, pm)
+
+
+def key(c: Config) -> tuple:
+    return (c.workers, c.ps, c.worker_cpu, c.ps_cpu)
+
+
+def truth(params: PerfParams, c: Config) -> float:
+    return PerfModel(B, params).predict(c)
+
+
+def mk_view(config=None, prior=COMPUTE_BOUND, measured=None, **kw) -> JobView:
+    """A view whose running config has been measured for 120 s (at ``measured`` or the truth)."""
+    config = config or cfg()
+    model = PerfModel(B, prior)
+    thr = truth(prior, config) if measured is None else measured
+    defaults = dict(
+        now_s=1000.0,
+        config=config,
+        budget=BIG,
+        batch_size=B,
+        signature="m-x",
+        model=model,
+        current=Measurement(config, thr, duration_s=120.0, at_s=1000.0),
+        progress=0.2,
+        remaining_s=4000.0,
+        last_change_s=0.0,
+        requested=config,
+    )
+    defaults.update(kw)
+    return JobView(**defaults)
+
+
+def rm(**knobs) -> DLRoverRMPolicy:
+    return DLRoverRMPolicy(DLRoverRMKnobs(**knobs))
+
+
+def worker(name, **kw) -> ActorMetrics:
+    return ActorMetrics(name=name, role="worker", cpu=1.0, memory_limit_mb=2048, **kw)
+
+
+def ps(name, **kw) -> ActorMetrics:
+    return ActorMetrics(name=name, role="ps", cpu=1.0, memory_limit_mb=2048, **kw)
+
+
+def record(job_id, best, thr, finished_at, sig="m-x", measurements=(), **kw) -> HistoryRecord:
+    return HistoryRecord(
+        signature=sig,
+        dataset=kw.pop("dataset", "d-1"),
+        job_id=job_id,
+        finished_at=finished_at,
+        final_config=kw.pop("final", best),
+        best_config=best,
+        best_throughput=thr,
+        measurements=[{"config": c.to_dict(), "throughput": t, "duration_s": 60.0} for c, t in measurements],
+        **kw,
+    )
+
+
+# ------------------------------------------------------------------ static / scripted
+
+
+def test_static_keeps_the_request():
+    pol = load_policy("static")
+    assert isinstance(pol, StaticPolicy)
+    want = cfg(3, 2, 2, 1)
+    v = mk_view(config=cfg(1, 1), requested=want, actors={"ps-0": ps("ps-0", busy=0.99)})
+    assert pol.initial(v).config == want
+    v.config = want
+    for t in (100.0, 5000.0):
+        v.now_s = t
+        assert pol.decide(v) is None
+
+
+def test_scripted_fires_steps_in_order_once_each():
+    pol = load_policy(
+        "scripted",
+        overrides={
+            "steps": [
+                {"at_s": 10, "workers": 4},
+                {"at_progress": 0.5, "ps": 2, "ps_cpu": 2, "rebalance_ps": True},
+                {"at_s": 5, "replace": ["w-1"]},  # due early, but fires only after step 2
+            ]
+        },
+    )
+    assert isinstance(pol, ScriptedPolicy)
+    v = mk_view(now_s=0.0, progress=0.0)
+    assert pol.initial(v).config == v.config
+    assert pol.decide(v) is None  # t=0: nothing due
+    v.now_s = 20.0
+    p1 = pol.decide(v)
+    assert p1 is not None and p1.config == cfg(4, 1) and p1.stage == "scripted" and not p1.replace
+    v.config = p1.config
+    assert pol.decide(v) is None  # step 2 waits for progress; step 3 waits for step 2
+    v.progress = 0.6
+    p2 = pol.decide(v)
+    assert p2 is not None and p2.config == cfg(4, 2, 1, 2) and p2.rebalance_ps
+    v.config = p2.config
+    p3 = pol.decide(v)
+    assert p3 is not None and p3.replace == ["w-1"] and p3.config == v.config
+    for _ in range(3):
+        assert pol.decide(v) is None
+
+
+def test_scripted_clips_to_budget_and_validates_triggers():
+    pol = load_policy("scripted", overrides={"steps": [{"at_s": 0, "workers": 50}]})
+    p = pol.decide(mk_view(budget=Budget(cpu=8, memory_mb=100_000)))
+    assert p is not None and p.config.fits(Budget(cpu=8, memory_mb=100_000)) and "clipped" in p.reason
+    with pytest.raises(SpecError, match=r"policy\.knobs\.steps\.0: exactly one of at_progress, at_s"):
+        load_policy("scripted", overrides={"steps": [{"at_s": 1, "at_progress": 0.5, "workers": 2}]})
+    with pytest.raises(SpecError, match=r"policy\.knobs\.steps\.0: exactly one"):
+        load_policy("scripted", overrides={"steps": [{"workers": 2}]})
+
+
+# ------------------------------------------------------------------ history
+
+
+def test_history_round_trip_newest_first_and_corrupt_files_skipped(tmp_path, caplog):
+    store = HistoryStore(tmp_path / "hist")
+    old = record("job-old", cfg(4, 2), 900.0, 1000.0, measurements=[(cfg(2, 1), 500.0), (cfg(4, 2), 900.0)], samples=10, wall_time_s=60.0)
+    new = record("job-new", cfg(8, 2), 1500.0, 2000.0, perf_model=PerfModel(B).to_dict())
+    other = record("job-other", cfg(1, 1), 10.0, 3000.0, sig="m-other")
+    other_data = record("job-data", cfg(2, 2), 20.0, 2500.0, dataset="d-2")
+    for r in (old, new, other, other_data):
+        path = store.add(r)
+        assert path.is_file() and path.suffix == ".json"
+    assert not list((tmp_path / "hist").glob(".tmp-*"))
+    (tmp_path / "hist" / "9999999999999-broken.json").write_text("{not json")
+    (tmp_path / "hist" / "9999999999998-partial.json").write_text(json.dumps({"signature": "m-x"}))
+
+    with caplog.at_level(logging.WARNING):
+        got = store.similar("m-x", dataset="d-1")
+    assert [r.job_id for r in got] == ["job-new", "job-old"]
+    assert got[1] == old and got[0] == new  # exact round trip
+    assert got[1].measured() == [(cfg(2, 1), 500.0, 60.0), (cfg(4, 2), 900.0, 60.0)]
+    assert sum("skipping unreadable record" in m for m in caplog.messages) == 2
+    assert [r.job_id for r in store.similar("m-x")] == ["job-data", "job-new", "job-old"]
+    assert [r.job_id for r in store.similar("m-x", limit=1)] == ["job-data"]
+    assert store.similar("m-none") == [] and HistoryStore(tmp_path / "absent").similar("m-x") == []
+
+
+def test_signatures_are_stable_and_discriminating():
+    model = {"embedding_dim": 16, "num_embeddings": 1000, "dense_arch": [64, 16], "over_arch": [32, 1]}
+    same = dict(model, num_embeddings=[1000] * 26)
+    assert job_signature(model, 512) == job_signature(same, 512) == job_signature(dict(reversed(model.items())), 512)
+    assert job_signature(model, 512) != job_signature(model, 1024)
+    assert job_signature(model, 512) != job_signature(dict(model, embedding_dim=8), 512)
+    assert dataset_signature(["/a/x.tsv", "/a/y.tsv"], 100) == dataset_signature(["/b/y.tsv", "/b/x.tsv"], 100)
+    assert dataset_signature(["/a/x.tsv"], 100) != dataset_signature(["/a/x.tsv"], 101)
+
+
+# ------------------------------------------------------------------ stage 1
+
+
+def test_warm_start_picks_newest_best_config_clipped_to_budget_and_seeds_model():
+    hist = [
+        record("job-nobest", None, 0.0, 3000.0, final=cfg(1, 1)),  # unusable: skipped
+        record("job-b", cfg(12, 4, 2, 2), 4000.0, 2000.0,
+               measurements=[(cfg(2, 1), 900.0), (cfg(0, 1), 5.0), (cfg(12, 4, 2, 2), 4000.0)],  # one junk point
+               final=cfg(12, 4, 2, 2, wm=3072)),
+        record("job-a", cfg(2, 1), 900.0, 1000.0, measurements=[(cfg(2, 1), 900.0)]),
+    ]
+    budget = Budget(cpu=16, memory_mb=1_000_000, max_workers=32, max_ps=16)
+    v = mk_view(config=cfg(1, 1), budget=budget, history=hist, current=None)
+    plan = rm().initial(v)
+    assert plan.stage == "warm_start" and "job-b" in plan.reason and "clipped" in plan.reason
+    assert plan.config.fits(budget) and plan.config.cpu > budget.cpu - 2  # clipped, not shrunk to nothing
+    assert (plan.config.worker_cpu, plan.config.ps_cpu) == (2.0, 2.0)
+    assert plan.config.worker_memory_mb == 3072  # memory the last run grew to carries over
+    assert v.model.n_points == 2  # only the newest usable record seeds (history_records: 1); junk skipped
+    assert list(v.model.points()["weight"]) == [30.0, 30.0]  # history_weight 0.5 x 60 s, like the master's own windows
+    assert plan.predicted_throughput == pytest.approx(v.model.predict(plan.config))
+
+    big = mk_view(config=cfg(1, 1), history=hist, current=None)
+    assert key(rm(history_records=2).initial(big).config) == (12, 4, 2.0, 2.0)
+    assert big.model.n_points == 3
+
+
+def test_initial_without_history_uses_request_or_default():
+    v = mk_view(config=cfg(3, 2), current=None)
+    p = rm().initial(v)
+    assert p.config == cfg(3, 2) and p.stage != "warm_start"
+    p = load_policy("dlrover_rm", overrides={"start_from_request": False, "default_config": {"workers": 5}}).initial(v)
+    assert key(p.config) == (5, 1, 1.0, 1.0)
+    p = rm(warm_start=False).initial(mk_view(history=[record("j", cfg(8, 8), 1.0, 1.0)], current=None))
+    assert p.config == cfg() and v.model.n_points == 0
+
+
+# ------------------------------------------------------------------ stage 2
+
+
+def test_model_scales_up_on_a_big_predicted_gain():
+    budget = Budget(cpu=16, memory_mb=1_000_000, max_workers=32, max_ps=16)
+    v = mk_view(budget=budget)
+    plan = rm().decide(v)
+    assert plan is not None and plan.stage == "model"
+    assert plan.config.cpu > v.config.cpu and plan.config.fits(budget)
+    assert plan.predicted_throughput > 1.5 * v.current.throughput
+    assert truth(COMPUTE_BOUND, plan.config) > 1.5 * truth(COMPUTE_BOUND, v.config)
+
+
+def test_model_stops_where_marginal_gain_per_cpu_falls_below_the_bar():
+    bar = 0.05
+    v = mk_view(prior=SATURATING)
+    plan = rm(min_gain_per_cpu=bar).decide(v)
+    assert plan is not None
+    x = plan.config
+    assert x.cpu > v.config.cpu
+    # No single step that adds CPU from the chosen point pays the bar any more ...
+    ups = [x.replace(workers=x.workers + 1), x.replace(ps=x.ps + 1)]
+    ups += [x.replace(worker_cpu=c) for c in (0.5, 1.0, 2.0, 4.0) if c > x.worker_cpu][:1]
+    ups += [x.replace(ps_cpu=c) for c in (0.5, 1.0, 2.0, 4.0) if c > x.ps_cpu][:1]
+    for n in ups:
+        marginal = np.log(truth(SATURATING, n) / truth(SATURATING, x)) / (n.cpu - x.cpu)
+        assert marginal < bar, (n.short(), marginal)
+    # ... while the last step that added CPU on the way there did (it was taken).
+    downs = [x.replace(workers=x.workers - 1), x.replace(ps=x.ps - 1)]
+    assert any(np.log(truth(SATURATING, x) / truth(SATURATING, d)) / (x.cpu - d.cpu) >= bar for d in downs if d.workers and d.ps)
+    # ... the chosen point is a fixed point (running it, the policy proposes nothing) ...
+    assert rm(min_gain_per_cpu=bar).decide(mk_view(config=x, prior=SATURATING)) is None
+    # ... and a price above any marginal gain never adds CPU: it frees some instead.
+    dear = rm(min_gain_per_cpu=5.0).decide(mk_view(prior=SATURATING))
+    assert dear is not None and dear.config.cpu < v.config.cpu and "frees" in dear.reason
+    # The grid search finds a point at least as good in utility.
+    g = rm(min_gain_per_cpu=bar, search="grid").decide(mk_view(prior=SATURATING))
+
+    def utility(c):
+        return np.log(truth(SATURATING, c)) - bar * c.cpu
+
+    assert g is not None and utility(g.config) >= utility(x) - 1e-9
+
+
+def test_model_gates_profile_window_cooldown_cost_and_max_changes():
+    assert rm().decide(mk_view(current=None)) is None  # warming up
+    short = mk_view()
+    short.current.duration_s = 10.0
+    assert rm(profile_window_s=60).decide(short) is None
+    assert rm(cooldown_s=120).decide(mk_view(last_change_s=950.0)) is None
+    assert rm(move_cost_s=30, min_remaining_s=0).decide(mk_view(remaining_s=31.0)) is None  # gain cannot repay the move
+    assert rm(move_cost_s=30, min_remaining_s=0).decide(mk_view(remaining_s=600.0)) is not None
+    pol = rm(max_changes=1, cooldown_s=0)
+    assert pol.decide(mk_view()) is not None
+    assert pol.decide(mk_view(config=cfg(3, 1))) is None
+
+
+def test_revert_to_best_measured_and_never_repropose_a_worse_one():
+    a, b = cfg(2, 1), cfg(4, 1)
+    v = mk_view(config=b, measured=800.0, measurements=[Measurement(a, 1000.0, 120.0, 500.0)])
+    plan = rm().decide(v)
+    assert plan is not None and key(plan.config) == key(a) and plan.reason.startswith("revert")
+    # Back on A: the model still predicts B (and more) to be faster, but B measured worse.
+    v2 = mk_view(config=a, measured=1000.0, measurements=[Measurement(a, 1000.0, 120.0, 500.0), Measurement(b, 800.0, 120.0, 700.0)])
+    for search in ("greedy", "grid"):
+        p = rm(search=search).decide(v2)
+        assert p is None or key(p.config) != key(b)
+    # With B the largest config the search may reach, it stops short of B (at 3 workers).
+    for search in ("greedy", "grid"):
+        p = rm(search=search, max_workers=4, max_ps=1, worker_cpu_choices=[1], ps_cpu_choices=[1]).decide(v2)
+        assert p is not None and key(p.config) == (3, 1, 1.0, 1.0), p.reason
+    # Random measured histories: a model-driven plan never targets a config measured worse
+    # than the best unless it frees CPU.
+    rng = random.Random(3)
+    hits = 0
+    for _ in range(200):
+        runs = [cfg(rng.randint(1, 8), rng.randint(1, 4), rng.choice([0.5, 1, 2]), rng.choice([0.5, 1, 2])) for _ in range(4)]
+        ms = [Measurement(c, truth(COMPUTE_BOUND, c) * rng.uniform(0.5, 1.5), 120.0, 100.0 * i) for i, c in enumerate(runs)]
+        cur = ms[-1]
+        cur.throughput = max(m.throughput for m in ms[:-1]) * rng.uniform(0.96, 1.2)  # no revert due
+        v = mk_view(config=cur.config, measured=cur.throughput, measurements=ms[:-1])
+        p = rm(search=rng.choice(["greedy", "grid"]), max_workers=8, max_ps=4, worker_cpu_choices=[0.5, 1, 2],
+               ps_cpu_choices=[0.5, 1, 2], min_gain_per_cpu=rng.choice([0.02, 0.1, 0.3])).decide(v)
+        means = DLRoverRMPolicy._measured(v)
+        if p is not None and p.stage == "model" and key(p.config) in means:
+            assert means[key(p.config)] >= max(means.values()) or p.config.cpu < cur.config.cpu, p.reason
+            hits += 1
+    assert hits >= 3
+    # Within min_gain of the best: no revert.
+    v3 = mk_view(config=b, measured=980.0, measurements=[Measurement(a, 1000.0, 120.0, 500.0)], prior=SATURATING)
+    p = rm().decide(v3)
+    assert p is None or not p.reason.startswith("revert")
+    assert rm(min_gain=0.01).decide(v3).reason.startswith("revert")
+
+
+def test_plans_never_exceed_the_budget():
+    rng = random.Random(7)
+    stages: dict[str, int] = {}
+    for i in range(150):
+        budget = Budget(
+            cpu=rng.choice([1.5, 2, 3, 5, 8, 13, 24, 40]),
+            memory_mb=rng.choice([3000, 6000, 12_000, 40_000, 200_000]),
+            max_workers=rng.randint(1, 12),
+            max_ps=rng.randint(1, 6),
+        )
+        c = cfg(rng.randint(1, 10), rng.randint(1, 5), rng.choice([0.5, 1, 2]), rng.choice([0.5, 1, 2]),
+                rng.choice([512, 1024, 2048]), rng.choice([512, 1024, 2048]))
+        if rng.random() < 0.7:
+            c = clip_to_budget(c, budget)  # mostly a running config that fits; else the budget shrank
+        actors = {}
+        for j in range(c.workers):
+            actors[f"w-{j}"] = ActorMetrics(f"w-{j}", "worker", c.worker_cpu, c.worker_memory_mb,
+                                            rss_mb=rng.uniform(0, c.worker_memory_mb), rss_trend_mb_per_s=rng.choice([0, 1, 20]),
+                                            slow_since_s=rng.choice([None, None, 0.0]), step_time_s=0.1)
+        for j in range(c.ps):
+            actors[f"ps-{j}"] = ActorMetrics(f"ps-{j}", "ps", c.ps_cpu, c.ps_memory_mb, rss_mb=rng.uniform(0, c.ps_memory_mb),
+                                             rss_trend_mb_per_s=rng.choice([0, 5]), busy=rng.choice([0.2, 0.95]))
+        prior = rng.choice([COMPUTE_BOUND, SATURATING])
+        hist = [record("h", cfg(rng.randint(1, 20), rng.randint(1, 8), 2, 2), 1000.0, 1.0)] if rng.random() < 0.5 else []
+        v = mk_view(config=c, prior=prior, budget=budget, actors=actors, history=hist,
+                    measurements=[Measurement(cfg(1, 1), rng.uniform(100, 5000), 60, 100)])
+        pol = rm(search=rng.choice(["greedy", "grid"]), cooldown_s=0)
+        assert pol.initial(v).config.fits(budget), (i, budget)
+        for t in range(4):
+            v.now_s = 1000.0 + 100 * t
+            plan = pol.decide(v)
+            if plan is not None:
+                assert plan.config.fits(budget), (i, t, plan.reason, plan.config, budget)
+                kind = plan.reason.split(":")[0].split(" is now")[0]
+                stages[kind] = stages.get(kind, 0) + 1
+                v.config = plan.config
+                v.current = Measurement(plan.config, truth(prior, plan.config), 120.0, v.now_s)
+        assert v.config.fits(budget)
+    # Not vacuous: every kind of plan came up, many times.
+    assert {"model", "budget", "memory", "hot PS", "straggler"} <= set(stages), stages
+    assert sum(stages.values()) > 150, stages
+
+
+def test_shrunk_budget_is_obeyed_at_once_keeping_the_fastest_fit():
+    budget = Budget(cpu=3, memory_mb=1_000_000)
+    v = mk_view(config=cfg(3, 2), budget=budget, prior=SATURATING, current=None, last_change_s=999.0)
+    plan = rm(max_changes=0, max_corrections=0).decide(v)  # neither limit nor cooldown holds it back
+    assert plan is not None and plan.config.fits(budget) and plan.reason.startswith("budget is now")
+    fits = [cfg(w, p) for w in range(1, 4) for p in range(1, 3) if cfg(w, p).fits(budget)]
+    assert truth(SATURATING, plan.config) == max(truth(SATURATING, c) for c in fits)
+
+
+# ------------------------------------------------------------------ stage 3
+
+
+def test_straggler_is_replaced_after_its_window():
+    workers = {n: worker(n, step_time_s=0.1) for n in ("w-0", "w-1", "w-2")}
+    workers["w-1"] = worker("w-1", step_time_s=0.4, slow_since_s=940.0)
+    pol = rm(straggler_window_s=30)
+    plan = pol.decide(mk_view(config=cfg(3, 1), actors=workers))
+    assert plan is not None and plan.replace == ["w-1"] and plan.stage == "correction"
+    assert plan.config == cfg(3, 1) and "w-1" in plan.reason
+    assert pol.decide(mk_view(config=cfg(3, 1), actors=workers, now_s=1001.0, current=None)) is None  # cooldown
+    workers["w-1"] = worker("w-1", step_time_s=0.4, slow_since_s=990.0)  # slow for 10 s only
+    assert rm(straggler_window_s=30).decide(mk_view(config=cfg(3, 1), actors=workers, current=None)) is None
+    alone = {"w-0": worker("w-0", slow_since_s=0.0)}
+    assert rm().decide(mk_view(config=cfg(1, 1), actors=alone, current=None)) is None  # no peer to compare with
+
+
+def test_hot_ps_rebalances_or_grows():
+    imbalanced = {"ps-0": ps("ps-0", busy=0.95), "ps-1": ps("ps-1", busy=0.3)}
+    pol = rm()
+    plan = pol.decide(mk_view(config=cfg(2, 2), actors=imbalanced, current=None))
+    assert plan is not None and plan.rebalance_ps and plan.config == cfg(2, 2) and "ps-0" in plan.reason
+    assert pol.decide(mk_view(config=cfg(2, 2), actors=imbalanced, current=None, now_s=1010.0)) is None  # cooldown
+
+    single = {"ps-0": ps("ps-0", busy=0.97)}
+    plan = rm().decide(mk_view(config=cfg(2, 1), actors=single, current=None, prior=SATURATING))
+    assert plan is not None and not plan.rebalance_ps and plan.config.ps_cpu * plan.config.ps > 1.0
+    balanced_hot = {"ps-0": ps("ps-0", busy=0.95), "ps-1": ps("ps-1", busy=0.93)}
+    plan = rm().decide(mk_view(config=cfg(2, 2), actors=balanced_hot, current=None))
+    assert plan is not None and not plan.rebalance_ps and plan.config.ps * plan.config.ps_cpu > 2.0
+    tight = Budget(cpu=3, memory_mb=100_000)
+    assert rm().decide(mk_view(config=cfg(2, 1), actors=single, current=None, budget=tight)) is None  # no room
+    cool = {"ps-0": ps("ps-0", busy=0.5), "ps-1": ps("ps-1", busy=0.1)}
+    assert rm().decide(mk_view(config=cfg(2, 2), actors=cool, current=None)) is None
+
+
+def test_memory_trend_raises_memory_before_the_limit():
+    def view(trend, budget=BIG):
+        a = {"w-0": worker("w-0", rss_mb=1500.0, rss_trend_mb_per_s=trend), "w-1": worker("w-1", rss_mb=900.0)}
+        return mk_view(config=cfg(2, 1), actors=a, current=None, budget=budget)
+
+    assert rm(oom_horizon_s=120, mem_high_watermark=0.9).decide(view(2.0)) is None  # 1740 MB < 1843 MB in 120 s
+    plan = rm(oom_horizon_s=120, mem_high_watermark=0.9, mem_growth_factor=1.5).decide(view(4.0))
+    assert plan is not None and plan.stage == "correction"
+    assert plan.config.worker_memory_mb == 3072 and plan.config.ps_memory_mb == 2048 and plan.replace == ["w-0"]
+    assert "w-0" in plan.reason and "~86s" in plan.reason  # (1843 - 1500) / 4
+    capped = Budget(cpu=64, memory_mb=2 * 2560 + 2048)
+    plan = rm().decide(view(4.0, capped))
+    assert plan is not None and plan.config.worker_memory_mb == 2560 and plan.config.fits(capped)
+    assert rm().decide(view(4.0, Budget(cpu=64, memory_mb=3 * 2048))) is None  # no memory left in the budget
+
+
+# ------------------------------------------------------------------ knob files
+
+
+def test_policy_files_equal_the_defaults():
+    files = sorted(POLICIES_DIR.glob("*.yaml"))
+    assert {"static", "dlrover_rm"} <= {f.stem for f in files}
+    for f in files:
+        assert yaml.safe_load(f.read_text())["name"] == f.stem
+        assert load_knobs(f.stem, str(f)) == KNOBS[f.stem](), f
+    text = (POLICIES_DIR / "dlrover_rm.yaml").read_text().splitlines()
+    knob_lines = [ln for ln in text if ln.startswith("  ") and ":" in ln and not ln.strip().startswith("#")]
+    assert len(knob_lines) >= len(DLRoverRMKnobs.model_fields)
+    assert all("#" in ln for ln in knob_lines)  # every knob documented on its line
+    space = knob_search_space("dlrover_rm")
+    assert space["min_gain"]["search"] == [0.01, 0.3] and space["max_changes"]["type"] == "int"
+    for name, s in space.items():
+        default = getattr(DLRoverRMKnobs(), name)
+        if isinstance(s["search"], list):
+            assert s["search"][0] <= default <= s["search"][1], name
+        else:
+            assert default in s["search"]["choices"], name
+
+
+def test_bad_policy_files_are_one_line_spec_errors(tmp_path):
+    def write(text):
+        p = tmp_path / "p.yaml"
+        p.write_text(text)
+        return str(p)
+
+    cases = [
+        ("name: dlrover_rm\nknobs:\n  min_gian: 0.1\n", r"p\.yaml: knobs\.min_gian: unknown field"),
+        ("name: dlrover_rm\nknobs:\n  default_config: {workers: 0}\n", r"p\.yaml: knobs\.default_config\.workers: .*greater than or equal to 1"),
+        ("name: dlrover_rm\nknobs:\n  worker_cpu_choices: []\n", r"knobs\.worker_cpu_choices: needs at least one"),
+        ("name: static\nknobs: {}\n", r"p\.yaml: name: file is for policy 'static', not 'dlrover_rm'"),
+        ("name: dlrover_rm\nknobs: [1\n", r"p\.yaml:\d+: "),
+        ("- 1\n", r"p\.yaml: expected a YAML mapping"),
+    ]
+    for text, pattern in cases:
+        with pytest.raises(SpecError, match=pattern) as e:
+            load_policy("dlrover_rm", write(text))
+        assert "\n" not in str(e.value)
+    with pytest.raises(SpecError, match=r"job\.yaml: policy\.knobs\.hot_ps_busy: .*less than or equal to 1"):
+        load_policy("dlrover_rm", str(POLICIES_DIR / "dlrover_rm.yaml"), {"hot_ps_busy": 2}, overrides_source="job.yaml")
+    with pytest.raises(SpecError, match=r"unknown policy 'nope'"):
+        load_policy("nope")
+    with pytest.raises(SpecError, match=r"policy file not found"):
+        load_policy("static", str(tmp_path / "absent.yaml"))
+    ok = load_policy("dlrover_rm", write("name: dlrover_rm\nknobs:\n  min_gain: 0.2\n"), {"cooldown_s": 5})
+    assert (ok.knobs.min_gain, ok.knobs.cooldown_s, ok.knobs.hot_ps_busy) == (0.2, 5.0, 0.9)
