@@ -89,7 +89,8 @@ def init_ray(spec: JobSpec, address: str | None, dashboard: bool = False) -> boo
         except (ConnectionError, ValueError, RuntimeError) as e:
             raise DLRoverError(f"--address {address}: cannot connect to Ray: {str(e).splitlines()[0]}") from None
         return False
-    cpus = max(os.cpu_count() or 1, math.ceil(required_cpus(spec)))
+    # Twice the job's CPUs: a rescale starts its new actors while the old ones still run.
+    cpus = max(os.cpu_count() or 1, 2 * math.ceil(required_cpus(spec)))
     ray.init(
         address="local",  # always a new cluster, never a stale one from /tmp/ray
         num_cpus=cpus,

@@ -20,7 +20,7 @@ def ray_local():
     if not ray.is_initialized():
         ray.init(
             address="local",
-            num_cpus=6,
+            num_cpus=12,  # logical: room for rescales (new actors start before old ones go)
             include_dashboard=False,
             _node_ip_address="127.0.0.1",
             namespace="dlrover",

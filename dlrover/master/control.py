@@ -102,6 +102,7 @@ class Controller:
         self._ps_prev: dict[int, tuple[float, float]] = {}
         self._ps_metrics: dict[int, ActorMetrics] = {}
         self._await_first_step: dict[str, dict] = {}  # new worker -> its scale event
+        self._op: tuple | None = None  # (ScaleOp, ResourcePlan, config before, job time begun)
 
     # -- lifecycle ----------------------------------------------------------------------
     def now(self) -> float:
@@ -161,10 +162,12 @@ class Controller:
     def tick(self, running: list[str]) -> dict[Any, str]:
         """One control step; returns ``{run ObjectRef: worker}`` of workers it started."""
         now = self.now()
+        self._running = list(running)
+        if self._op is not None:
+            return self._progress_op(now)
         if now < self._next_tick or self.m._eval_ref is not None:
             return {}
         self._next_tick = now + self.spec.policy.interval_s
-        self._running = list(running)
         view = self._view(now, self._config())
         plan = self.policy.decide(view)
         if plan is None or not plan.changes(view.config):
@@ -175,6 +178,8 @@ class Controller:
         return self._apply(plan, view)
 
     def _apply(self, plan: ResourcePlan, view: JobView) -> dict[Any, str]:
+        """Start carrying out ``plan``: new actors are created now, the switch happens on a
+        later tick once they run (training goes on meanwhile)."""
         lz = self.m.launcher
         draining = self.m._draining
         workers = {n: lz.resources[n] for n in lz.workers if n not in draining and n in lz.resources}
@@ -182,16 +187,51 @@ class Controller:
         sp = scale_plan(plan, workers, ps, lz.ps_name)
         if sp.empty():
             return {}
-        t0 = self.now()
+        self._op = (self.scaler.begin(sp), plan, view.config, self.now())
+        self.m.events.add("scale_begin", reason=plan.reason, ops=sp.ops())
+        return self._progress_op(self.now())
+
+    def _progress_op(self, now: float) -> dict[Any, str]:
+        op, plan, old, t0 = self._op
+        try:
+            ready = self.scaler.ready(op)
+        except ray.exceptions.RayActorError as e:
+            ready, error = False, f"a new actor failed to start: {str(e).strip().splitlines()[0]}"
+        else:
+            error = None if ready or time.monotonic() < op.deadline else f"new actors not running after {self.scaler.launch_timeout_s:.0f}s (cluster full?)"
+        finished = self.m.queue.finished
+        if error or (finished and not ready):
+            self._op = None
+            self.scaler.abort(op)
+            self.m.events.add("scale_failed", reason=plan.reason, error=error or "job finished first")
+            if error:
+                self.m.scale_events.append(dict(self._event("failed", plan, old, old, t0), error=error))
+            return {}
+        if not ready:
+            return {}
+        self._op = None
+        if finished:  # nothing left to train: give the new actors back
+            self.scaler.abort(op)
+            return {}
+        return self._switch(op, plan, old, t0)
+
+    def abort_pending(self) -> None:
+        """The job ends: a rescale still starting its actors is dropped."""
+        if self._op is not None:
+            self.scaler.abort(self._op[0])
+            self._op = None
+
+    def _switch(self, op: Any, plan: ResourcePlan, old: Config, t0: float) -> dict[Any, str]:
+        lz = self.m.launcher
         self._close()
-        res = self.scaler.execute(sp, {k: a.busy for k, a in self._ps_metrics.items()})
+        res = self.scaler.finish(op, {k: a.busy for k, a in self._ps_metrics.items()})
         self.m.drain(res.drained)
         self.retired_ps_stats += res.retired_ps_stats
         started = {lz.start(w): w for w in res.new_workers}
         new = self._config()
-        ev = self._event(_kind(view.config, new, plan), plan, view.config, new, t0)
+        ev = self._event(_kind(old, new, plan), plan, old, new, t0)
         ev.update(
-            ops=sp.ops(),
+            ops=op.plan.ops(),
             duration_s=round(self.now() - t0, 3),
             launch_s=round(res.launch_s, 3),
             pause_s=round(res.pause_s, 3),

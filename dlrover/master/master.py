@@ -186,6 +186,7 @@ class JobMaster:
             if self.status != "stopping":
                 self.status = "training"
         self._watch_workers()
+        self.control.abort_pending()
         if self._eval_ref is not None:  # a periodic evaluation still running: keep its result
             ray.wait([self._eval_ref[0]])
             self._next_eval_step = None

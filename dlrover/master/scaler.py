@@ -4,7 +4,8 @@
 which actors to launch, drain or retire, and whether vshards must move. ``Scaler``
 executes it while training goes on:
 
-1. launch the new PS (owning nothing yet) and workers (not started), wait until they run;
+1. launch the new PS (owning nothing yet) and workers (not started); the control loop
+   goes on until they run (``begin`` / ``ready``);
 2. if the PS set changes or a rebalance is asked: pause every worker at a step boundary
    (all of its pushes applied), have the old owners export the moving vshards (weights
    and optimizer state), every PS switch to the new map at once, then resume the workers
@@ -28,6 +29,7 @@ from dlrover.master.launcher import Launcher
 from dlrover.resource.plan import ResourcePlan
 
 PAUSE_TIMEOUT_S = 120.0
+LAUNCH_TIMEOUT_S = 120.0  # new actors not running by then: the plan is given up (cluster full?)
 
 
 @dataclass
@@ -90,26 +92,60 @@ class ScaleResult:
     vshards_moved: int = 0
 
 
-class Scaler:
-    """Executes ScalePlans with a Launcher. Runs on the master's control thread."""
+@dataclass
+class ScaleOp:
+    """A ScalePlan under way: its new actors are starting (training goes on)."""
 
-    def __init__(self, launcher: Launcher, running: Callable[[], list[str]]) -> None:
+    plan: ScalePlan
+    new_ps: list[int]
+    new_workers: list[str]
+    probes: list[Any]
+    started: float
+    deadline: float
+
+
+class Scaler:
+    """Executes ScalePlans with a Launcher, in two steps so the control loop never blocks
+    on actors that take long to start (or never start, on a full cluster): ``begin``
+    creates the new actors; once ``ready``, ``finish`` moves vshards and switches routing.
+    ``abort`` gives the new actors back."""
+
+    def __init__(self, launcher: Launcher, running: Callable[[], list[str]], launch_timeout_s: float = LAUNCH_TIMEOUT_S) -> None:
         self.launcher = launcher
         self.running = running  # names of workers whose ``run`` is going on
+        self.launch_timeout_s = launch_timeout_s
 
-    def execute(self, sp: ScalePlan, ps_load: dict[int, float] | None = None) -> ScaleResult:
+    def begin(self, sp: ScalePlan) -> ScaleOp:
         lz = self.launcher
-        t0 = time.monotonic()
         new_ps = [lz.add_ps(cpu, mem) for cpu, mem in sp.add_ps]
         new_workers = [lz.add_worker(cpu, mem) for cpu, mem in sp.add_workers]
-        lz.wait_started([lz.ps_name(k) for k in new_ps] + new_workers)
-        result = ScaleResult(new_workers, list(sp.drain_workers), [], launch_s=time.monotonic() - t0)
+        probes = [lz.ps[k].stats.remote() for k in new_ps] + [lz.workers[w].ping.remote() for w in new_workers]
+        now = time.monotonic()
+        return ScaleOp(sp, new_ps, new_workers, probes, now, now + self.launch_timeout_s)
+
+    def ready(self, op: ScaleOp) -> bool:
+        """True once every new actor answers; raises RayActorError if one failed to start."""
+        done, _ = ray.wait(op.probes, num_returns=len(op.probes), timeout=0)
+        if len(done) == len(op.probes):
+            ray.get(op.probes)
+            return True
+        return False
+
+    def abort(self, op: ScaleOp) -> None:
+        for k in op.new_ps:
+            self.launcher.remove_ps(k)
+        for w in op.new_workers:
+            self.launcher.forget_worker(w)
+
+    def finish(self, op: ScaleOp, ps_load: dict[int, float] | None = None) -> ScaleResult:
+        lz, sp = self.launcher, op.plan
+        result = ScaleResult(op.new_workers, list(sp.drain_workers), [], launch_s=time.monotonic() - op.started)
         keep_ps = [k for k in lz.ps if k not in sp.retire_ps]
-        new_vmap = lz.vmap.reassigned(keep_ps, ps_load if sp.rebalance else None) if (new_ps or sp.retire_ps or sp.rebalance) else None
+        new_vmap = lz.vmap.reassigned(keep_ps, ps_load if sp.rebalance else None) if (op.new_ps or sp.retire_ps or sp.rebalance) else None
         if new_vmap is not None and lz.vmap.moves(new_vmap):
             self._migrate(new_vmap, sp.retire_ps, result)
-        elif new_workers:
-            ray.get([lz.workers[w].set_routing.remote(dict(lz.ps), lz.vmap) for w in new_workers])
+        elif op.new_workers:
+            ray.get([lz.workers[w].set_routing.remote(dict(lz.ps), lz.vmap) for w in op.new_workers])
         for k in sp.retire_ps:
             lz.remove_ps(k)
         return result
@@ -121,10 +157,10 @@ class Scaler:
         moves = old.moves(new_vmap)
         t_pause = time.monotonic()
         running = [w for w in self.running() if w in lz.workers]
-        parked = ray.get([lz.workers[w].pause.remote(PAUSE_TIMEOUT_S) for w in running])
-        if not all(parked):
-            stuck = [w for w, ok in zip(running, parked) if not ok]
-            ray.get([lz.workers[w].set_routing.remote(dict(lz.ps), old) for w in running])
+        parked = _get_alive([lz.workers[w].pause.remote(PAUSE_TIMEOUT_S) for w in running])
+        if not all(p is not False for p in parked):
+            stuck = [w for w, ok in zip(running, parked) if ok is False]
+            _get_alive([lz.workers[w].set_routing.remote(dict(lz.ps), old) for w in running])
             raise RuntimeError(f"workers did not pause within {PAUSE_TIMEOUT_S:.0f}s: {stuck}")
         sources = sorted({src for _, src, _ in moves})
         exports = {src: lz.ps[src].export_vshards.remote([v for v, s, _ in moves if s == src]) for src in sources}
@@ -138,7 +174,19 @@ class Scaler:
         result.retired_ps_stats = ray.get([lz.ps[k].stats.remote() for k in retire])
         lz.vmap = new_vmap
         ps = {k: h for k, h in lz.ps.items() if k not in retire}
-        ray.get([h.set_routing.remote(ps, new_vmap) for h in lz.workers.values()])
+        _get_alive([h.set_routing.remote(ps, new_vmap) for h in lz.workers.values()])
         result.pause_s = time.monotonic() - t_pause
         result.bytes_moved = int(sum(r["bytes_in"] for r in replies))
         result.vshards_moved = len(moves)
+
+
+def _get_alive(refs: list[Any]) -> list[Any]:
+    """Results of calls on workers; ``None`` for a worker that died (its death reaches the
+    master as an event on its ``run`` and is handled there)."""
+    out = []
+    for r in refs:
+        try:
+            out.append(ray.get(r))
+        except ray.exceptions.RayActorError:
+            out.append(None)
+    return out

@@ -132,9 +132,9 @@ class DLRoverRMKnobs(_Strict):
 
     # Stage 2: model-driven scaling
     profile_window_s: float = Field(
-        60.0, ge=0, description="measure a config this long (after warm-up) before scaling", json_schema_extra=_range(10.0, 300.0)
+        10.0, ge=0, description="measure a config this long (after warm-up) before scaling", json_schema_extra=_range(5.0, 300.0)
     )
-    cooldown_s: float = Field(120.0, ge=0, description="least time between two config changes (s)", json_schema_extra=_range(30.0, 600.0))
+    cooldown_s: float = Field(10.0, ge=0, description="least time between two config changes (s)", json_schema_extra=_range(5.0, 600.0))
     min_gain: float = Field(
         0.05, ge=0, description="least predicted relative throughput gain worth a change", json_schema_extra=_range(0.01, 0.3)
     )
@@ -142,10 +142,10 @@ class DLRoverRMKnobs(_Strict):
         0.05, ge=0, description="least relative throughput gain per added CPU (cost efficiency)", json_schema_extra=_range(0.0, 0.3)
     )
     move_cost_s: float = Field(
-        30.0, ge=0, description="training time lost by one reconfiguration (s)", json_schema_extra=_range(0.0, 120.0)
+        10.0, ge=0, description="training time lost by one reconfiguration (s)", json_schema_extra=_range(0.0, 120.0)
     )
     min_remaining_s: float = Field(
-        60.0, ge=0, description="no model-driven change when the job ends sooner than this (s)", json_schema_extra=_range(0.0, 600.0)
+        20.0, ge=0, description="no model-driven change when the job ends sooner than this (s)", json_schema_extra=_range(0.0, 600.0)
     )
     search: Literal["greedy", "grid"] = Field(
         "greedy", description="greedy: hill-climb from the current config; grid: best point of the whole grid",
@@ -163,7 +163,7 @@ class DLRoverRMKnobs(_Strict):
         json_schema_extra=_range(1.2, 3.0),
     )
     straggler_window_s: float = Field(
-        30.0, ge=0, description="replace a worker slow for this long (s)", json_schema_extra=_range(10.0, 300.0)
+        20.0, ge=0, description="replace a worker slow for this long (s)", json_schema_extra=_range(5.0, 300.0)
     )
     hot_ps_busy: float = Field(0.9, gt=0, le=1, description="a PS this busy (fraction of wall time) is hot", json_schema_extra=_range(0.6, 0.99))
     hot_ps_imbalance: float = Field(
@@ -176,7 +176,7 @@ class DLRoverRMKnobs(_Strict):
     mem_growth_factor: float = Field(1.5, gt=1, description="memory multiplier when raising a role's memory", json_schema_extra=_range(1.2, 2.5))
     mem_max_step_mb: int = Field(8192, ge=64, description="largest single memory raise (MB)")
     correction_cooldown_s: float = Field(
-        60.0, ge=0, description="least time between two corrections of the same kind and actor (s)", json_schema_extra=_range(10.0, 300.0)
+        30.0, ge=0, description="least time between two corrections of the same kind and actor (s)", json_schema_extra=_range(10.0, 300.0)
     )
     max_corrections: int = Field(20, ge=0, description="most runtime corrections per job")
 
