@@ -1,4 +1,4 @@
-"""``dlrover`` command line: run | submit | status | data synth | bench throughput.
+"""``dlrover`` command line: run | submit | status | data synth | bench throughput|elastic|perf-model.
 
 User errors (bad spec, bad data, bad arguments) print one ``error:`` line and exit 2;
 anything else is a bug and keeps its traceback.
@@ -72,6 +72,13 @@ def build_parser() -> argparse.ArgumentParser:
     tp.add_argument("--rows", type=_positive_int, default=400_000)
     tp.add_argument("--batch-size", type=_positive_int, default=2048)
     tp.add_argument("--steps", type=_positive_int, default=150, help="timed steps per system")
+    el = bsub.add_parser("elastic", help="live rescale (plan -> first step, PS migration pause) vs stop-checkpoint-restart")
+    el.add_argument("--json", action="store_true")
+    el.add_argument("--rows", type=_positive_int, default=1_500_000)
+    el.add_argument("--num-embeddings", type=_positive_int, default=400_000, help="rows per table (26 tables of dim 16)")
+    pm = bsub.add_parser("perf-model", help="measure real configurations, fit the model on some, predict the rest (MAPE)")
+    pm.add_argument("--json", action="store_true")
+    pm.add_argument("--window-s", type=float, default=12.0, help="measured seconds per configuration")
     return p
 
 
@@ -126,6 +133,18 @@ def cmd_status(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    if args.bench_cmd == "elastic":
+        from dlrover.bench.elastic import print_elastic, run_elastic_bench
+
+        result = run_elastic_bench(rows=args.rows, num_embeddings=args.num_embeddings)
+        print(json.dumps(result, default=float)) if args.json else print_elastic(result)
+        return 0
+    if args.bench_cmd == "perf-model":
+        from dlrover.bench.perf_model import print_perf_model, run_perf_model_bench
+
+        result = run_perf_model_bench(window_s=args.window_s)
+        print(json.dumps(result, default=float)) if args.json else print_perf_model(result)
+        return 0
     from dlrover.bench.throughput import run_throughput_bench
 
     result = run_throughput_bench(rows=args.rows, batch_size=args.batch_size, steps=args.steps)

@@ -9,6 +9,7 @@ import secrets
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import ray
 
@@ -112,11 +113,13 @@ def run_job(
     progress: str = "bar",
     dashboard: bool = False,
     job_id: str | None = None,
+    stop_when: Callable[[dict], bool] | None = None,
 ) -> tuple[dict, Path]:
     """Train ``spec`` to the end; returns (summary, path of summary.json).
 
     ``progress``: "bar" (tqdm on stderr), "lines" (a plain line every few seconds, for
-    logs) or "none".
+    logs) or "none". ``stop_when(progress)``: stop the job early once it returns True
+    (benchmarks; the summary then says ``stopped``).
     """
     from tqdm import tqdm
 
@@ -141,6 +144,9 @@ def run_job(
         try:
             while not ray.wait([ref], timeout=POLL_S)[0]:
                 p = ray.get(master.progress.remote())
+                if stop_when is not None and stop_when(p):
+                    master.stop.remote()
+                    stop_when = None
                 loss = f"{p['loss']:.4f}" if p["loss"] is not None else "-"
                 info = f"{p['status']} w={p['workers']} ps={p['ps']} {p['samples_per_s']:,.0f} samples/s loss={loss}"
                 if progress == "bar":

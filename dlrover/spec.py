@@ -141,6 +141,10 @@ class PolicySpec(_Strict):
     interval_s: float = Field(2.0, gt=0, description="how often the master asks the policy")
     warmup_s: float = Field(4.0, ge=0, description="after a change, seconds before throughput counts")
     history_dir: str | None = Field(None, description="history store of finished jobs (warm start); default ~/.dlrover/history")
+    # live: rescale while training goes on (the platform's way). restart: stop at shard
+    # boundaries, checkpoint to disk, relaunch everything, restore (the baseline that
+    # `dlrover bench elastic` compares against).
+    rescale: Literal["live", "restart"] = "live"
 
 
 class CheckpointSpec(_Strict):

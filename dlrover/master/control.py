@@ -21,6 +21,7 @@ import numpy as np
 import ray
 
 from dlrover.master.scaler import Scaler, scale_plan
+from dlrover.resource.dlrover_rm import describe_change
 from dlrover.resource.history import HistoryRecord, HistoryStore, dataset_signature, job_signature
 from dlrover.resource.perf_model import PerfModel
 from dlrover.resource.plan import ActorMetrics, Budget, Config, JobView, Measurement, ResourcePlan
@@ -30,7 +31,9 @@ if TYPE_CHECKING:
     from dlrover.master.master import DataPlan, JobMaster
 
 MIN_WINDOW_S = 2.0  # a window shorter than this says too little to fit on
-RSS_POINTS = 20  # RSS samples per actor kept for the memory trend
+RSS_POINTS = 30  # RSS samples per actor kept for the memory trend
+RSS_WARMUP_S = 15.0  # an actor's RSS grows while it warms up: not a leak, so not in the trend
+RSS_MIN_SPAN_S = 10.0  # a trend needs samples spanning at least this long
 STRAGGLER_FACTOR = 1.5  # default "slow" bar: step time over this x the workers' median
 PS_STATS_TIMEOUT_S = 5.0
 
@@ -98,11 +101,13 @@ class Controller:
         self._next_tick = 0.0
         self._last_change = 0.0
         self._rss: dict[str, deque] = {}
+        self._first_seen: dict[str, float] = {}
         self._slow_since: dict[str, float] = {}
         self._ps_prev: dict[int, tuple[float, float]] = {}
         self._ps_metrics: dict[int, ActorMetrics] = {}
         self._await_first_step: dict[str, dict] = {}  # new worker -> its scale event
         self._op: tuple | None = None  # (ScaleOp, ResourcePlan, config before, job time begun)
+        self._pending: dict[Any, str] = {}
 
     # -- lifecycle ----------------------------------------------------------------------
     def now(self) -> float:
@@ -146,7 +151,7 @@ class Controller:
             if self.window is not None:
                 self.window.update(now, samples)
             if "rss_mb" in metrics:
-                self._rss.setdefault(worker, deque(maxlen=RSS_POINTS)).append((now, float(metrics["rss_mb"])))
+                self._rss_add(worker, now, float(metrics["rss_mb"]))
 
     def first_step(self, worker: str, now: float) -> None:
         ev = self._await_first_step.pop(worker, None)
@@ -156,13 +161,16 @@ class Controller:
     def forget(self, name: str) -> None:
         with self._lock:
             self._rss.pop(name, None)
+            self._first_seen.pop(name, None)
         self._slow_since.pop(name, None)
 
     # -- the loop -----------------------------------------------------------------------
-    def tick(self, running: list[str]) -> dict[Any, str]:
-        """One control step; returns ``{run ObjectRef: worker}`` of workers it started."""
+    def tick(self, pending: dict[Any, str]) -> dict[Any, str]:
+        """One control step; returns ``{run ObjectRef: worker}`` of workers it started.
+        ``pending``: the ``run`` refs of the workers training now."""
         now = self.now()
-        self._running = list(running)
+        self._running = list(pending.values())
+        self._pending = pending
         if self._op is not None:
             return self._progress_op(now)
         if now < self._next_tick or self.m._eval_ref is not None:
@@ -187,6 +195,8 @@ class Controller:
         sp = scale_plan(plan, workers, ps, lz.ps_name)
         if sp.empty():
             return {}
+        if self.spec.policy.rescale == "restart":
+            return self._restart(plan, view.config)
         self._op = (self.scaler.begin(sp), plan, view.config, self.now())
         self.m.events.add("scale_begin", reason=plan.reason, ops=sp.ops())
         return self._progress_op(self.now())
@@ -246,6 +256,26 @@ class Controller:
         self._open(new, self.now(), plan)
         return started
 
+    def _restart(self, plan: ResourcePlan, old: Config) -> dict[Any, str]:
+        """The baseline way to rescale: stop every worker at a shard boundary, checkpoint
+        the PS to disk, relaunch the whole configuration, restore, go on."""
+        from dlrover.master.restart import stop_checkpoint_restart
+
+        t0 = self.now()
+        self._close()
+        res = stop_checkpoint_restart(self.m, plan.config, self._pending)
+        self.retired_ps_stats += res.pop("retired_ps_stats")
+        started = res.pop("started")
+        new = self._config()
+        ev = self._event(_kind(old, new, plan), plan, old, new, t0)
+        ev.update(ops=["stop", "checkpoint", "relaunch", "restore"], duration_s=round(self.now() - t0, 3), **res)
+        for w in started.values():
+            self._await_first_step[w] = ev
+        self.m.scale_events.append(ev)
+        self.m.events.add("scale", **{k: v for k, v in ev.items() if k != "kind"}, scale_kind=ev["kind"])
+        self._open(new, self.now(), plan)
+        return started
+
     def _event(self, kind: str, plan: ResourcePlan, old: Config, new: Config, at: float) -> dict:
         return {
             "kind": kind,
@@ -254,7 +284,7 @@ class Controller:
             "reason": plan.reason,
             "from": old.to_dict(),
             "to": new.to_dict(),
-            "summary": f"{old.short()} -> {new.short()}",
+            "summary": describe_change(old, new),
             "predicted_throughput": plan.predicted_throughput,
         }
 
@@ -340,7 +370,7 @@ class Controller:
                 busy = (st["busy_s"] - prev[1]) / (st["uptime_s"] - prev[0])
             self._ps_prev[k] = (st["uptime_s"], st["busy_s"])
             with self._lock:
-                self._rss.setdefault(name, deque(maxlen=RSS_POINTS)).append((now, float(st.get("rss_mb", 0.0))))
+                self._rss_add(name, now, float(st.get("rss_mb", 0.0)))
             cpu, mem = lz.resources.get(name, (1.0, 0))
             out[k] = ActorMetrics(
                 name=name,
@@ -357,11 +387,17 @@ class Controller:
         self._ps_metrics = out
         return out
 
+    def _rss_add(self, name: str, now: float, rss_mb: float) -> None:
+        """Record an RSS sample (lock held); the first ``RSS_WARMUP_S`` of an actor are skipped."""
+        first = self._first_seen.setdefault(name, now)
+        if now - first >= RSS_WARMUP_S:
+            self._rss.setdefault(name, deque(maxlen=RSS_POINTS)).append((now, rss_mb))
+
     def _trend(self, name: str) -> float:
         """Least-squares slope of the actor's RSS (MB/s) over its recent samples."""
         with self._lock:
             pts = list(self._rss.get(name, ()))
-        if len(pts) < 3 or pts[-1][0] - pts[0][0] < 2.0:
+        if len(pts) < 5 or pts[-1][0] - pts[0][0] < RSS_MIN_SPAN_S:
             return 0.0
         t, y = np.array(pts).T
         return float(np.polyfit(t, y, 1)[0])

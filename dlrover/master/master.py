@@ -151,6 +151,7 @@ class JobMaster:
                 "workers": len(self.launcher.workers) if self.launcher else 0,
                 "ps": len(self.launcher.ps) if self.launcher else 0,
                 "config": self.launcher.config().short() if self.launcher and self.launcher.vmap else None,
+                "measurements": len(self.control.measurements) if self.control else 0,
             }
 
     def stop(self) -> None:
@@ -193,9 +194,10 @@ class JobMaster:
             self._tick()
         if self.train_end is None:
             self.train_end = self.clock()
+        stopped = self.status == "stopping"
         self.status = "evaluating"
         metrics = self._evaluate()
-        self.status = "succeeded" if self.queue.finished else "failed"
+        self.status = "succeeded" if self.queue.finished else "stopped" if stopped else "failed"
         self.events.add("job_end", status=self.status)
         summary = self._summary(metrics)
         ps_stats = ray.get([ps.stats.remote() for ps in self.launcher.ps.values()]) + self.control.retired_ps_stats
@@ -233,7 +235,8 @@ class JobMaster:
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=min(TICK_S, self.spec.policy.interval_s))
             self._tick()
             if not self.queue.finished and self.status == "training":
-                pending.update(self.control.tick(running=list(pending.values())))
+                pending.update(self.control.tick(pending))
+            ready = [r for r in ready if r in pending]  # a restart may have taken some
             if not ready:
                 continue
             ref = ready[0]

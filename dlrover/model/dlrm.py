@@ -10,6 +10,7 @@ the pulls early so that the lookups of step i+1 overlap the compute of step i.
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -27,6 +28,9 @@ from dlrover.data.criteo import NUM_DENSE, NUM_SPARSE
 from dlrover.spec import ModelSpec
 
 FEATURES = [f"cat_{i}" for i in range(NUM_SPARSE)]
+# TorchRec's DLRM asks torch.fx whether it is being traced; torch warns about that call
+# once per process, in every worker's log. Not ours to fix, and not news to the user.
+logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
 
 
 def table_configs(model: ModelSpec) -> list[EmbeddingBagConfig]:

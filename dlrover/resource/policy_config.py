@@ -65,6 +65,7 @@ class ScriptStep(_Strict):
 
     at_progress: float | None = Field(None, ge=0.0, le=1.0, description="fire once this fraction of the samples is done")
     at_s: float | None = Field(None, ge=0.0, description="fire at this job time (s)")
+    after_window_s: float | None = Field(None, gt=0.0, description="fire once the running config was measured this long (s)")
     workers: int | None = Field(None, ge=1, description="new number of workers")
     ps: int | None = Field(None, ge=1, description="new number of parameter servers")
     worker_cpu: float | None = Field(None, gt=0, description="CPUs per worker")
@@ -76,8 +77,8 @@ class ScriptStep(_Strict):
 
     @model_validator(mode="after")
     def _one_trigger(self) -> "ScriptStep":
-        if (self.at_progress is None) == (self.at_s is None):
-            raise ValueError("exactly one of at_progress, at_s")
+        if sum(x is not None for x in (self.at_progress, self.at_s, self.after_window_s)) != 1:
+            raise ValueError("exactly one of at_progress, at_s, after_window_s")
         return self
 
     def changes(self) -> dict[str, Any]:
@@ -153,8 +154,8 @@ class DLRoverRMKnobs(_Strict):
     )
     max_workers: int | None = Field(None, ge=1, description="cap on workers (null: the budget's)")
     max_ps: int | None = Field(None, ge=1, description="cap on parameter servers (null: the budget's)")
-    worker_cpu_choices: list[float] = Field(default_factory=lambda: [0.5, 1.0, 2.0, 4.0], description="CPU sizes a worker may get")
-    ps_cpu_choices: list[float] = Field(default_factory=lambda: [0.5, 1.0, 2.0, 4.0], description="CPU sizes a PS may get")
+    worker_cpu_choices: list[float] = Field(default_factory=lambda: [1.0, 2.0, 4.0], description="CPU sizes a worker may get")
+    ps_cpu_choices: list[float] = Field(default_factory=lambda: [1.0, 2.0, 4.0], description="CPU sizes a PS may get")
     max_changes: int = Field(6, ge=0, description="most model-driven changes and reverts per job", json_schema_extra=_range(1, 20))
 
     # Stage 3: runtime correction

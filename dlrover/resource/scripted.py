@@ -2,7 +2,7 @@
 
 In the manner of Ray Train v2's mock scaling policy: the knobs list steps; each fires
 once, in order, as soon as its trigger holds (``view.progress >= at_progress`` or
-``view.now_s >= at_s``), and at most one step fires per ``decide`` call, so two steps due
+``view.now_s >= at_s``, or the running configuration measured for ``after_window_s``), and at most one step fires per ``decide`` call, so two steps due
 at the same tick come out on two consecutive ticks. A step returns the configuration that
 runs now with the step's fields changed (clipped to the budget, which the reason then
 says), plus its ``replace`` / ``rebalance_ps`` corrections.
@@ -33,9 +33,11 @@ class ScriptedPolicy(Policy):
         step = self.knobs.steps[self.next_step]
         if step.at_progress is not None:
             due, when = view.progress >= step.at_progress, f"progress {view.progress:.0%} >= {step.at_progress:.0%}"
-        else:
-            assert step.at_s is not None
+        elif step.at_s is not None:
             due, when = view.now_s >= step.at_s, f"t={view.now_s:.0f}s >= {step.at_s:g}s"
+        else:
+            measured = view.current.duration_s if view.current is not None else 0.0
+            due, when = measured >= step.after_window_s, f"{measured:.0f}s measured >= {step.after_window_s:g}s"
         if not due:
             return None
         index = self.next_step

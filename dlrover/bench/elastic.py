@@ -1,0 +1,113 @@
+"""``dlrover bench elastic``: a live rescale against the same rescale done stop-checkpoint-restart.
+
+The same job (1 worker + 1 PS, tables of ``num_embeddings`` rows x 26, so a PS move
+carries real bytes) is rescaled to 2 workers + 2 PS once ``at_progress`` of it is done,
+twice: live (``policy.rescale: live``: new actors start while training goes on, then
+workers park for the vshard move) and stop-checkpoint-restart (``policy.rescale:
+restart``: workers stop at shard boundaries, PS are written to disk, everything is
+relaunched and restored). Measured per run, from the job's own scale event:
+
+- plan -> first step: from the policy's decision to the first step of a new worker;
+- training stall: how long no worker trained (live: the migration pause);
+- bytes moved and migration rate (live: vshards moved / pause; restart: checkpoint bytes).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+
+from dlrover.spec import JobSpec, spec_from_dict
+
+
+def elastic_spec(data_dir: str, rows: int, num_embeddings: int, rescale: str, at_progress: float, history_dir: str) -> JobSpec:
+    return spec_from_dict(
+        {
+            "name": f"bench-elastic-{rescale}",
+            "model": {"embedding_dim": 16, "num_embeddings": num_embeddings, "dense_arch": [64, 16], "over_arch": [128, 64, 1]},
+            "data": {
+                "paths": [os.path.join(data_dir, "*.tsv")],
+                "synth": {"out": data_dir, "rows": rows, "files": 4, "seed": 2},
+                "epochs": 1,
+                "batch_size": 2048,
+                "eval_fraction": 0.01,
+                "shard_rows": 16384,
+            },
+            "resources": {"workers": 1, "ps": 1, "worker_cpu": 1, "ps_cpu": 1, "ps_memory_mb": 4096, "budget_cpu": 4},
+            "train": {"log_every_s": 0.5},
+            "policy": {
+                "name": "scripted",
+                "knobs": {"steps": [{"at_progress": at_progress, "workers": 2, "ps": 2}]},
+                "interval_s": 0.25,
+                "warmup_s": 1.0,
+                "rescale": rescale,
+                "history_dir": history_dir,
+            },
+        }
+    )
+
+
+def _one(spec: JobSpec, runs_dir: str) -> dict:
+    from dlrover.runner import run_job
+
+    summary, _ = run_job(spec, runs_dir=runs_dir, progress="none")
+    if summary["status"] != "succeeded" or summary["samples_lost"]:
+        raise RuntimeError(f"bench job ended {summary['status']} with {summary['samples_lost']} samples lost")
+    events = [e for e in summary["scale_events"] if e["kind"] != "failed"]
+    if not events:
+        raise RuntimeError("the rescale did not happen before the job ended; use more --rows")
+    ev = events[0]
+    first = min((ev.get("first_step_s") or {}).values(), default=None)
+    pause = ev.get("pause_s") or 0.0
+    return {
+        "plan_to_first_step_s": first,
+        "training_stall_s": pause,
+        "launch_s": ev.get("launch_s"),
+        "bytes_moved": ev.get("bytes_moved", 0),
+        "migration_bytes_per_s": (ev["bytes_moved"] / pause) if pause and ev.get("bytes_moved") else None,
+        "throughput_samples_per_s": summary["throughput_samples_per_s"],
+        "samples_lost": summary["samples_lost"],
+        "event": {k: v for k, v in ev.items() if k not in ("from", "to")},
+    }
+
+
+def run_elastic_bench(rows: int = 1_500_000, num_embeddings: int = 400_000, at_progress: float = 0.1) -> dict:
+    cache = os.environ.get("DLROVER_BENCH_DATA", os.path.join(tempfile.gettempdir(), "dlrover-bench-data"))
+    data_dir = os.path.join(cache, f"elastic-{rows}")
+    from dlrover.runner import ensure_data
+
+    out: dict = {"rows": rows, "num_embeddings": num_embeddings, "table_bytes": 26 * num_embeddings * 16 * 4}
+    with tempfile.TemporaryDirectory() as tmp:
+        for mode in ("live", "restart"):
+            spec = elastic_spec(data_dir, rows, num_embeddings, mode, at_progress, os.path.join(tmp, "history"))
+            ensure_data(spec)
+            print(f"[bench] {mode}: 1w+1ps -> 2w+2ps at {at_progress:.0%} of {rows:,} rows, tables 26 x {num_embeddings:,} x 16", file=sys.stderr)
+            out[mode] = _one(spec, os.path.join(tmp, "runs"))
+            r = out[mode]
+            print(f"[bench]   plan->first step {r['plan_to_first_step_s']}s, stall {r['training_stall_s']}s, moved {r['bytes_moved'] / 2**20:.0f} MB", file=sys.stderr)
+    live, restart = out["live"], out["restart"]
+    out["ratio_plan_to_first_step"] = _ratio(restart["plan_to_first_step_s"], live["plan_to_first_step_s"])
+    out["ratio_training_stall"] = _ratio(restart["training_stall_s"], live["training_stall_s"])
+    return out
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a and b else None
+
+
+def print_elastic(r: dict) -> None:
+    live, rs = r["live"], r["restart"]
+
+    def g(v, fmt=".2f"):
+        return format(v, fmt) if isinstance(v, (int, float)) else "n/a"
+
+    print(f"rescale 1 worker + 1 PS -> 2 workers + 2 PS, tables 26 x {r['num_embeddings']:,} x 16 ({r['table_bytes'] / 2**20:.0f} MB)")
+    print(f"{'':28s}{'live':>12s}{'stop-restart':>14s}{'restart/live':>14s}")
+    print(f"{'plan -> new worker step (s)':28s}{g(live['plan_to_first_step_s']):>12s}{g(rs['plan_to_first_step_s']):>14s}{g(r['ratio_plan_to_first_step']):>14s}")
+    print(f"{'training stall (s)':28s}{g(live['training_stall_s'], '.3f'):>12s}{g(rs['training_stall_s'], '.3f'):>14s}{g(r['ratio_training_stall'], '.1f'):>14s}")
+    mb = lambda v: v / 2**20 if v else None  # noqa: E731
+    print(f"{'bytes moved (MB)':28s}{g(mb(live['bytes_moved']), '.0f'):>12s}{g(mb(rs['bytes_moved']), '.0f'):>14s}")
+    gbs = lambda v: v / 2**30 if v else None  # noqa: E731
+    print(f"{'migration rate (GB/s)':28s}{g(gbs(live['migration_bytes_per_s'])):>12s}")
+    print("goals: live >= 10x faster than stop-restart; migration >= 1 GB/s with a pause <= 0.5 s")

@@ -1,0 +1,117 @@
+"""``dlrover bench perf-model``: how well the resource-performance model predicts this machine.
+
+One job sweeps a list of real configurations (live rescales, ``scripted`` policy with
+``after_window_s`` steps): each runs until its throughput has been measured for
+``window_s`` seconds after the warm-up. The measured (configuration, throughput) points
+are then fitted with the model used online (:class:`~dlrover.resource.perf_model.PerfModel`,
+NNLS with pinning) in two ways:
+
+- leave-one-out: each configuration predicted by a fit on all the others;
+- half split: fit on the first half of the sweep, predict the second half.
+
+MAPE (mean absolute percentage error) of both is reported; the goal is <= 10%.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+
+import numpy as np
+
+from dlrover.resource.perf_model import PerfModel
+from dlrover.resource.plan import Config
+from dlrover.spec import JobSpec, spec_from_dict
+
+# (workers, ps, worker_cpu, ps_cpu): the sweep, in order, starting from the first.
+SWEEP = [
+    (1, 1, 1.0, 1.0),
+    (2, 1, 1.0, 1.0),
+    (2, 2, 1.0, 1.0),
+    (1, 2, 1.0, 1.0),
+    (1, 1, 2.0, 1.0),
+    (3, 1, 1.0, 1.0),
+    (2, 1, 1.0, 2.0),
+    (1, 1, 2.0, 2.0),
+]
+
+
+def sweep_spec(data_dir: str, window_s: float, history_dir: str) -> JobSpec:
+    w0, p0, cw0, cp0 = SWEEP[0]
+    steps = [{"after_window_s": window_s, "workers": w, "ps": p, "worker_cpu": cw, "ps_cpu": cp} for w, p, cw, cp in SWEEP[1:]]
+    return spec_from_dict(
+        {
+            "name": "bench-perf-model",
+            "model": {"embedding_dim": 16, "num_embeddings": 40_000, "dense_arch": [64, 16], "over_arch": [128, 64, 1]},
+            "data": {
+                "paths": [os.path.join(data_dir, "*.tsv")],
+                "synth": {"out": data_dir, "rows": 500_000, "files": 4, "seed": 5},
+                "epochs": 100,  # more than the sweep needs: the bench stops the job after it
+                "batch_size": 2048,
+                "eval_fraction": 0.01,
+                "shard_rows": 16384,
+            },
+            "resources": {"workers": w0, "ps": p0, "worker_cpu": cw0, "ps_cpu": cp0, "budget_cpu": 6},
+            "train": {"log_every_s": 0.5},
+            "policy": {"name": "scripted", "knobs": {"steps": steps}, "interval_s": 0.5, "warmup_s": 4.0, "history_dir": history_dir},
+        }
+    )
+
+
+def _mape(pred: np.ndarray, true: np.ndarray) -> float:
+    return float(np.mean(np.abs(pred - true) / true))
+
+
+def fit_and_score(points: list[tuple[Config, float, float]], batch_size: int) -> dict:
+    """Leave-one-out and half-split MAPE of the model over measured points."""
+    def model_on(idx: list[int]) -> PerfModel:
+        m = PerfModel(batch_size)
+        for i in idx:
+            m.observe(points[i][0], points[i][1], weight=points[i][2])
+        return m
+
+    n = len(points)
+    true = np.array([p[1] for p in points])
+    loo = np.array([model_on([j for j in range(n) if j != i]).predict(points[i][0]) for i in range(n)])
+    half = n // 2
+    m = model_on(list(range(half)))
+    split = np.array([m.predict(points[i][0]) for i in range(half, n)])
+    full = model_on(list(range(n)))
+    return {
+        "loo_predicted": loo.tolist(),
+        "loo_mape": _mape(loo, true),
+        "split_predicted": split.tolist(),
+        "split_mape": _mape(split, true[half:]),
+        "fit_params": full.params._asdict(),
+        "identified": list(full.identified),
+    }
+
+
+def run_perf_model_bench(window_s: float = 12.0) -> dict:
+    from dlrover.runner import ensure_data, run_job
+
+    cache = os.environ.get("DLROVER_BENCH_DATA", os.path.join(tempfile.gettempdir(), "dlrover-bench-data"))
+    with tempfile.TemporaryDirectory() as tmp:
+        spec = sweep_spec(os.path.join(cache, "perf-model-500k"), window_s, os.path.join(tmp, "history"))
+        ensure_data(spec)
+        print(f"[bench] sweeping {len(SWEEP)} configurations, {window_s:g}s measured each (live rescales)", file=sys.stderr)
+        summary, _ = run_job(spec, runs_dir=os.path.join(tmp, "runs"), progress="lines", stop_when=lambda p: p.get("measurements", 0) >= len(SWEEP))
+    points = [
+        (Config(**c["config"]), c["measured_throughput"], c["duration_s"])
+        for c in summary["configurations"]
+        if c["duration_s"] >= window_s * 0.5
+    ]
+    if len(points) < 4:
+        raise RuntimeError(f"only {len(points)} configurations measured; the sweep needs at least 4")
+    out = {"window_s": window_s, "points": [{"config": c.short(), "measured": t, "duration_s": d} for c, t, d in points]}
+    out.update(fit_and_score(points, spec.data.batch_size))
+    return out
+
+
+def print_perf_model(r: dict) -> None:
+    print(f"{'configuration':32s}{'measured':>12s}{'LOO pred':>12s}{'err':>8s}")
+    for p, pred in zip(r["points"], r["loo_predicted"]):
+        print(f"{p['config']:32s}{p['measured']:>12,.0f}{pred:>12,.0f}{(pred - p['measured']) / p['measured']:>+8.1%}")
+    print(f"leave-one-out MAPE {r['loo_mape']:.1%}; fit on the first half, predict the second: MAPE {r['split_mape']:.1%} (goal <= 10%)")
+    print("fitted T_iter terms: " + ", ".join(f"{k}={v:.3g}" + ("" if ok else "*") for (k, v), ok in zip(r["fit_params"].items(), r["identified"])) + "   (* pinned)")

@@ -1,0 +1,101 @@
+"""Stop-checkpoint-restart: the way a job is rescaled without live elasticity.
+
+It is the baseline ``dlrover bench elastic`` measures live rescaling against (and what a
+job restarted from its last checkpoint goes through): every worker stops at a shard
+boundary, every PS writes its vshards (weights and optimizer state) to disk, all of them
+go away, the new configuration is launched from scratch and restored from the files.
+The dense PS and the master (with the shard queue) stay; a full restart would also
+reload those, so this baseline errs on the fast side.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import ray
+import torch
+
+from dlrover.resource.plan import Config
+
+if TYPE_CHECKING:
+    from dlrover.master.master import JobMaster
+
+
+def _to_torch(payload: dict) -> dict:
+    return {"vshards": torch.from_numpy(payload["vshards"]), "tables": [[torch.from_numpy(a) for a in t] for t in payload["tables"]]}
+
+
+def _to_numpy(payload: dict) -> dict:
+    return {"vshards": payload["vshards"].numpy(), "tables": [[a.numpy() for a in t] for t in payload["tables"]]}
+
+
+def select(payload: dict, vshards: np.ndarray, rows_per_vshard: list[int]) -> dict:
+    """The part of an export payload that holds ``vshards`` (each a block of rows)."""
+    pos = [int(np.flatnonzero(payload["vshards"] == v)[0]) for v in vshards if v in payload["vshards"]]
+    keep = np.asarray([v for v in vshards if v in payload["vshards"]], dtype=np.int64)
+    tables = []
+    for t, arrays in enumerate(payload["tables"]):
+        r = rows_per_vshard[t]
+        tables.append([np.concatenate([a[p * r : (p + 1) * r] for p in pos]) if pos else a[:0] for a in arrays])
+    return {"vshards": keep, "tables": tables}
+
+
+def stop_checkpoint_restart(master: "JobMaster", config: Config, pending: dict[Any, str]) -> dict:
+    lz = master.launcher
+    t0 = time.monotonic()
+    # 1. Stop: no more shards for anyone; each worker finishes what it holds and exits.
+    names = list(lz.workers)
+    master.drain(names)
+    refs = [r for r, n in pending.items() if n in names]
+    ray.get(refs)
+    for r in refs:
+        pending.pop(r)
+    t_stopped = time.monotonic()
+    # 2. Checkpoint every PS to disk.
+    ckpt = Path(tempfile.mkdtemp(prefix=f"dlrover-restart-{master.job_id.replace('/', '_')}-"))
+    files, nbytes = [], 0
+    for k, h in lz.ps.items():
+        payload = ray.get(h.export_vshards.remote(lz.vmap.owned(k).tolist()))
+        nbytes += sum(a.nbytes for t in payload["tables"] for a in t)
+        path = ckpt / f"ps-{k}.pt"
+        torch.save(_to_torch(payload), path)
+        files.append(path)
+    t_saved = time.monotonic()
+    # 3. Everything goes away.
+    retired = ray.get([h.stats.remote() for h in lz.ps.values()])
+    for n in names:
+        lz.forget_worker(n)
+    for k in list(lz.ps):
+        lz.remove_ps(k)
+    # 4. Relaunch the new configuration from scratch.
+    new_ps = [lz.add_ps(config.ps_cpu, config.ps_memory_mb) for _ in range(config.ps)]
+    workers = [lz.add_worker(config.worker_cpu, config.worker_memory_mb) for _ in range(config.workers)]
+    lz.wait_started([lz.ps_name(k) for k in new_ps] + workers)
+    t_launched = time.monotonic()
+    # 5. Restore: each new PS gets the blocks of the vshards it now owns, read from disk.
+    vmap = lz.vmap.reassigned(new_ps)
+    payloads = [_to_numpy(torch.load(f, weights_only=True)) for f in files]
+    rpv = vmap.rows_per_vshard()
+    ray.get([lz.ps[k].reconfigure.remote(vmap, [ray.put(select(p, vmap.owned(k), rpv)) for p in payloads]) for k in new_ps])
+    lz.vmap = vmap
+    ray.get([lz.workers[w].set_routing.remote(dict(lz.ps), vmap) for w in workers])
+    for f in files:
+        f.unlink()
+    ckpt.rmdir()
+    started = {lz.start(w): w for w in workers}
+    done = time.monotonic()
+    return {
+        "started": started,
+        "retired_ps_stats": retired,
+        "stop_s": round(t_stopped - t0, 3),
+        "checkpoint_s": round(t_saved - t_stopped, 3),
+        "launch_s": round(t_launched - t_saved, 3),
+        "restore_s": round(done - t_launched, 3),
+        "pause_s": round(done - t_stopped, 3),  # no worker trains from the stop to here
+        "bytes_moved": int(nbytes),
+        "vshards_moved": int(lz.vmap.num_vshards),
+    }
