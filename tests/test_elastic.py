@@ -70,6 +70,68 @@ def test_migration_keeps_weights_and_optimizer_state(opt):
             np.testing.assert_array_equal(a, b)
 
 
+def _push_some(ps: EmbeddingPS, step: int, dim: int = 4) -> None:
+    """One real pull + push of a few rows of every table this PS owns (single-hot)."""
+    v = ps.vmap
+    owned = v.owned(ps.index)
+    if not len(owned):
+        return
+    rpv = v.rows_per_vshard()
+    idx = []
+    for t, n in enumerate(SIZES):
+        rows = [int(owned[(step + j) % len(owned)]) + v.num_vshards * (j % max(1, n // v.num_vshards)) for j in range(3)]
+        rows = [r if r < n else int(owned[0]) for r in rows]
+        slot = np.searchsorted(owned, np.array(rows) % v.num_vshards)
+        idx.append(slot * rpv[t] + np.array(rows) // v.num_vshards)
+    key = ("test", step)
+    ps.pull(key, np.concatenate(idx).astype(np.int64), None)
+    ps.push(key, np.full((3, len(SIZES) * dim), 0.5, dtype=np.float32))
+
+
+@pytest.mark.parametrize("opt", ["rowwise_adagrad", "sgd"])
+def test_two_round_migration_carries_updates_made_during_the_precopy(opt):
+    """Round 1 copies blocks while pushes go on; round 2 must carry exactly the rows those
+    pushes changed, on moving and on kept vshards alike."""
+    v1 = VShardMap.round_robin(SIZES, 8, 2)
+    ps = {k: EmbeddingPS(k, v1, 4, {"name": opt, "lr": 0.1}, seed=5) for k in range(2)}
+    ps[2] = EmbeddingPS(2, v1, 4, {"name": opt, "lr": 0.1}, seed=5)
+    v2 = v1.reassigned([0, 2])  # PS 1 retires, PS 2 joins
+    moves = v1.moves(v2)
+    for p in ps.values():
+        p.track()
+    full = {s: ps[s].export_vshards([v for v, src, _ in moves if src == s]) for s in {m[1] for m in moves}}
+    for k in (0, 2):
+        ps[k].prepare(v2, [full[s] for s in full if any(src == s and d == k for _, src, d in moves)])
+    for step in range(6):  # training goes on during round 1
+        for k in (0, 1):
+            _push_some(ps[k], step)
+    for k in (0, 2):
+        while not ps[k].prepared():
+            pass
+    for step in range(6, 9):
+        for k in (0, 1):
+            _push_some(ps[k], step)
+    expected = [np.concatenate([ps[k].table_rows(t)[1] for k in (0, 1)]) for t in range(len(SIZES))]
+    expected_rows = [np.concatenate([ps[k].table_rows(t)[0] for k in (0, 1)]) for t in range(len(SIZES))]
+    delta = {s: ps[s].export_vshards([v for v, src, _ in moves if src == s], dirty_only=True) for s in full}
+    for k in (0, 2):
+        reply = ps[k].reconfigure(v2, [delta[s] for s in delta if any(src == s and d == k for _, src, d in moves)])
+        assert reply["bytes_precopied"] >= 0
+    assert sum(len(d["dirty"][1][0]) for d in delta.values()) > 0  # some moving rows changed during round 1
+    for t in range(len(SIZES)):
+        got = np.zeros((SIZES[t], 4), np.float32)
+        for k in (0, 2):
+            rows, w = ps[k].table_rows(t)
+            got[rows] = w
+        want = np.zeros((SIZES[t], 4), np.float32)
+        want[expected_rows[t]] = expected[t]
+        np.testing.assert_array_equal(got, want)
+    # Optimizer state moved too: one more identical push gives identical rows.
+    before = ps[2].table_rows(1)[1].copy()
+    _push_some(ps[2], 0)
+    assert not np.array_equal(before, ps[2].table_rows(1)[1])
+
+
 def test_scale_plan_diff():
     name = lambda k: f"j/ps-{k}"  # noqa: E731
     workers = {"j/worker-0": (1.0, 1024), "j/worker-1": (1.0, 1024)}
@@ -156,3 +218,18 @@ def test_async_rescale_applies_every_update_once(ray_local, synth_dir, tmp_path)
     assert s["final_config"] == Config(1, 2, 1.0, 2.0, 1024, 512).to_dict()
     assert all(e["first_step_s"] for e in s["scale_events"][:1])
     assert s["auc"] > 0.6  # it learnt (8 epochs of 36k rows overfit a little)
+
+    # Stage 1 of dlrover_rm: the next run of this job starts from the best configuration
+    # measured above (read from the history store the run just wrote).
+    best = max(s["configurations"], key=lambda c: c["measured_throughput"])["config"]
+    again = small_spec(
+        synth_dir,
+        data__epochs=1,
+        data__batch_size=256,
+        resources__budget_cpu=10,
+        policy={"name": "dlrover_rm", "history_dir": str(tmp_path / "h")},
+    )
+    s2, _ = run_job(again, runs_dir=str(tmp_path / "runs"), progress="none")
+    assert s2["status"] == "succeeded" and s2["samples_lost"] == 0
+    assert s2["initial_plan"]["stage"] == "warm_start", s2["initial_plan"]
+    assert s2["initial_plan"]["config"] == best

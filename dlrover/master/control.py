@@ -108,6 +108,7 @@ class Controller:
         self._await_first_step: dict[str, dict] = {}  # new worker -> its scale event
         self._op: tuple | None = None  # (ScaleOp, ResourcePlan, config before, job time begun)
         self._pending: dict[Any, str] = {}
+        self._initial_plan: ResourcePlan | None = None
 
     # -- lifecycle ----------------------------------------------------------------------
     def now(self) -> float:
@@ -126,8 +127,7 @@ class Controller:
         return plan.config
 
     def started(self, config: Config) -> None:
-        now = self.now()
-        self._open(config, now, getattr(self, "_initial_plan", None))
+        self._open(config, self.now(), self._initial_plan)
 
     def _open(self, config: Config, now: float, plan: ResourcePlan | None) -> None:
         predicted = plan.predicted_throughput if plan is not None and plan.predicted_throughput else self.model.predict(config)
@@ -247,7 +247,10 @@ class Controller:
             pause_s=round(res.pause_s, 3),
             vshards_moved=res.vshards_moved,
             bytes_moved=res.bytes_moved,
-            migration_bytes_per_s=(res.bytes_moved / res.pause_s) if res.pause_s > 0 and res.bytes_moved else None,
+            ps_switch_s=res.ps_switch_s,
+            bytes_in_pause=res.bytes_in_pause,
+            copy_s=round(res.copy_s, 3),
+            migration_bytes_per_s=(res.bytes_moved / res.copy_s) if res.copy_s > 0 and res.bytes_moved else None,
         )
         for w in res.new_workers:
             self._await_first_step[w] = ev
@@ -418,8 +421,10 @@ class Controller:
             }
             for m in self.measurements
         ]
+        p = self._initial_plan
         out = {
             "policy": self.policy.name,
+            "initial_plan": {"stage": p.stage, "reason": p.reason, "config": p.config.to_dict()},
             "configurations": configs,
             "final_config": self._config().to_dict(),
             "perf_model": {"params": self.model.params._asdict(), "identified": list(self.model.identified), "points": self.model.n_points},

@@ -6,10 +6,13 @@ executes it while training goes on:
 
 1. launch the new PS (owning nothing yet) and workers (not started); the control loop
    goes on until they run (``begin`` / ``ready``);
-2. if the PS set changes or a rebalance is asked: pause every worker at a step boundary
-   (all of its pushes applied), have the old owners export the moving vshards (weights
-   and optimizer state), every PS switch to the new map at once, then resume the workers
-   with the new routing; retired PS go away only after that;
+2. if the PS set changes or a rebalance is asked, move vshards in two rounds
+   (``dlrover.ps.migration``): while training goes on, the PS start tracking updated
+   rows and the moving blocks (weights and optimizer state) are copied into the new
+   owners' new tables; then every worker is paused at a step boundary (all of its
+   pushes applied), only the rows updated since are copied, every PS switches to the
+   new map at once and the workers resume with the new routing; retired PS go away
+   only after that;
 3. start the new workers; workers to remove are drained (they finish their leased shards
    and get no more).
 
@@ -29,6 +32,7 @@ from dlrover.master.launcher import Launcher
 from dlrover.resource.plan import ResourcePlan
 
 PAUSE_TIMEOUT_S = 120.0
+PREPARE_POLL_S = 0.05
 LAUNCH_TIMEOUT_S = 120.0  # new actors not running by then: the plan is given up (cluster full?)
 
 
@@ -88,8 +92,11 @@ class ScaleResult:
     retired_ps_stats: list[dict]
     launch_s: float = 0.0  # creating actors (training goes on meanwhile)
     pause_s: float = 0.0  # workers parked while vshards moved
-    bytes_moved: int = 0
+    bytes_moved: int = 0  # weights + optimizer state copied to new owners (both rounds)
+    bytes_in_pause: int = 0  # of which while workers were parked
+    copy_s: float = 0.0  # the whole migration, pre-copy included
     vshards_moved: int = 0
+    ps_switch_s: dict = field(default_factory=dict)  # slowest PS: receive / allocate / copy seconds
 
 
 @dataclass
@@ -151,33 +158,49 @@ class Scaler:
         return result
 
     def _migrate(self, new_vmap: Any, retire: list[int], result: ScaleResult) -> None:
-        """Move vshards to their new owners with every worker parked (no update in flight)."""
+        """Move vshards to their new owners: pre-copy while training goes on, then the rows
+        updated meanwhile with every worker parked (no update in flight)."""
         lz = self.launcher
-        old = lz.vmap
-        moves = old.moves(new_vmap)
+        moves = lz.vmap.moves(new_vmap)
+        keep = [k for k in lz.ps if k not in retire]
+        sources = sorted({src for _, src, _ in moves})
+        outgoing = {src: [v for v, s, _ in moves if s == src] for src in sources}
+
+        def to(k: int, refs: dict[int, Any]) -> list[Any]:
+            return [refs[s] for s in sources if any(s == src and d == k for _, src, d in moves)]
+
+        # Round 1: training goes on.
+        t_copy = time.monotonic()
+        ray.get([h.track.remote() for h in lz.ps.values()])
+        full = {src: lz.ps[src].export_vshards.remote(outgoing[src]) for src in sources}
+        ray.get([lz.ps[k].prepare.remote(new_vmap, to(k, full)) for k in keep])
+        deadline = time.monotonic() + PAUSE_TIMEOUT_S
+        while not all(ray.get([lz.ps[k].prepared.remote() for k in keep])):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"PS did not prepare the new vshard map within {PAUSE_TIMEOUT_S:.0f}s")
+            time.sleep(PREPARE_POLL_S)
+        # Round 2: workers parked, only rows pushed since round 1 began move.
         t_pause = time.monotonic()
         running = [w for w in self.running() if w in lz.workers]
         parked = _get_alive([lz.workers[w].pause.remote(PAUSE_TIMEOUT_S) for w in running])
-        if not all(p is not False for p in parked):
+        if any(p is False for p in parked):
             stuck = [w for w, ok in zip(running, parked) if ok is False]
-            _get_alive([lz.workers[w].set_routing.remote(dict(lz.ps), old) for w in running])
+            _get_alive([lz.workers[w].set_routing.remote(dict(lz.ps), lz.vmap) for w in running])
             raise RuntimeError(f"workers did not pause within {PAUSE_TIMEOUT_S:.0f}s: {stuck}")
-        sources = sorted({src for _, src, _ in moves})
-        exports = {src: lz.ps[src].export_vshards.remote([v for v, s, _ in moves if s == src]) for src in sources}
-        replies = ray.get(
-            [
-                lz.ps[k].reconfigure.remote(new_vmap, [exports[s] for s in sources if any(s == src and d == k for _, src, d in moves)])
-                for k in lz.ps
-                if k not in retire
-            ]
-        )
+        delta = {src: lz.ps[src].export_vshards.remote(outgoing[src], dirty_only=True) for src in sources}
+        replies = ray.get([lz.ps[k].reconfigure.remote(new_vmap, to(k, delta)) for k in keep])
         result.retired_ps_stats = ray.get([lz.ps[k].stats.remote() for k in retire])
         lz.vmap = new_vmap
-        ps = {k: h for k, h in lz.ps.items() if k not in retire}
+        ps = {k: lz.ps[k] for k in keep}
         _get_alive([h.set_routing.remote(ps, new_vmap) for h in lz.workers.values()])
-        result.pause_s = time.monotonic() - t_pause
-        result.bytes_moved = int(sum(r["bytes_in"] for r in replies))
+        done = time.monotonic()
+        result.pause_s = done - t_pause
+        result.copy_s = done - t_copy
+        result.bytes_moved = int(sum(r["bytes_precopied"] + r["bytes_in"] for r in replies))
+        result.bytes_in_pause = int(sum(r["bytes_in"] for r in replies))
         result.vshards_moved = len(moves)
+        slowest = max(replies, key=lambda r: r["recv_s"] + r["copy_s"], default={})
+        result.ps_switch_s = {k: round(v, 4) for k, v in slowest.items() if k.endswith("_s")}
 
 
 def _get_alive(refs: list[Any]) -> list[Any]:

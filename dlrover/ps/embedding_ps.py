@@ -13,11 +13,13 @@ import os
 import threading
 import time
 import warnings
+from typing import Any
 
 import numpy as np
 import psutil
 import torch
 
+from dlrover.ps.migration import DirtyRows, apply_dirty, copy_blocks, copy_dirty_local, export_blocks, export_dirty
 from dlrover.ps.routing import nonempty_bags
 from dlrover.ps.vshard import VShardMap
 
@@ -92,6 +94,8 @@ class EmbeddingPS:
         self._stats = {"pulls": 0, "pushes": 0, "rows_updated": 0, "busy_s": 0.0}
         self._started = time.monotonic()
         self._proc = psutil.Process()
+        self._prepared: tuple | None = None  # (vmap version, thread, {"tbe": ..., "bytes": ...}) from prepare()
+        self._dirty: DirtyRows | None = None  # rows pushed since track()
 
     def _new_tbe(self, sizes: list[int]):
         from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
@@ -126,7 +130,7 @@ class EmbeddingPS:
         if train and key[0] not in self._dropped:
             out = self.tbe(idx, off)
             with self._lock:
-                self._pending[key] = (out, nz)
+                self._pending[key] = (out, nz, idx, None if offsets is None else off)
         else:
             with torch.no_grad():
                 out = self.tbe(idx, off)
@@ -143,7 +147,7 @@ class EmbeddingPS:
         ``pull`` returned. Returns the number of bags updated."""
         t0 = time.perf_counter()
         with self._lock:
-            out, nz = self._pending.pop(key)
+            out, nz, idx, off = self._pending.pop(key)
         num_tables = len(self.vmap.table_sizes)
         batch = out.shape[0]
         if nz is None:
@@ -154,6 +158,8 @@ class EmbeddingPS:
             g[nz] = torch.as_tensor(grad)
             out.backward(g.view(num_tables, batch, self.dim).transpose(0, 1).reshape(batch, num_tables * self.dim))
             bags = int(nz.numel())
+        if self._dirty is not None:
+            self._dirty.mark(idx, off, (len(off) - 1) // num_tables if off is not None else batch)
         self._stats["pushes"] += 1
         self._stats["rows_updated"] += bags
         self._stats["busy_s"] += time.perf_counter() - t0
@@ -168,35 +174,80 @@ class EmbeddingPS:
                 del self._pending[k]
         return len(stale)
 
-    # -- migration (workers are paused: nothing pulled-but-not-pushed) ----------------
+    # -- migration (see dlrover.ps.migration) -------------------------------------------
+    # Round 1, training goes on: track() on every PS, export_vshards() on the old owners,
+    # prepare() on every PS of the new map (new tables filled from its own kept blocks and
+    # the exports), prepared() polled. Round 2, workers paused: export_vshards(dirty_only)
+    # and reconfigure() copy only the rows pushed since track().
     def _table_arrays(self, tbe) -> list[list[torch.Tensor]]:
         """Per table: [weights, *optimizer states] as writable views into ``tbe``."""
         weights = tbe.split_embedding_weights()
         states = [] if self._optimizer["name"] == "sgd" else tbe.split_optimizer_states()
         return [[w.detach(), *(states[t] if states else [])] for t, w in enumerate(weights)]
 
-    def export_vshards(self, vshards: list[int]) -> dict:
-        """Weights and optimizer state of ``vshards`` (which this PS owns), for their new owner."""
-        t0 = time.perf_counter()
+    def track(self) -> None:
+        """Start recording which local rows pushes update."""
+        self._dirty = DirtyRows(self.vmap.local_table_sizes(self.index))
+
+    def export_vshards(self, vshards: list[int], dirty_only: bool = False) -> dict:
+        """Weights and optimizer state of owned ``vshards`` for their new owner: whole blocks,
+        or (``dirty_only``) the rows updated since ``track()``."""
         vs = np.asarray(sorted(vshards), dtype=np.int64)
         if len(vs) and np.any(self.vmap.owner[vs] != self.index):
             raise ValueError(f"ps-{self.index} does not own all of vshards {vs.tolist()}")
         slots = np.searchsorted(self.vmap.owned(self.index), vs)
-        tables = []
-        for rpv, arrays in zip(self.vmap.rows_per_vshard(), self._table_arrays(self.tbe)):
-            # Each vshard is a contiguous block of rpv local rows: copy whole blocks.
-            tables.append([np.concatenate([a[s * rpv : (s + 1) * rpv].numpy() for s in slots]) for a in arrays] if len(slots) else [])
-        payload = {"vshards": vs, "tables": tables}
-        self._stats["export_s"] = time.perf_counter() - t0
-        return payload
+        arrays, rpv = self._table_arrays(self.tbe), self.vmap.rows_per_vshard()
+        if dirty_only:
+            if self._dirty is None:
+                raise RuntimeError(f"ps-{self.index}: dirty rows asked for without track()")
+            return {"vshards": vs, "dirty": export_dirty(arrays, self._dirty, slots, rpv)}
+        return {"vshards": vs, "tables": export_blocks(arrays, slots, rpv)}
+
+    def prepare(self, vmap: VShardMap, incoming: list[Any]) -> None:
+        """Round 1: build the tables of ``vmap`` on a background thread (pulls and pushes
+        go on meanwhile) from this PS's kept blocks and the full ``incoming`` payloads."""
+        import ray
+
+        def build() -> None:
+            payloads = [p if isinstance(p, dict) else ray.get(p) for p in incoming]
+            tbe = self._new_tbe(vmap.local_table_sizes(self.index))
+            box["bytes"] = self._fill(tbe, vmap, payloads)
+            box["tbe"] = tbe
+
+        box: dict = {}
+        thread = threading.Thread(target=build, name="vshard-precopy", daemon=True)
+        thread.start()
+        self._prepared = (vmap.version, thread, box)
+
+    def prepared(self) -> bool:
+        return self._prepared is None or not self._prepared[1].is_alive()
+
+    def _fill(self, tbe, vmap: VShardMap, payloads: list[dict]) -> int:
+        """Copy into ``tbe`` (laid out for ``vmap``) the kept blocks and the payloads' blocks."""
+        rpv = vmap.rows_per_vshard()
+        new_owned = list(vmap.owned(self.index))
+        new_slot = {int(v): i for i, v in enumerate(new_owned)}
+        dst = self._table_arrays(tbe)
+        old_slot = {int(v): i for i, v in enumerate(self.vmap.owned(self.index))}
+        kept = [v for v in new_slot if v in old_slot]
+        copy_blocks(dst, np.array([new_slot[v] for v in kept]), self._table_arrays(self.tbe), np.array([old_slot[v] for v in kept]), rpv)
+        nbytes, have = 0, set(kept)
+        for p in payloads:  # a payload may also hold vshards going to other PS
+            mine = [(i, int(v)) for i, v in enumerate(p["vshards"]) if int(v) in new_slot]
+            nbytes += copy_blocks(dst, np.array([new_slot[v] for _, v in mine]), p["tables"], np.array([i for i, _ in mine]), rpv)
+            have.update(v for _, v in mine)
+        missing = sorted(set(new_slot) - have)
+        if missing:
+            raise RuntimeError(f"ps-{self.index}: no data for vshards {missing}")
+        return nbytes
 
     def reconfigure(self, vmap: VShardMap, incoming: list[Any]) -> dict:
-        """Switch to ``vmap``: keep the owned vshards this PS still owns, take the vshards in
-        ``incoming`` (``export_vshards`` payloads, or ObjectRefs to them), drop the rest.
+        """Switch to ``vmap`` (workers paused: nothing pulled-but-not-pushed).
 
-        Builds a new TBE of the new local size and copies whole vshard blocks into it; the
-        fused optimizer's state travels with the weights, so training goes on exactly where
-        it stopped. Returns bytes received and the time taken.
+        After ``prepare(vmap)``: ``incoming`` are dirty payloads, and the rows of kept
+        vshards updated since ``track()`` are copied over too. Without: ``incoming`` are
+        full payloads and the whole switch happens now. The fused optimizer's state moves
+        with the weights, so training goes on exactly where it stopped.
         """
         import ray
 
@@ -206,41 +257,24 @@ class EmbeddingPS:
                 raise RuntimeError(f"ps-{self.index}: reconfigure with {len(self._pending)} pulls not pushed")
         payloads = [p if isinstance(p, dict) else ray.get(p) for p in incoming]
         t_recv = time.perf_counter()
-        new_owned = vmap.owned(self.index)
-        if np.array_equal(new_owned, self.vmap.owned(self.index)):
-            self.vmap = vmap  # same slots: only the version moves
-            return {"bytes_in": 0, "recv_s": 0.0, "copy_s": 0.0}
-        old_owned = self.vmap.owned(self.index)
-        source: dict[int, tuple[int, Any]] = {}  # vshard -> (position in payload, payload index or -1 = old tbe)
-        for s, v in enumerate(old_owned):
-            source[int(v)] = (s, -1)
-        for i, p in enumerate(payloads):
-            for s, v in enumerate(p["vshards"]):
-                source[int(v)] = (s, i)
-        missing = [int(v) for v in new_owned if int(v) not in source]
-        if missing:
-            raise RuntimeError(f"ps-{self.index}: no data for vshards {missing}")
-        tbe = self._new_tbe(vmap.local_table_sizes(self.index))
-        old_arrays, new_arrays = self._table_arrays(self.tbe), self._table_arrays(tbe)
-        nbytes = 0
-        with torch.no_grad():
-            for t, rpv in enumerate(vmap.rows_per_vshard()):
-                dst, src_old = new_arrays[t], old_arrays[t]
-                if len(new_owned) == 0:
-                    for d in dst:
-                        d.zero_()
-                for slot, v in enumerate(new_owned):
-                    pos, which = source[int(v)]
-                    for k, d in enumerate(dst):
-                        if which < 0:
-                            block = src_old[k][pos * rpv : (pos + 1) * rpv]
-                        else:
-                            block = torch.from_numpy(payloads[which]["tables"][t][k][pos * rpv : (pos + 1) * rpv])
-                            nbytes += block.numel() * block.element_size()
-                        d[slot * rpv : (slot + 1) * rpv] = block
-        self.tbe, self.vmap = tbe, vmap
+        prepared, self._prepared = self._prepared, None
+        if prepared is not None and prepared[0] == vmap.version:
+            prepared[1].join()
+            if "tbe" not in prepared[2]:
+                raise RuntimeError(f"ps-{self.index}: preparing the new tables failed")
+            tbe, precopied = prepared[2]["tbe"], prepared[2]["bytes"]
+            rpv = vmap.rows_per_vshard()
+            new_slot = {int(v): i for i, v in enumerate(vmap.owned(self.index))}
+            old_to_new = {i: new_slot[int(v)] for i, v in enumerate(self.vmap.owned(self.index)) if int(v) in new_slot}
+            dst = self._table_arrays(tbe)
+            copy_dirty_local(dst, self._table_arrays(self.tbe), self._dirty, old_to_new, rpv)
+            nbytes = sum(apply_dirty(dst, new_slot, p["vshards"], p["dirty"], rpv) for p in payloads)
+        else:
+            tbe = self._new_tbe(vmap.local_table_sizes(self.index))
+            precopied, nbytes = 0, self._fill(tbe, vmap, payloads)
+        self.tbe, self.vmap, self._dirty = tbe, vmap, None
         done = time.perf_counter()
-        return {"bytes_in": nbytes, "recv_s": t_recv - t0, "copy_s": done - t_recv}
+        return {"bytes_in": nbytes, "bytes_precopied": precopied, "recv_s": t_recv - t0, "copy_s": done - t_recv}
 
     # -- state --------------------------------------------------------------------------
     def table_rows(self, table: int) -> tuple[np.ndarray, np.ndarray]:
