@@ -148,7 +148,9 @@ class PolicySpec(_Strict):
 
 
 class CheckpointSpec(_Strict):
-    """Reserved: validated now, written once checkpoints land (the Fault issue)."""
+    """With ``dir`` set, the trained model (global embedding tables + dense parameters) is
+    written to ``<dir>/<job_id>/final.pt`` at the end. Periodic checkpoints and restore
+    (``interval_s``) arrive with fault tolerance."""
 
     dir: str | None = None
     interval_s: float = Field(300.0, gt=0)

@@ -233,3 +233,30 @@ def test_async_rescale_applies_every_update_once(ray_local, synth_dir, tmp_path)
     assert s2["status"] == "succeeded" and s2["samples_lost"] == 0
     assert s2["initial_plan"]["stage"] == "warm_start", s2["initial_plan"]
     assert s2["initial_plan"]["config"] == best
+
+
+def test_stop_checkpoint_restart_baseline_loses_nothing(ray_local, synth_dir, tmp_path):
+    """The benchmark's baseline (policy.rescale: restart) is a correct rescale too."""
+    from dlrover.runner import run_job
+
+    spec = small_spec(
+        synth_dir,
+        data__epochs=2,
+        resources__workers=1,
+        resources__ps=1,
+        resources__budget_cpu=6,
+        policy={
+            "name": "scripted",
+            "knobs": {"steps": [{"at_progress": 0.1, "workers": 2, "ps": 2}]},
+            "interval_s": 0.2,
+            "rescale": "restart",
+            "history_dir": str(tmp_path / "h"),
+        },
+    )
+    s, _ = run_job(spec, runs_dir=str(tmp_path / "runs"), progress="none")
+    assert s["status"] == "succeeded" and s["samples_lost"] == 0
+    assert s["samples_trained"] == s["samples_expected"]
+    assert s["ps_bags_updated"] == 26 * s["samples_expected"]
+    (ev,) = s["scale_events"]
+    assert ev["ops"] == ["stop", "checkpoint", "relaunch", "restore"] and ev["pause_s"] > 0
+    assert s["final_config"]["workers"] == 2 and s["final_config"]["ps"] == 2

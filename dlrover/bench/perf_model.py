@@ -59,6 +59,22 @@ def sweep_spec(data_dir: str, window_s: float, history_dir: str) -> JobSpec:
     )
 
 
+class _Sweep:
+    """Stops the job once the last configuration has been measured for ``window_s`` (its
+    window closes into the summary when the job ends); a progress line on stderr whenever
+    the sweep moves on (stdout stays clean for ``--json``)."""
+
+    def __init__(self, n: int, window_s: float) -> None:
+        self.n, self.window_s, self.seen = n, window_s, -1
+
+    def __call__(self, p: dict) -> bool:
+        done = p.get("measurements", 0)
+        if done != self.seen:
+            self.seen = done
+            print(f"[bench]   {done}/{self.n} measured, now {p.get('config')}", file=sys.stderr)
+        return done >= self.n - 1 and p.get("window_s", 0.0) >= self.window_s
+
+
 def _mape(pred: np.ndarray, true: np.ndarray) -> float:
     return float(np.mean(np.abs(pred - true) / true))
 
@@ -96,7 +112,7 @@ def run_perf_model_bench(window_s: float = 12.0) -> dict:
         spec = sweep_spec(os.path.join(cache, "perf-model-500k"), window_s, os.path.join(tmp, "history"))
         ensure_data(spec)
         print(f"[bench] sweeping {len(SWEEP)} configurations, {window_s:g}s measured each (live rescales)", file=sys.stderr)
-        summary, _ = run_job(spec, runs_dir=os.path.join(tmp, "runs"), progress="lines", stop_when=lambda p: p.get("measurements", 0) >= len(SWEEP))
+        summary, _ = run_job(spec, runs_dir=os.path.join(tmp, "runs"), progress="none", stop_when=_Sweep(len(SWEEP), window_s))
     points = [
         (Config(**c["config"]), c["measured_throughput"], c["duration_s"])
         for c in summary["configurations"]

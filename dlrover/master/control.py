@@ -145,6 +145,12 @@ class Controller:
         self.model.observe(meas.config, meas.throughput, weight=meas.duration_s)
         self.m.events.add("measurement", config=meas.config.to_dict(), throughput=meas.throughput, predicted=meas.predicted, duration_s=meas.duration_s)
 
+    def window_s(self) -> float:
+        """How long the running configuration has been measured so far."""
+        with self._lock:
+            m = self.window.measurement() if self.window is not None else None
+        return m.duration_s if m is not None else 0.0
+
     # -- reports ------------------------------------------------------------------------
     def on_report(self, worker: str, metrics: dict, now: float, samples: int) -> None:
         with self._lock:
@@ -388,6 +394,8 @@ class Controller:
                 at_s=now,
             )
         self._ps_metrics = out
+        for m in out.values():
+            self.m.events.add("ps_metrics", actor=m.name, busy=m.busy, rss_mb=m.rss_mb, cpu_util=m.cpu_util, pending=m.queue_depth)
         return out
 
     def _rss_add(self, name: str, now: float, rss_mb: float) -> None:

@@ -152,6 +152,7 @@ class JobMaster:
                 "ps": len(self.launcher.ps) if self.launcher else 0,
                 "config": self.launcher.config().short() if self.launcher and self.launcher.vmap else None,
                 "measurements": len(self.control.measurements) if self.control else 0,
+                "window_s": self.control.window_s() if self.control else 0.0,
             }
 
     def stop(self) -> None:
