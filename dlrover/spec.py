@@ -239,18 +239,23 @@ def spec_from_dict(doc: Any, source: str = "<spec>", overrides: list[tuple[str, 
         raise SpecError(_format_error(source, e)) from None
 
 
-def load_spec(path: str | Path, overrides: list[tuple[str, str]] | None = None) -> JobSpec:
-    """Read and validate a job spec; raises :class:`SpecError` with a one-line message."""
+def read_yaml(path: str | Path, what: str = "spec") -> Any:
+    """``yaml.safe_load`` of a file; any problem is a :class:`SpecError` naming the file
+    (and the line, for YAML syntax errors)."""
     p = Path(path)
     if not p.is_file():
-        raise SpecError(f"{path}: spec file not found")
+        raise SpecError(f"{path}: {what} file not found")
     try:
-        doc = yaml.safe_load(p.read_text())
+        return yaml.safe_load(p.read_text())
     except (OSError, UnicodeDecodeError) as e:
-        raise SpecError(f"{path}: cannot read spec: {e.__class__.__name__}") from None
+        raise SpecError(f"{path}: cannot read {what}: {e.__class__.__name__}") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
         problem = getattr(e, "problem", None) or "invalid YAML"
         raise SpecError(f"{where}: {problem}") from None
-    return spec_from_dict(doc, str(path), overrides)
+
+
+def load_spec(path: str | Path, overrides: list[tuple[str, str]] | None = None) -> JobSpec:
+    """Read and validate a job spec; raises :class:`SpecError` with a one-line message."""
+    return spec_from_dict(read_yaml(path, "spec"), str(path), overrides)

@@ -24,11 +24,10 @@ import copy
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
 from dlrover.errors import SpecError
-from dlrover.spec import _format_error
+from dlrover.spec import _format_error, read_yaml
 
 if TYPE_CHECKING:
     from dlrover.resource.plan import Config, Policy
@@ -231,17 +230,7 @@ def _prefixed(source: str, err: ValidationError, prefix: str) -> str:
 
 
 def _read_file(name: str, path: str) -> dict:
-    p = Path(path)
-    if not p.is_file():
-        raise SpecError(f"{path}: policy file not found")
-    try:
-        doc = yaml.safe_load(p.read_text())
-    except (OSError, UnicodeDecodeError) as e:
-        raise SpecError(f"{path}: cannot read policy file: {e.__class__.__name__}") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
-        raise SpecError(f"{where}: {getattr(e, 'problem', None) or 'invalid YAML'}") from None
+    doc = read_yaml(path, "policy")
     if not isinstance(doc, dict):
         raise SpecError(f"{path}: expected a YAML mapping with name: and knobs:")
     if "name" not in doc:
