@@ -65,13 +65,13 @@ class _Sweep:
     the sweep moves on (stdout stays clean for ``--json``)."""
 
     def __init__(self, n: int, window_s: float) -> None:
-        self.n, self.window_s, self.seen = n, window_s, -1
+        self.n, self.window_s, self.seen = n, window_s, (-1, None)
 
     def __call__(self, p: dict) -> bool:
         done = p.get("measurements", 0)
-        if done != self.seen:
-            self.seen = done
-            print(f"[bench]   {done}/{self.n} measured, now {p.get('config')}", file=sys.stderr)
+        if (done, p.get("config")) != self.seen:
+            self.seen = (done, p.get("config"))
+            print(f"[bench]   {done}/{self.n} measured, running {p.get('config')} ({p.get('status')})", file=sys.stderr)
         return done >= self.n - 1 and p.get("window_s", 0.0) >= self.window_s
 
 
