@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 import warnings
 
 import pytest
@@ -10,6 +11,8 @@ import pytest
 warnings.filterwarnings("ignore")
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 os.environ.setdefault("PYTHONWARNINGS", "ignore")
+# Finished jobs are recorded for warm starts; tests keep theirs out of ~/.dlrover.
+os.environ.setdefault("DLROVER_HISTORY_DIR", tempfile.mkdtemp(prefix="dlrover-test-history-"))
 
 
 @pytest.fixture(scope="session")
