@@ -145,6 +145,7 @@ class PolicySpec(_Strict):
     # boundaries, checkpoint to disk, relaunch everything, restore (the baseline that
     # `dlrover bench elastic` compares against).
     rescale: Literal["live", "restart"] = "live"
+    standby: int = Field(0, ge=0, le=4, description="pre-started spare workers and PS kept idle so a scale-out skips actor start-up (they hold their resources)")
 
 
 class CheckpointSpec(_Strict):

@@ -27,6 +27,9 @@ def test_reassign_moves_few_vshards_and_balances():
     # Load-aware: PS 0 twice as busy as PS 1 -> it gives vshards away.
     hot = v.reassigned([0, 1], load={0: 2.0, 1: 1.0})
     assert np.sum(hot.owner == 0) < np.sum(hot.owner == 1)
+    # No load measured yet (every PS at 0) or equal loads: ends, and moves nothing.
+    assert not v.moves(v.reassigned([0, 1], load={0: 0.0, 1: 0.0}))
+    assert not v.moves(v.reassigned([0, 1], load={0: 1.0, 1: 1.0}))
 
 
 @pytest.mark.parametrize("opt", ["rowwise_adagrad", "adagrad", "sgd"])

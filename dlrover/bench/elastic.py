@@ -23,10 +23,18 @@ import tempfile
 from dlrover.spec import JobSpec, spec_from_dict
 
 
-def elastic_spec(data_dir: str, rows: int, num_embeddings: int, rescale: str, at_progress: float, history_dir: str) -> JobSpec:
+MODES = {  # name: (policy.rescale, policy.standby)
+    "live": ("live", 1),  # a pre-started spare worker and PS take the new places
+    "live_cold": ("live", 0),  # new actors start from scratch
+    "restart": ("restart", 0),
+}
+
+
+def elastic_spec(data_dir: str, rows: int, num_embeddings: int, mode: str, at_progress: float, history_dir: str) -> JobSpec:
+    rescale, standby = MODES[mode]
     return spec_from_dict(
         {
-            "name": f"bench-elastic-{rescale}",
+            "name": f"bench-elastic-{mode.replace('_', '-')}",
             "model": {"embedding_dim": 16, "num_embeddings": num_embeddings, "dense_arch": [64, 16], "over_arch": [128, 64, 1]},
             "data": {
                 "paths": [os.path.join(data_dir, "*.tsv")],
@@ -44,6 +52,7 @@ def elastic_spec(data_dir: str, rows: int, num_embeddings: int, rescale: str, at
                 "interval_s": 0.25,
                 "warmup_s": 1.0,
                 "rescale": rescale,
+                "standby": standby,
                 "history_dir": history_dir,
             },
         }
@@ -84,16 +93,18 @@ def run_elastic_bench(rows: int = 1_500_000, num_embeddings: int = 400_000, at_p
 
     out: dict = {"rows": rows, "num_embeddings": num_embeddings, "table_bytes": 26 * num_embeddings * 16 * 4}
     with tempfile.TemporaryDirectory() as tmp:
-        for mode in ("live", "restart"):
+        for mode in MODES:
             spec = elastic_spec(data_dir, rows, num_embeddings, mode, at_progress, os.path.join(tmp, "history"))
             ensure_data(spec)
-            print(f"[bench] {mode}: 1w+1ps -> 2w+2ps at {at_progress:.0%} of {rows:,} rows, tables 26 x {num_embeddings:,} x 16", file=sys.stderr)
+            print(f"[bench] {mode} (rescale={MODES[mode][0]}, standby={MODES[mode][1]}): 1w+1ps -> 2w+2ps at {at_progress:.0%} of {rows:,} rows, tables 26 x {num_embeddings:,} x 16", file=sys.stderr)
             out[mode] = _one(spec, os.path.join(tmp, "runs"))
             r = out[mode]
             print(f"[bench]   plan->first step {r['plan_to_first_step_s']}s, stall {r['training_stall_s']}s, moved {r['bytes_moved'] / 2**20:.0f} MB", file=sys.stderr)
-    live, restart = out["live"], out["restart"]
-    out["ratio_plan_to_first_step"] = _ratio(restart["plan_to_first_step_s"], live["plan_to_first_step_s"])
-    out["ratio_training_stall"] = _ratio(restart["training_stall_s"], live["training_stall_s"])
+    restart = out["restart"]
+    for mode in ("live", "live_cold"):
+        suffix = "" if mode == "live" else "_cold"
+        out[f"ratio_plan_to_first_step{suffix}"] = _ratio(restart["plan_to_first_step_s"], out[mode]["plan_to_first_step_s"])
+        out[f"ratio_training_stall{suffix}"] = _ratio(restart["training_stall_s"], out[mode]["training_stall_s"])
     return out
 
 
@@ -102,18 +113,29 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 
 def print_elastic(r: dict) -> None:
-    live, rs = r["live"], r["restart"]
+    live, cold, rs = r["live"], r["live_cold"], r["restart"]
 
     def g(v, fmt=".2f"):
         return format(v, fmt) if isinstance(v, (int, float)) else "n/a"
 
+    def mb(v):
+        return v / 2**20 if v else None
+
+    def gbs(v):
+        return v / 2**30 if v else None
+
     print(f"rescale 1 worker + 1 PS -> 2 workers + 2 PS, tables 26 x {r['num_embeddings']:,} x 16 ({r['table_bytes'] / 2**20:.0f} MB)")
-    print(f"{'':28s}{'live':>12s}{'stop-restart':>14s}{'restart/live':>14s}")
-    print(f"{'plan -> new worker step (s)':28s}{g(live['plan_to_first_step_s']):>12s}{g(rs['plan_to_first_step_s']):>14s}{g(r['ratio_plan_to_first_step']):>14s}")
-    print(f"{'training stall (s)':28s}{g(live['training_stall_s'], '.3f'):>12s}{g(rs['training_stall_s'], '.3f'):>14s}{g(r['ratio_training_stall'], '.1f'):>14s}")
-    mb = lambda v: v / 2**20 if v else None  # noqa: E731
-    print(f"{'bytes moved (MB)':28s}{g(mb(live['bytes_moved']), '.0f'):>12s}{g(mb(rs['bytes_moved']), '.0f'):>14s}")
-    gbs = lambda v: v / 2**30 if v else None  # noqa: E731
-    print(f"{'  of which while paused (MB)':28s}{g(mb(live['bytes_moved_while_paused']), '.1f'):>12s}{g(mb(rs['bytes_moved_while_paused']), '.0f'):>14s}")
-    print(f"{'migration rate (GB/s)':28s}{g(gbs(live['migration_bytes_per_s'])):>12s}{g(gbs(rs['migration_bytes_per_s'])):>14s}")
+    print("live: with a pre-started spare worker and PS (policy.standby: 1); live cold: new actors start from scratch")
+    print(f"{'':28s}{'live':>10s}{'live cold':>11s}{'stop-restart':>14s}{'restart/live':>14s}{'restart/cold':>14s}")
+    rows = [
+        ("plan -> new worker step (s)", "plan_to_first_step_s", ".2f", r["ratio_plan_to_first_step"], r["ratio_plan_to_first_step_cold"]),
+        ("training stall (s)", "training_stall_s", ".3f", r["ratio_training_stall"], r["ratio_training_stall_cold"]),
+    ]
+    for label, key, fmt, ratio, ratio_cold in rows:
+        print(f"{label:28s}{g(live[key], fmt):>10s}{g(cold[key], fmt):>11s}{g(rs[key], fmt):>14s}{g(ratio, '.1f'):>14s}{g(ratio_cold, '.1f'):>14s}")
+    print(f"{'bytes moved (MB)':28s}{g(mb(live['bytes_moved']), '.0f'):>10s}{g(mb(cold['bytes_moved']), '.0f'):>11s}{g(mb(rs['bytes_moved']), '.0f'):>14s}")
+    paused = "bytes_moved_while_paused"
+    print(f"{'  of which while paused (MB)':28s}{g(mb(live[paused]), '.1f'):>10s}{g(mb(cold[paused]), '.1f'):>11s}{g(mb(rs[paused]), '.0f'):>14s}")
+    rate = "migration_bytes_per_s"
+    print(f"{'migration rate (GB/s)':28s}{g(gbs(live[rate])):>10s}{g(gbs(cold[rate])):>11s}{g(gbs(rs[rate])):>14s}")
     print("goals: live >= 10x faster than stop-restart; migration >= 1 GB/s with a pause <= 0.5 s")

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import ray
 
-from dlrover.master.scaler import Scaler, scale_plan
+from dlrover.master.scaler import MigrationAborted, Scaler, scale_plan
 from dlrover.resource.dlrover_rm import describe_change
 from dlrover.resource.history import HistoryRecord, HistoryStore, dataset_signature, job_signature
 from dlrover.resource.perf_model import PerfModel
@@ -128,6 +128,12 @@ class Controller:
 
     def started(self, config: Config) -> None:
         self._open(config, self.now(), self._initial_plan)
+        self._spares(config)
+
+    def _spares(self, config: Config) -> None:
+        """Top up the pre-started spares (``policy.standby``) for the running sizes."""
+        if self.spec.policy.standby:
+            self.m.launcher.add_spares(config, self.spec.policy.standby)
 
     def _open(self, config: Config, now: float, plan: ResourcePlan | None) -> None:
         predicted = plan.predicted_throughput if plan is not None and plan.predicted_throughput else self.model.predict(config)
@@ -223,13 +229,20 @@ class Controller:
             if error:
                 self.m.scale_events.append(dict(self._event("failed", plan, old, old, t0), error=error))
             return {}
-        if not ready:
+        if not ready or self.m._eval_ref is not None:  # no switch under a periodic evaluation
             return {}
         self._op = None
         if finished:  # nothing left to train: give the new actors back
             self.scaler.abort(op)
             return {}
-        return self._switch(op, plan, old, t0)
+        try:
+            return self._switch(op, plan, old, t0)
+        except MigrationAborted as e:
+            self.scaler.abort(op)
+            self.m.events.add("scale_failed", reason=plan.reason, error=str(e))
+            self.m.scale_events.append(dict(self._event("failed", plan, old, old, t0), error=str(e)))
+            self._open(old, self.now(), None)
+            return {}
 
     def abort_pending(self) -> None:
         """The job ends: a rescale still starting its actors is dropped."""
@@ -248,6 +261,7 @@ class Controller:
         ev = self._event(_kind(old, new, plan), plan, old, new, t0)
         ev.update(
             ops=op.plan.ops(),
+            spares_used=op.spares_used,
             duration_s=round(self.now() - t0, 3),
             launch_s=round(res.launch_s, 3),
             pause_s=round(res.pause_s, 3),
@@ -263,6 +277,7 @@ class Controller:
         self.m.scale_events.append(ev)
         self.m.events.add("scale", **{k: v for k, v in ev.items() if k != "kind"}, scale_kind=ev["kind"])
         self._open(new, self.now(), plan)
+        self._spares(new)
         return started
 
     def _restart(self, plan: ResourcePlan, old: Config) -> dict[Any, str]:

@@ -49,6 +49,10 @@ class Launcher:
         self.workers: dict[str, Any] = {}
         self.resources: dict[str, tuple[float, int]] = {}  # actor name -> (CPUs, memory MB)
         self.vmap: VShardMap | None = None
+        # Pre-started spare actors (``policy.standby``): created, idle, not part of the job
+        # until a scale-out takes one, so it skips process start-up and imports.
+        self.spare_workers: dict[str, Any] = {}
+        self.spare_ps: dict[int, Any] = {}
         self._worker_ids = itertools.count()
         self._ps_ids = itertools.count()
 
@@ -144,10 +148,11 @@ class Launcher:
             return Counter(sizes).most_common(1)[0][0] if sizes else default
 
         r = self.spec.resources
-        workers = [n for n in self.workers if n not in exclude]
+        workers = [n for n in list(self.workers) if n not in exclude]  # list(): progress() reads concurrently
         wc, wm = common(workers, (r.worker_cpu, r.worker_memory_mb))
-        pc, pm = common([self.ps_name(k) for k in self.ps], (r.ps_cpu, r.ps_memory_mb))
-        return Config(len(workers), len(self.ps), float(wc), float(pc), int(wm), int(pm))
+        ps = list(self.ps)
+        pc, pm = common([self.ps_name(k) for k in ps], (r.ps_cpu, r.ps_memory_mb))
+        return Config(len(workers), len(ps), float(wc), float(pc), int(wm), int(pm))
 
     def start(self, name: str) -> Any:
         """Begin training on worker ``name``; returns the ObjectRef of its ``run``."""
@@ -161,8 +166,38 @@ class Launcher:
         if handle is not None:
             ray.kill(handle, no_restart=True)
 
+    def add_spares(self, config: Config, n: int) -> None:
+        """Keep ``n`` spare workers and PS of ``config``'s sizes (others are given back)."""
+        wsize, psize = (config.worker_cpu, config.worker_memory_mb), (config.ps_cpu, config.ps_memory_mb)
+        for name in [n_ for n_ in self.spare_workers if self.resources.get(n_) != wsize]:
+            ray.kill(self.spare_workers.pop(name), no_restart=True)
+            self.resources.pop(name, None)
+        for k in [k for k in self.spare_ps if self.resources.get(self.ps_name(k)) != psize]:
+            ray.kill(self.spare_ps.pop(k), no_restart=True)
+            self.resources.pop(self.ps_name(k), None)
+        while len(self.spare_workers) < n:
+            name = self.add_worker(*wsize)
+            self.spare_workers[name] = self.workers.pop(name)
+        while len(self.spare_ps) < n:
+            k = self.add_ps(*psize)
+            self.spare_ps[k] = self.ps.pop(k)
+
+    def take_spare_worker(self, cpu: float, memory_mb: int) -> str | None:
+        for name in self.spare_workers:
+            if self.resources.get(name) == (cpu, memory_mb):
+                self.workers[name] = self.spare_workers.pop(name)
+                return name
+        return None
+
+    def take_spare_ps(self, cpu: float, memory_mb: int) -> int | None:
+        for k in self.spare_ps:
+            if self.resources.get(self.ps_name(k)) == (cpu, memory_mb):
+                self.ps[k] = self.spare_ps.pop(k)
+                return k
+        return None
+
     def shutdown(self) -> None:
-        for h in [*self.workers.values(), *self.ps.values(), self.dense_ps]:
+        for h in [*self.workers.values(), *self.ps.values(), *self.spare_workers.values(), *self.spare_ps.values(), self.dense_ps]:
             if h is not None:
                 ray.kill(h, no_restart=True)
         # Exchange segments of workers that were killed before they could remove them

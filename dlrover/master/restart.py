@@ -19,6 +19,7 @@ import numpy as np
 import ray
 import torch
 
+from dlrover.master.scaler import _get_alive
 from dlrover.resource.plan import Config
 
 if TYPE_CHECKING:
@@ -51,7 +52,7 @@ def stop_checkpoint_restart(master: "JobMaster", config: Config, pending: dict[A
     names = list(lz.workers)
     master.drain(names)
     refs = [r for r, n in pending.items() if n in names]
-    ray.get(refs)
+    _get_alive(refs)  # a worker dying now: its shards were requeued when it died
     for r in refs:
         pending.pop(r)
     t_stopped = time.monotonic()

@@ -85,6 +85,10 @@ def scale_plan(
     )
 
 
+class MigrationAborted(RuntimeError):
+    """A vshard move given up before any PS switched: the job goes on as it was."""
+
+
 @dataclass
 class ScaleResult:
     new_workers: list[str]
@@ -109,6 +113,7 @@ class ScaleOp:
     probes: list[Any]
     started: float
     deadline: float
+    spares_used: int = 0  # new actors taken from the pre-started spares
 
 
 class Scaler:
@@ -124,11 +129,14 @@ class Scaler:
 
     def begin(self, sp: ScalePlan) -> ScaleOp:
         lz = self.launcher
-        new_ps = [lz.add_ps(cpu, mem) for cpu, mem in sp.add_ps]
-        new_workers = [lz.add_worker(cpu, mem) for cpu, mem in sp.add_workers]
+        # A pre-started spare of the right size is taken first: it answers at once.
+        spares = len(lz.spare_ps) + len(lz.spare_workers)
+        new_ps = [_first(lz.take_spare_ps(cpu, mem), lambda: lz.add_ps(cpu, mem)) for cpu, mem in sp.add_ps]
+        new_workers = [_first(lz.take_spare_worker(cpu, mem), lambda: lz.add_worker(cpu, mem)) for cpu, mem in sp.add_workers]
         probes = [lz.ps[k].stats.remote() for k in new_ps] + [lz.workers[w].ping.remote() for w in new_workers]
         now = time.monotonic()
-        return ScaleOp(sp, new_ps, new_workers, probes, now, now + self.launch_timeout_s)
+        used = spares - len(lz.spare_ps) - len(lz.spare_workers)
+        return ScaleOp(sp, new_ps, new_workers, probes, now, now + self.launch_timeout_s, used)
 
     def ready(self, op: ScaleOp) -> bool:
         """True once every new actor answers; raises RayActorError if one failed to start."""
@@ -169,24 +177,35 @@ class Scaler:
         def to(k: int, refs: dict[int, Any]) -> list[Any]:
             return [refs[s] for s in sources if any(s == src and d == k for _, src, d in moves)]
 
-        # Round 1: training goes on.
-        t_copy = time.monotonic()
-        ray.get([h.track.remote() for h in lz.ps.values()])
-        full = {src: lz.ps[src].export_vshards.remote(outgoing[src]) for src in sources}
-        ray.get([lz.ps[k].prepare.remote(new_vmap, to(k, full)) for k in keep])
-        deadline = time.monotonic() + PAUSE_TIMEOUT_S
-        while not all(ray.get([lz.ps[k].prepared.remote() for k in keep])):
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"PS did not prepare the new vshard map within {PAUSE_TIMEOUT_S:.0f}s")
-            time.sleep(PREPARE_POLL_S)
-        # Round 2: workers parked, only rows pushed since round 1 began move.
-        t_pause = time.monotonic()
-        running = [w for w in self.running() if w in lz.workers]
-        parked = _get_alive([lz.workers[w].pause.remote(PAUSE_TIMEOUT_S) for w in running])
-        if any(p is False for p in parked):
-            stuck = [w for w, ok in zip(running, parked) if ok is False]
-            _get_alive([lz.workers[w].set_routing.remote(dict(lz.ps), lz.vmap) for w in running])
-            raise RuntimeError(f"workers did not pause within {PAUSE_TIMEOUT_S:.0f}s: {stuck}")
+        try:
+            # Round 1: training goes on.
+            t_copy = time.monotonic()
+            ray.get([h.track.remote() for h in lz.ps.values()])
+            full = {src: lz.ps[src].export_vshards.remote(outgoing[src]) for src in sources}
+            ray.get([lz.ps[k].prepare.remote(new_vmap, to(k, full)) for k in keep])
+            deadline = time.monotonic() + PAUSE_TIMEOUT_S
+            while True:
+                states = ray.get([lz.ps[k].prepared.remote() for k in keep])
+                errors = [s for s in states if isinstance(s, str)]
+                if errors:
+                    raise MigrationAborted(f"preparing the new vshard map failed: {errors[0]}")
+                if all(states):
+                    break
+                if time.monotonic() > deadline:
+                    raise MigrationAborted(f"PS did not prepare the new vshard map within {PAUSE_TIMEOUT_S:.0f}s")
+                time.sleep(PREPARE_POLL_S)
+            # Round 2: workers parked, only rows pushed since round 1 began move.
+            t_pause = time.monotonic()
+            running = [w for w in self.running() if w in lz.workers]
+            parked = _get_alive([lz.workers[w].pause.remote(PAUSE_TIMEOUT_S) for w in running])
+            if any(p is False for p in parked):
+                stuck = [w for w, ok in zip(running, parked) if ok is False]
+                raise MigrationAborted(f"workers did not pause within {PAUSE_TIMEOUT_S:.0f}s: {stuck}")
+        except (MigrationAborted, ray.exceptions.RayError) as e:
+            # Nothing switched yet: drop the prepared tables, everyone goes on as before.
+            _get_alive([h.cancel_migration.remote() for h in lz.ps.values()])
+            _get_alive([h.set_routing.remote(dict(lz.ps), lz.vmap) for h in lz.workers.values()])
+            raise MigrationAborted(str(e).strip().splitlines()[0]) from None
         delta = {src: lz.ps[src].export_vshards.remote(outgoing[src], dirty_only=True) for src in sources}
         replies = ray.get([lz.ps[k].reconfigure.remote(new_vmap, to(k, delta)) for k in keep])
         result.retired_ps_stats = ray.get([lz.ps[k].stats.remote() for k in retire])
@@ -203,6 +222,10 @@ class Scaler:
         result.ps_switch_s = {k: round(v, 4) for k, v in slowest.items() if k.endswith("_s")}
 
 
+def _first(value: Any, make: Callable[[], Any]) -> Any:
+    return value if value is not None else make()
+
+
 def _get_alive(refs: list[Any]) -> list[Any]:
     """Results of calls on workers; ``None`` for a worker that died (its death reaches the
     master as an event on its ``run`` and is handled there)."""
@@ -210,6 +233,6 @@ def _get_alive(refs: list[Any]) -> list[Any]:
     for r in refs:
         try:
             out.append(ray.get(r))
-        except ray.exceptions.RayActorError:
+        except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError):
             out.append(None)
     return out

@@ -209,18 +209,35 @@ class EmbeddingPS:
         import ray
 
         def build() -> None:
-            payloads = [p if isinstance(p, dict) else ray.get(p) for p in incoming]
-            tbe = self._new_tbe(vmap.local_table_sizes(self.index))
-            box["bytes"] = self._fill(tbe, vmap, payloads)
-            box["tbe"] = tbe
+            try:
+                payloads = [p if isinstance(p, dict) else ray.get(p) for p in incoming]
+                tbe = self._new_tbe(vmap.local_table_sizes(self.index))
+                box["bytes"] = self._fill(tbe, vmap, payloads)
+                box["tbe"] = tbe
+            except Exception as e:  # reported by prepared()
+                box["error"] = f"{type(e).__name__}: {e}"
 
         box: dict = {}
+        if np.array_equal(vmap.owned(self.index), self.vmap.owned(self.index)):
+            self._prepared = None  # nothing moves in or out of this PS
+            return
         thread = threading.Thread(target=build, name="vshard-precopy", daemon=True)
         thread.start()
         self._prepared = (vmap.version, thread, box)
 
-    def prepared(self) -> bool:
-        return self._prepared is None or not self._prepared[1].is_alive()
+    def prepared(self) -> bool | str:
+        """True once the new tables are built; an error message if building them failed."""
+        if self._prepared is None:
+            return True
+        if self._prepared[1].is_alive():
+            return False
+        return self._prepared[2].get("error", True)
+
+    def cancel_migration(self) -> None:
+        """Drop the tables prepared for a migration that will not happen, stop tracking."""
+        if self._prepared is not None:
+            self._prepared[1].join()
+        self._prepared, self._dirty = None, None
 
     def _fill(self, tbe, vmap: VShardMap, payloads: list[dict]) -> int:
         """Copy into ``tbe`` (laid out for ``vmap``) the kept blocks and the payloads' blocks."""
@@ -253,8 +270,13 @@ class EmbeddingPS:
 
         t0 = time.perf_counter()
         with self._lock:
-            if self._pending:
-                raise RuntimeError(f"ps-{self.index}: reconfigure with {len(self._pending)} pulls not pushed")
+            # Live workers are parked with every push applied: a pull still pending here
+            # belongs to a worker that died mid-step (its shard is trained again).
+            orphans = len(self._pending)
+            self._pending.clear()
+        if np.array_equal(vmap.owned(self.index), self.vmap.owned(self.index)):
+            self.vmap, self._prepared, self._dirty = vmap, None, None  # same slots: only the version moves
+            return {"bytes_in": 0, "bytes_precopied": 0, "recv_s": 0.0, "copy_s": 0.0, "orphan_pulls": orphans}
         payloads = [p if isinstance(p, dict) else ray.get(p) for p in incoming]
         t_recv = time.perf_counter()
         prepared, self._prepared = self._prepared, None
@@ -274,7 +296,7 @@ class EmbeddingPS:
             precopied, nbytes = 0, self._fill(tbe, vmap, payloads)
         self.tbe, self.vmap, self._dirty = tbe, vmap, None
         done = time.perf_counter()
-        return {"bytes_in": nbytes, "bytes_precopied": precopied, "recv_s": t_recv - t0, "copy_s": done - t_recv}
+        return {"bytes_in": nbytes, "bytes_precopied": precopied, "recv_s": t_recv - t0, "copy_s": done - t_recv, "orphan_pulls": orphans}
 
     # -- state --------------------------------------------------------------------------
     def table_rows(self, table: int) -> tuple[np.ndarray, np.ndarray]:

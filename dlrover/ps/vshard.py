@@ -66,8 +66,10 @@ class VShardMap:
             raise ValueError(f"cannot spread {self.num_vshards} vshards over {len(ids)} PS")
         owner = self.owner.copy()
         per_vshard = {k: (load or {}).get(k, 1.0) / max(1, int(np.sum(self.owner == k))) for k in self.ps_ids}
-        weight = np.array([per_vshard.get(int(k), 1.0) for k in self.owner])
-        if load is None:
+        # A PS with no measured load yet (busy 0) still carries its vshards: a floor keeps
+        # every weight positive, so moves always make progress.
+        weight = np.maximum(np.array([per_vshard.get(int(k), 1.0) for k in self.owner]), 1e-3)
+        if load is None or not any(v > 0 for v in load.values()):
             weight[:] = 1.0
         held = {k: float(weight[owner == k].sum()) for k in ids}
         for v in np.flatnonzero(~np.isin(owner, ids)):  # orphans of leaving PS
@@ -77,7 +79,7 @@ class VShardMap:
         while True:  # move the lightest vshard of the heaviest PS while that narrows the gap
             hi, lo = max(ids, key=lambda i: held[i]), min(ids, key=lambda i: held[i])
             cand = np.flatnonzero(owner == hi)
-            if len(cand) <= 1:
+            if hi == lo or len(cand) <= 1:
                 break
             v = cand[np.argmin(weight[cand])]
             if held[hi] - weight[v] < held[lo] + weight[v] - 1e-9:

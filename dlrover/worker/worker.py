@@ -124,10 +124,10 @@ class Worker:
         """Park the training loop at a step boundary with all of its updates applied.
         True once parked (or when not training at all)."""
         with self._ctl:
+            self._pause_requested = True  # a run not started yet parks before its first pull
+            self._ctl.notify_all()
             if not self._running:
                 return True
-            self._pause_requested = True
-            self._ctl.notify_all()
             return self._ctl.wait_for(lambda: self._paused or not self._running, timeout=timeout_s)
 
     def set_routing(self, ps: dict[int, Any], vmap: VShardMap) -> int:
@@ -215,6 +215,8 @@ class Worker:
             # About to block on input: the master may be waiting for our done reports
             # before it hands out more (end of epoch), so settle them first.
             self._finished = self._report_applied(self._finished, block=True)
+            if self._pause_requested:  # no lookup in flight here: a safe point
+                self._park(unapplied())
             t0 = time.perf_counter()
             while True:
                 try:
