@@ -105,7 +105,8 @@ class Controller:
         self._slow_since: dict[str, float] = {}
         self._ps_prev: dict[int, tuple[float, float]] = {}
         self._ps_metrics: dict[int, ActorMetrics] = {}
-        self._await_first_step: dict[str, dict] = {}  # new worker -> its scale event
+        self._await_first_step: dict[str, dict | None] = {}  # new worker -> its scale event (None: not written yet)
+        self._early_first_step: dict[str, float] = {}
         self._op: tuple | None = None  # (ScaleOp, ResourcePlan, config before, job time begun)
         self._pending: dict[Any, str] = {}
         self._initial_plan: ResourcePlan | None = None
@@ -166,9 +167,24 @@ class Controller:
                 self._rss_add(worker, now, float(metrics["rss_mb"]))
 
     def first_step(self, worker: str, now: float) -> None:
-        ev = self._await_first_step.pop(worker, None)
-        if ev is not None:
+        """A new worker's first step: its time since the plan goes into the scale event
+        (kept aside if the step comes before the event is written)."""
+        with self._lock:
+            ev = self._await_first_step.get(worker)
+            if ev is None:  # no event for it yet (or a worker of the first launch)
+                self._early_first_step[worker] = now
+                return
+            del self._await_first_step[worker]
             ev.setdefault("first_step_s", {})[worker] = round(now - ev["at_s"], 3)
+
+    def _bind_first_steps(self, workers: list[str], ev: dict) -> None:
+        with self._lock:
+            for w in workers:
+                if w in self._early_first_step:
+                    ev.setdefault("first_step_s", {})[w] = round(self._early_first_step.pop(w) - ev["at_s"], 3)
+                    self._await_first_step.pop(w, None)
+                else:
+                    self._await_first_step[w] = ev
 
     def forget(self, name: str) -> None:
         with self._lock:
@@ -235,14 +251,7 @@ class Controller:
         if finished:  # nothing left to train: give the new actors back
             self.scaler.abort(op)
             return {}
-        try:
-            return self._switch(op, plan, old, t0)
-        except MigrationAborted as e:
-            self.scaler.abort(op)
-            self.m.events.add("scale_failed", reason=plan.reason, error=str(e))
-            self.m.scale_events.append(dict(self._event("failed", plan, old, old, t0), error=str(e)))
-            self._open(old, self.now(), None)
-            return {}
+        return self._switch(op, plan, old, t0)
 
     def abort_pending(self) -> None:
         """The job ends: a rescale still starting its actors is dropped."""
@@ -251,12 +260,23 @@ class Controller:
             self._op = None
 
     def _switch(self, op: Any, plan: ResourcePlan, old: Config, t0: float) -> dict[Any, str]:
-        lz = self.m.launcher
         self._close()
-        res = self.scaler.finish(op, {k: a.busy for k, a in self._ps_metrics.items()})
+        started = self.scaler.start_new_workers(op)
+        self._running += list(started.values())
+        try:
+            res = self.scaler.finish(op, {k: a.busy for k, a in self._ps_metrics.items()})
+        except MigrationAborted as e:
+            # Nothing switched: the new workers train on the old routing; new PS go back.
+            self.scaler.abort(op, workers=False)
+            new = self._config()
+            ev = dict(self._event("failed", plan, old, new, t0), error=str(e))
+            self.m.events.add("scale_failed", reason=plan.reason, error=str(e))
+            self.m.scale_events.append(ev)
+            self._bind_first_steps(op.new_workers, ev)
+            self._open(new, self.now(), None)
+            return started
         self.m.drain(res.drained)
         self.retired_ps_stats += res.retired_ps_stats
-        started = {lz.start(w): w for w in res.new_workers}
         new = self._config()
         ev = self._event(_kind(old, new, plan), plan, old, new, t0)
         ev.update(
@@ -272,8 +292,7 @@ class Controller:
             copy_s=round(res.copy_s, 3),
             migration_bytes_per_s=(res.bytes_moved / res.copy_s) if res.copy_s > 0 and res.bytes_moved else None,
         )
-        for w in res.new_workers:
-            self._await_first_step[w] = ev
+        self._bind_first_steps(res.new_workers, ev)
         self.m.scale_events.append(ev)
         self.m.events.add("scale", **{k: v for k, v in ev.items() if k != "kind"}, scale_kind=ev["kind"])
         self._open(new, self.now(), plan)
@@ -293,8 +312,7 @@ class Controller:
         new = self._config()
         ev = self._event(_kind(old, new, plan), plan, old, new, t0)
         ev.update(ops=["stop", "checkpoint", "relaunch", "restore"], duration_s=round(self.now() - t0, 3), **res)
-        for w in started.values():
-            self._await_first_step[w] = ev
+        self._bind_first_steps(list(started.values()), ev)
         self.m.scale_events.append(ev)
         self.m.events.add("scale", **{k: v for k, v in ev.items() if k != "kind"}, scale_kind=ev["kind"])
         self._open(new, self.now(), plan)

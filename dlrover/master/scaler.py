@@ -146,11 +146,19 @@ class Scaler:
             return True
         return False
 
-    def abort(self, op: ScaleOp) -> None:
+    def abort(self, op: ScaleOp, workers: bool = True) -> None:
+        """Give back the op's new PS, and its new workers unless they already train."""
         for k in op.new_ps:
             self.launcher.remove_ps(k)
-        for w in op.new_workers:
+        for w in op.new_workers if workers else []:
             self.launcher.forget_worker(w)
+
+    def start_new_workers(self, op: ScaleOp) -> dict[Any, str]:
+        """Start the op's new workers on the current routing (``{run ref: name}``): they
+        train while vshards move, and the move re-routes them with everyone else."""
+        lz = self.launcher
+        _get_alive([lz.workers[w].set_routing.remote(dict(lz.ps), lz.vmap) for w in op.new_workers])
+        return {lz.start(w): w for w in op.new_workers}
 
     def finish(self, op: ScaleOp, ps_load: dict[int, float] | None = None) -> ScaleResult:
         lz, sp = self.launcher, op.plan
@@ -159,8 +167,6 @@ class Scaler:
         new_vmap = lz.vmap.reassigned(keep_ps, ps_load if sp.rebalance else None) if (op.new_ps or sp.retire_ps or sp.rebalance) else None
         if new_vmap is not None and lz.vmap.moves(new_vmap):
             self._migrate(new_vmap, sp.retire_ps, result)
-        elif op.new_workers:
-            ray.get([lz.workers[w].set_routing.remote(dict(lz.ps), lz.vmap) for w in op.new_workers])
         for k in sp.retire_ps:
             lz.remove_ps(k)
         return result
