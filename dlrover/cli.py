@@ -110,6 +110,19 @@ def _print_result(s: dict) -> None:
     )
     if s.get("bad_lines_skipped"):
         print(f"  skipped {s['bad_lines_skipped']} malformed lines (data.on_bad_line: skip)")
+    plan = s.get("initial_plan") or {}
+    if plan.get("stage") == "warm_start":
+        print(f"  started: {plan['reason']}")
+    for e in s.get("scale_events", []):
+        if e["kind"] == "warm_start":
+            continue
+        extra = f", paused {e['pause_s']:.2f}s" if e.get("pause_s") else ""
+        print(f"  {e['kind']} at {e['at_s']:.0f}s: {e['summary']}{extra}" + (f" ({e['error']})" if e.get("error") else ""))
+    configs = s.get("configurations") or []
+    if len(configs) > 1 or s.get("policy") not in (None, "static"):
+        for c in configs:
+            pred = f"{c['predicted_throughput']:,.0f}" if c.get("predicted_throughput") else "n/a"
+            print(f"  {c['summary']}: measured {c['measured_throughput']:,.0f} samples/s over {c['duration_s']:.0f}s (model predicted {pred})")
 
 
 def cmd_data(args) -> int:

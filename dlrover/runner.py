@@ -148,7 +148,8 @@ def run_job(
                     master.stop.remote()
                     stop_when = None
                 loss = f"{p['loss']:.4f}" if p["loss"] is not None else "-"
-                info = f"{p['status']} w={p['workers']} ps={p['ps']} {p['samples_per_s']:,.0f} samples/s loss={loss}"
+                config = p.get("config") or f"w={p['workers']} ps={p['ps']}"
+                info = f"{p['status']} {config} {p['samples_per_s']:,.0f} samples/s loss={loss}"
                 if progress == "bar":
                     if bar.total is None and p["samples_expected"]:
                         bar.total = p["samples_expected"]
