@@ -177,6 +177,31 @@ class TrainSpec(_Strict):
         return self
 
 
+class ChaosEvent(_Strict):
+    """A fault injected on purpose at ``at_s`` (job time), to test what the platform does.
+
+    ``kill``: the actor dies (as on a crash). ``slow``: it runs ``factor`` times slower
+    (a straggler). ``leak``: its memory grows by ``mb_per_s``. ``target``: ``worker:i`` is
+    the i-th running worker (launch order), ``ps:i`` the i-th PS.
+    """
+
+    at_s: float = Field(ge=0)
+    action: Literal["kill", "slow", "leak"]
+    target: str = Field(pattern=r"^(worker|ps):[0-9]+$")
+    factor: float = Field(3.0, gt=1, description="slow: how many times slower")
+    mb_per_s: float = Field(50.0, gt=0, description="leak: growth of RSS (MB/s)")
+
+    @model_validator(mode="after")
+    def _supported(self) -> "ChaosEvent":
+        if self.action == "kill" and self.target.startswith("ps:"):
+            raise ValueError("kill of a PS needs PS recovery from checkpoints, which is not built yet")
+        return self
+
+    def role_index(self) -> tuple[str, int]:
+        role, i = self.target.split(":")
+        return role, int(i)
+
+
 class JobSpec(_Strict):
     name: str = Field("job", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
     seed: int = 0
@@ -187,6 +212,7 @@ class JobSpec(_Strict):
     policy: PolicySpec = Field(default_factory=PolicySpec)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     train: TrainSpec = Field(default_factory=TrainSpec)
+    chaos: list[ChaosEvent] = Field(default_factory=list)
 
 
 def _format_error(source: str, err: ValidationError) -> str:

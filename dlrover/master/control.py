@@ -110,6 +110,8 @@ class Controller:
         self._op: tuple | None = None  # (ScaleOp, ResourcePlan, config before, job time begun)
         self._pending: dict[Any, str] = {}
         self._initial_plan: ResourcePlan | None = None
+        self._chaos = sorted(spec.chaos, key=lambda e: e.at_s)
+        self.chaos_fired: list[dict] = []
 
     # -- lifecycle ----------------------------------------------------------------------
     def now(self) -> float:
@@ -199,6 +201,7 @@ class Controller:
         now = self.now()
         self._running = list(pending.values())
         self._pending = pending
+        self._inject_chaos(now)
         if self._op is not None:
             return self._progress_op(now)
         if now < self._next_tick or self.m._eval_ref is not None:
@@ -252,6 +255,35 @@ class Controller:
             self.scaler.abort(op)
             return {}
         return self._switch(op, plan, old, t0)
+
+    def _inject_chaos(self, now: float) -> None:
+        """Fire the spec's due ``chaos:`` events (fault injection for tests and demos)."""
+        while self._chaos and self._chaos[0].at_s <= now:
+            ev = self._chaos.pop(0)
+            role, i = ev.role_index()
+            lz = self.m.launcher
+            if role == "worker":
+                names = sorted((n for n in lz.workers if n not in self.m._draining), key=_launch_order)
+                actors = [(n, lz.workers[n]) for n in names]
+            else:
+                actors = [(lz.ps_name(k), lz.ps[k]) for k in sorted(lz.ps)]
+            if i >= len(actors):
+                self.m.events.add("chaos_skipped", action=ev.action, target=ev.target, why=f"only {len(actors)} {role}s")
+                continue
+            name, handle = actors[i]
+            if ev.action == "kill":
+                ray.kill(handle, no_restart=True)
+            elif ev.action == "slow":
+                handle.set_chaos.remote(slowdown=ev.factor)
+            else:
+                handle.set_chaos.remote(leak_mb_per_s=ev.mb_per_s)
+            fired = {"at_s": round(now, 3), "action": ev.action, "target": ev.target, "actor": name}
+            if ev.action == "slow":
+                fired["factor"] = ev.factor
+            if ev.action == "leak":
+                fired["mb_per_s"] = ev.mb_per_s
+            self.chaos_fired.append(fired)
+            self.m.events.add("chaos", **fired)
 
     def abort_pending(self) -> None:
         """The job ends: a rescale still starting its actors is dropped."""
@@ -465,6 +497,7 @@ class Controller:
         p = self._initial_plan
         out = {
             "policy": self.policy.name,
+            "chaos": self.chaos_fired,
             "initial_plan": {"stage": p.stage, "reason": p.reason, "config": p.config.to_dict()},
             "configurations": configs,
             "final_config": self._config().to_dict(),
@@ -492,6 +525,11 @@ class Controller:
             except OSError as e:
                 self.m.events.add("history_error", error=f"{self.history_dir}: {e}")
         return out
+
+
+def _launch_order(name: str) -> int:
+    """``<job>/worker-12`` -> 12."""
+    return int(name.rsplit("-", 1)[-1])
 
 
 def _kind(old: Config, new: Config, plan: ResourcePlan) -> str:

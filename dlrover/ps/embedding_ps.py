@@ -19,6 +19,7 @@ import numpy as np
 import psutil
 import torch
 
+from dlrover.chaos import ChaosState
 from dlrover.ps.migration import DirtyRows, apply_dirty, copy_blocks, copy_dirty_local, export_blocks, export_dirty
 from dlrover.ps.routing import nonempty_bags
 from dlrover.ps.vshard import VShardMap
@@ -96,6 +97,7 @@ class EmbeddingPS:
         self._proc = psutil.Process()
         self._prepared: tuple | None = None  # (vmap version, thread, {"tbe": ..., "bytes": ...}) from prepare()
         self._dirty: DirtyRows | None = None  # rows pushed since track()
+        self.chaos = ChaosState()
 
     def _new_tbe(self, sizes: list[int]):
         from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
@@ -140,6 +142,7 @@ class EmbeddingPS:
             out = out.view(out.shape[0], num_tables, self.dim).transpose(0, 1).reshape(-1, self.dim)[nz]
         self._stats["pulls"] += 1
         self._stats["busy_s"] += time.perf_counter() - t0
+        self.chaos.after_step(time.perf_counter() - t0)
         return out.numpy()
 
     def push(self, key: tuple, grad: np.ndarray) -> int:
@@ -316,6 +319,10 @@ class EmbeddingPS:
         local = slot * rpv + global_rows // v
         with torch.no_grad():
             self.tbe.split_embedding_weights()[table][torch.from_numpy(local)] = torch.as_tensor(weights)
+
+    def set_chaos(self, slowdown: float = 1.0, leak_mb_per_s: float = 0.0) -> None:
+        """Fault injection (the spec's ``chaos:``): serve slower, or leak memory."""
+        self.chaos.set(slowdown, leak_mb_per_s)
 
     def stats(self) -> dict:
         s = dict(self._stats)

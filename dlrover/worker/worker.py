@@ -27,6 +27,7 @@ import psutil
 import ray
 import torch
 
+from dlrover.chaos import ChaosState
 from dlrover.data.criteo import Batch, FileIndex, FileReader
 from dlrover.data.shards import Shard
 from dlrover.model.dlrm import (
@@ -118,6 +119,11 @@ class Worker:
         self._pause_requested = False
         self._paused = False
         self._queue: queue.Queue | None = None
+        self.chaos = ChaosState()
+
+    def set_chaos(self, slowdown: float = 1.0, leak_mb_per_s: float = 0.0) -> None:
+        """Fault injection (the spec's ``chaos:``): run slower, or leak memory."""
+        self.chaos.set(slowdown, leak_mb_per_s)
 
     # -- elastic control (called by the master on another thread of this actor) -----------
     def pause(self, timeout_s: float = 60.0) -> bool:
@@ -303,6 +309,7 @@ class Worker:
                 self._finished.append(in_flight.pop(cur.shard.shard_id))
             self._finished = self._report_applied(self._finished, block=False)
 
+            self.chaos.after_step(time.perf_counter() - t_step)
             window["step_s"] += time.perf_counter() - t_step
             now = time.monotonic()
             if now - last_report >= self.spec.train.log_every_s:

@@ -1,0 +1,33 @@
+"""Injected faults (the spec's ``chaos:`` list), as seen from inside an actor.
+
+A ``ChaosState`` lives in each worker and PS actor. The master sets it through the
+actor's ``set_chaos`` call; the actor calls ``after_step(busy_s)`` once per step (worker)
+or per request (PS): a slowed actor then sleeps ``(factor - 1) x busy_s``, so it runs
+``factor`` times slower whatever it does; a leaking one keeps ``mb_per_s`` x elapsed
+megabytes alive. Killing needs no help from the actor (the master uses ``ray.kill``).
+"""
+
+from __future__ import annotations
+
+import time
+
+
+class ChaosState:
+    def __init__(self) -> None:
+        self.slowdown = 1.0
+        self.leak_mb_per_s = 0.0
+        self._leak_since = 0.0
+        self._leaked: list[bytearray] = []
+
+    def set(self, slowdown: float = 1.0, leak_mb_per_s: float = 0.0) -> None:
+        self.slowdown = max(1.0, float(slowdown))
+        self.leak_mb_per_s = max(0.0, float(leak_mb_per_s))
+        self._leak_since = time.monotonic()
+
+    def after_step(self, busy_s: float) -> None:
+        if self.slowdown > 1.0 and busy_s > 0:
+            time.sleep((self.slowdown - 1.0) * busy_s)
+        if self.leak_mb_per_s > 0:
+            want = int(self.leak_mb_per_s * (time.monotonic() - self._leak_since))
+            while len(self._leaked) < want:
+                self._leaked.append(bytearray(b"\x01" * (1 << 20)))  # touched: counts in RSS
