@@ -54,3 +54,39 @@ def test_straggler_is_replaced_by_dlrover_rm(ray_local, synth_dir, tmp_path):
     replaced = [e for e in s["scale_events"] if e["kind"] == "replace"]
     assert replaced and "straggler" in replaced[0]["reason"] and fired["actor"] in replaced[0]["reason"], s["scale_events"]
     assert s["final_config"]["workers"] == 3
+
+
+def test_memory_trend_acts_before_the_limit(ray_local, synth_dir, tmp_path):
+    """A worker leaking memory: dlrover_rm extrapolates its RSS trend, raises the workers'
+    memory and replaces the leaking one while it is still under its limit."""
+    from dlrover.runner import run_job
+
+    spec = small_spec(
+        synth_dir,
+        data__epochs=40,
+        data__batch_size=512,
+        resources__workers=2,
+        resources__ps=1,
+        resources__worker_memory_mb=1536,
+        resources__ps_memory_mb=2048,
+        resources__budget_cpu=8,
+        resources__budget_memory_mb=16384,
+        train__log_every_s=0.25,
+        policy={
+            "name": "dlrover_rm",
+            "interval_s": 0.5,
+            "warmup_s": 1.0,
+            "history_dir": str(tmp_path / "h"),
+            "knobs": {"max_changes": 0, "oom_horizon_s": 60},
+        },
+        chaos=[{"at_s": 0, "action": "leak", "target": "worker:0", "mb_per_s": 15}],
+    )
+    s, _ = run_job(spec, runs_dir=str(tmp_path / "runs"), progress="none")
+    assert s["status"] == "succeeded" and s["samples_lost"] == 0
+    assert s["ps_bags_updated"] == 26 * s["samples_expected"]
+    (fired,) = s["chaos"]
+    grown = [e for e in s["scale_events"] if e["to"]["worker_memory_mb"] > e["from"]["worker_memory_mb"]]
+    assert grown and fired["actor"] in grown[0]["reason"], s["scale_events"]
+    # It acted on the trend, before the leaking worker reached its limit.
+    assert "memory" in grown[0]["reason"]
+    assert s["final_config"]["worker_memory_mb"] > 1536

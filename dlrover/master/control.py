@@ -31,7 +31,8 @@ if TYPE_CHECKING:
     from dlrover.master.master import DataPlan, JobMaster
 
 MIN_WINDOW_S = 2.0  # a window shorter than this says too little to fit on
-RSS_POINTS = 30  # RSS samples per actor kept for the memory trend
+RSS_POINTS = 60  # RSS samples per actor kept for the memory trend (at most one a second)
+RSS_EVERY_S = 1.0
 RSS_WARMUP_S = 15.0  # an actor's RSS grows while it warms up: not a leak, so not in the trend
 RSS_MIN_SPAN_S = 10.0  # a trend needs samples spanning at least this long
 STRAGGLER_FACTOR = 1.5  # default "slow" bar: step time over this x the workers' median
@@ -466,8 +467,9 @@ class Controller:
     def _rss_add(self, name: str, now: float, rss_mb: float) -> None:
         """Record an RSS sample (lock held); the first ``RSS_WARMUP_S`` of an actor are skipped."""
         first = self._first_seen.setdefault(name, now)
-        if now - first >= RSS_WARMUP_S:
-            self._rss.setdefault(name, deque(maxlen=RSS_POINTS)).append((now, rss_mb))
+        pts = self._rss.setdefault(name, deque(maxlen=RSS_POINTS))
+        if now - first >= RSS_WARMUP_S and (not pts or now - pts[-1][0] >= RSS_EVERY_S):
+            pts.append((now, rss_mb))
 
     def _trend(self, name: str) -> float:
         """Least-squares slope of the actor's RSS (MB/s) over its recent samples."""
