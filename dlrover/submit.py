@@ -20,6 +20,7 @@ from dlrover.errors import DLRoverError
 WORKING_DIR_EXCLUDES = [".venv", ".git", "runs", "data", "**/__pycache__", "*.egg-info", ".pytest_cache"]
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 POLL_S = 1.0
+AGENT_WAIT_S = 60.0  # how long a submit waits for a freshly started head's job agent
 
 
 def _use_local_token() -> None:
@@ -59,15 +60,22 @@ def submit(spec_path: str, address: str, overrides: list[str], wait: bool = Fals
     for item in overrides:
         cmd += ["--set", item]
     client = _client(address)
-    try:
-        client.submit_job(
-            entrypoint=shlex.join(cmd),
-            submission_id=job_id,
-            runtime_env={"working_dir": str(workdir), "excludes": WORKING_DIR_EXCLUDES},
-            metadata={"dlrover_job": job_id, "name": spec.name, "policy": spec.policy.name, "workers": str(spec.resources.workers), "ps": str(spec.resources.ps)},
-        )
-    except (RuntimeError, ValueError, OSError) as e:  # upload too large, HTTP errors, ...
-        raise DLRoverError(f"submit to {address} failed: {str(e).strip().splitlines()[0]}") from None
+    deadline = time.monotonic() + AGENT_WAIT_S
+    while True:
+        try:
+            client.submit_job(
+                entrypoint=shlex.join(cmd),
+                submission_id=job_id,
+                runtime_env={"working_dir": str(workdir), "excludes": WORKING_DIR_EXCLUDES},
+                metadata={"dlrover_job": job_id, "name": spec.name, "policy": spec.policy.name, "workers": str(spec.resources.workers), "ps": str(spec.resources.ps)},
+            )
+            break
+        except (RuntimeError, ValueError, OSError) as e:  # upload too large, HTTP errors, ...
+            # A head that has just started answers HTTP before its job agent is up.
+            if "No available agent" in str(e) and time.monotonic() < deadline:
+                time.sleep(POLL_S)
+                continue
+            raise DLRoverError(f"submit to {address} failed: {str(e).strip().splitlines()[0]}") from None
     print(f"submitted {job_id} to {address}")
     if not wait:
         print(f"follow with: ray job logs -f {job_id} --address {address}")

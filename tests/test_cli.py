@@ -103,10 +103,14 @@ def ray_head(tmp_path):
     """A Ray head with the dashboard (Ray Jobs) on loopback, stopped by killing its group."""
     ray_bin = shutil.which("ray", path=str(Path(sys.executable).parent)) or "ray"
     port, dash = _free_port(), _free_port()
+    # Every agent port free too: the session's embedded Ray (other tests) holds the defaults,
+    # and a head whose job agent cannot bind answers "No available agent" forever.
+    agent = [f"--dashboard-agent-listen-port={_free_port()}", f"--dashboard-agent-grpc-port={_free_port()}",
+             f"--runtime-env-agent-port={_free_port()}", f"--metrics-export-port={_free_port()}"]
     proc = subprocess.Popen(
         [ray_bin, "start", "--head", "--block", f"--port={port}", "--node-ip-address=127.0.0.1",
          "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", "--num-cpus=4", "--include-dashboard=true",
-         "--disable-usage-stats"],
+         "--disable-usage-stats", *agent],
         env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )
     address = f"http://127.0.0.1:{dash}"
