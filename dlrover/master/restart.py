@@ -20,6 +20,7 @@ import ray
 import torch
 
 from dlrover.master.scaler import _get_alive
+from dlrover.ps.migration import export_blocks
 from dlrover.resource.plan import Config
 
 if TYPE_CHECKING:
@@ -36,13 +37,10 @@ def _to_numpy(payload: dict) -> dict:
 
 def select(payload: dict, vshards: np.ndarray, rows_per_vshard: list[int]) -> dict:
     """The part of an export payload that holds ``vshards`` (each a block of rows)."""
-    pos = [int(np.flatnonzero(payload["vshards"] == v)[0]) for v in vshards if v in payload["vshards"]]
-    keep = np.asarray([v for v in vshards if v in payload["vshards"]], dtype=np.int64)
-    tables = []
-    for t, arrays in enumerate(payload["tables"]):
-        r = rows_per_vshard[t]
-        tables.append([np.concatenate([a[p * r : (p + 1) * r] for p in pos]) if pos else a[:0] for a in arrays])
-    return {"vshards": keep, "tables": tables}
+    held = [int(v) for v in payload["vshards"]]
+    keep = np.asarray([v for v in vshards if int(v) in held], dtype=np.int64)
+    pos = np.asarray([held.index(int(v)) for v in keep], dtype=np.int64)
+    return {"vshards": keep, "tables": export_blocks(payload["tables"], pos, rows_per_vshard)}
 
 
 def stop_checkpoint_restart(master: "JobMaster", config: Config, pending: dict[Any, str]) -> dict:

@@ -44,11 +44,12 @@ class DirtyRows:
         return self.flat[self.base[t] : self.base[t + 1]]
 
 
-def export_blocks(arrays: list[list[torch.Tensor]], slots: np.ndarray, rpv: list[int]) -> list[list[np.ndarray]]:
-    """Per table, the blocks at ``slots`` of every state, back to back (copies)."""
+def export_blocks(arrays: list[list[Any]], slots: np.ndarray, rpv: list[int]) -> list[list[np.ndarray]]:
+    """Per table, the blocks at ``slots`` of every state (tensors or numpy arrays), back to
+    back, as numpy copies."""
     out = []
     for r, states in zip(rpv, arrays):
-        out.append([np.concatenate([a[s * r : (s + 1) * r].numpy() for s in slots]) if len(slots) else a[:0].numpy().copy() for a in states])
+        out.append([np.concatenate([np.asarray(a[s * r : (s + 1) * r]) for s in slots]) if len(slots) else np.asarray(a[:0]).copy() for a in states])
     return out
 
 
