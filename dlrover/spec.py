@@ -98,6 +98,9 @@ class ResourceSpec(_Strict):
     ps_memory_mb: int = Field(2048, ge=64)
     budget_cpu: float | None = Field(None, gt=0)
     budget_memory_mb: int | None = Field(None, gt=0)
+    # The master kills an actor whose RSS goes over its memory (as a container's limit
+    # would): memory-pressure prediction must act before that.
+    enforce_memory: bool = True
 
     @model_validator(mode="after")
     def _budget(self) -> "ResourceSpec":
@@ -149,12 +152,37 @@ class PolicySpec(_Strict):
 
 
 class CheckpointSpec(_Strict):
-    """With ``dir`` set, the trained model (global embedding tables + dense parameters) is
-    written to ``<dir>/<job_id>/final.pt`` at the end. Periodic checkpoints and restore
-    (``interval_s``) arrive with fault tolerance."""
+    """Checkpoints for fault recovery, and the trained model.
+
+    In-memory checkpoints (every ``memory_interval_s``: a consistent cut of PS vshards with
+    optimizer state, dense parameters and the shard queue, kept in the Ray object store)
+    serve PS recovery; durable ones (``dir``, a directory or fsspec URL; default the run
+    directory) serve master restarts and the loss of a node with its objects.
+    ``interval_s: auto`` spaces durable writes by Young-Daly, sqrt(2 x write time /
+    failure rate), from the failures observed (``prior_mttf_s`` until there are some).
+    With ``dir`` set the trained model also goes to ``<dir>/<job_id>/final.pt``.
+    """
 
     dir: str | None = None
-    interval_s: float = Field(300.0, gt=0)
+    memory_interval_s: float = Field(10.0, ge=0, description="in-memory checkpoint period (0: only at start)")
+    interval_s: float | Literal["auto"] = Field("auto", description="durable checkpoint period in seconds, or auto (Young-Daly)")
+    min_interval_s: float = Field(20.0, gt=0)
+    max_interval_s: float = Field(600.0, gt=0)
+    prior_mttf_s: float = Field(3600.0, gt=0, description="mean time to failure assumed before any is observed")
+    keep: int = Field(3, ge=1, description="durable checkpoints kept")
+    # recover: replace what failed, roll back only when PS state is lost (the platform).
+    # restart: every failure restarts the whole job from its last durable checkpoint (the
+    # baseline `dlrover bench recovery` compares against, as Ray Train does).
+    on_failure: Literal["recover", "restart"] = "recover"
+    max_failures: int = Field(20, ge=0, description="the job fails after this many failures")
+
+    @model_validator(mode="after")
+    def _interval(self) -> "CheckpointSpec":
+        if isinstance(self.interval_s, float) and self.interval_s <= 0:
+            raise ValueError("interval_s: must be > 0 or auto")
+        if self.min_interval_s > self.max_interval_s:
+            raise ValueError("min_interval_s: must be <= max_interval_s")
+        return self
 
 
 class TrainSpec(_Strict):
@@ -182,24 +210,27 @@ class ChaosEvent(_Strict):
 
     ``kill``: the actor dies (as on a crash). ``slow``: it runs ``factor`` times slower
     (a straggler). ``leak``: its memory grows by ``mb_per_s``. ``target``: ``worker:i`` is
-    the i-th running worker (launch order), ``ps:i`` the i-th PS.
+    the i-th running worker (launch order), ``ps:i`` the i-th PS, ``master`` the job
+    master (its process exits; Ray restarts it), ``node:i`` the i-th node of the cluster
+    (by node id) with every actor of the job on it (all but the master's node's master
+    and dense PS: a node loss as the job sees it).
     """
 
     at_s: float = Field(ge=0)
     action: Literal["kill", "slow", "leak"]
-    target: str = Field(pattern=r"^(worker|ps):[0-9]+$")
+    target: str = Field(pattern=r"^((worker|ps|node):[0-9]+|master)$")
     factor: float = Field(3.0, gt=1, description="slow: how many times slower")
     mb_per_s: float = Field(50.0, gt=0, description="leak: growth of RSS (MB/s)")
 
     @model_validator(mode="after")
     def _supported(self) -> "ChaosEvent":
-        if self.action == "kill" and self.target.startswith("ps:"):
-            raise ValueError("kill of a PS needs PS recovery from checkpoints, which is not built yet")
+        if self.action != "kill" and (self.target == "master" or self.target.startswith("node:")):
+            raise ValueError(f"target: {self.target} can only be killed")
         return self
 
     def role_index(self) -> tuple[str, int]:
-        role, i = self.target.split(":")
-        return role, int(i)
+        role, _, i = self.target.partition(":")
+        return role, int(i or 0)
 
 
 class JobSpec(_Strict):

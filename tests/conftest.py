@@ -63,7 +63,7 @@ def small_spec(data_dir, **over):
         "seed": 0,
         "model": {"embedding_dim": 8, "num_embeddings": 5000, "dense_arch": [32, 8], "over_arch": [64, 32, 1]},
         "data": {"paths": [f"{data_dir}/*.tsv"], "epochs": 1, "batch_size": 1024, "eval_fraction": 0.1, "shard_rows": 4096},
-        "resources": {"workers": 2, "ps": 2, "worker_cpu": 1, "ps_cpu": 1, "worker_memory_mb": 1024, "ps_memory_mb": 512},
+        "resources": {"workers": 2, "ps": 2, "worker_cpu": 1, "ps_cpu": 1, "worker_memory_mb": 2048, "ps_memory_mb": 1024},
     }
     for key, value in over.items():
         node = doc

@@ -17,7 +17,8 @@ def test_chaos_spec_is_validated(synth_dir):
         ({"at_s": 1, "action": "explode", "target": "worker:0"}, "chaos.0.action"),
         ({"at_s": 1, "action": "slow", "target": "gpu:0"}, "chaos.0.target"),
         ({"at_s": -1, "action": "slow", "target": "worker:0"}, "chaos.0.at_s"),
-        ({"at_s": 1, "action": "kill", "target": "ps:0"}, "chaos.0"),
+        ({"at_s": 1, "action": "slow", "target": "master"}, "chaos.0"),
+        ({"at_s": 1, "action": "leak", "target": "node:0"}, "chaos.0"),
     ]:
         with pytest.raises(SpecError, match=field):
             spec_from_dict(dict(base, chaos=[bad]), "job.yaml")

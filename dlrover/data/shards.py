@@ -20,7 +20,7 @@ from typing import Callable
 
 import numpy as np
 
-_STATE_VERSION = 1
+_STATE_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -78,6 +78,9 @@ class ShardQueue:
         self._todo: deque[int] = deque()
         self._doing: dict[int, tuple[str, float]] = {}  # id -> (owner, lease start)
         self._done: dict[int, tuple[str, int]] = {}  # id -> (owner, rows trained)
+        # Shards whose first rows are already in the model (a checkpoint was cut while they
+        # were half trained): id -> (lines, rows) trained. Leasing one hands out the rest.
+        self._offset: dict[int, tuple[int, int]] = {}
         self._samples_done = 0
 
     # -- shards ----------------------------------------------------------------
@@ -96,7 +99,8 @@ class ShardQueue:
             raise ValueError(f"unknown shard id {shard_id}")
         epoch, k = divmod(shard_id, self.shards_per_epoch)
         f, start, stop = self._ranges[k]
-        return Shard(shard_id, epoch, self.files[f][0], start, stop)
+        lines = self._offset.get(shard_id, (0, 0))[0]
+        return Shard(shard_id, epoch, self.files[f][0], min(start + lines, stop), stop)
 
     def _epoch_order(self, epoch: int) -> list[int]:
         n = self.shards_per_epoch
@@ -135,8 +139,9 @@ class ShardQueue:
         if not 0 <= rows_trained <= rows:
             raise ValueError(f"rows_trained {rows_trained} outside 0..{rows} for shard {shard_id}")
         del self._doing[shard_id]
-        self._done[shard_id] = (owner, int(rows_trained))
-        self._samples_done += int(rows_trained)
+        rows_trained = int(rows_trained) + self._offset.pop(shard_id, (0, 0))[1]
+        self._done[shard_id] = (owner, rows_trained)
+        self._samples_done += rows_trained
 
     def requeue_owner(self, owner: str) -> list[Shard]:
         """Return a dead or removed worker's leased shards to the front of todo (in the
@@ -196,6 +201,36 @@ class ShardQueue:
         """Owner per leased shard."""
         return {i: owner for i, (owner, _) in self._doing.items()}
 
+    def cut(self, trained: dict[int, tuple[int, int]]) -> dict:
+        """The state to roll back to for a checkpoint taken now, with every worker parked.
+
+        ``trained``: for leased shards, the (lines, rows) already applied to the model.
+        In the returned state no shard is leased: a fully trained one is done, any other
+        goes back to the front of todo with its trained part as an offset, so a rollback
+        neither loses nor repeats a row the checkpoint holds.
+        """
+        state = self.state_dict()
+        done = {int(i): [owner, rows] for i, owner, rows in state["done"]}
+        offsets = {int(i): list(v) for i, v in state["offsets"]}
+        back = []
+        for i, owner, _age in sorted(state["doing"], key=lambda d: -d[2]):  # oldest lease first
+            lines, rows = trained.get(int(i), (0, 0))
+            base = self._offset.get(int(i), (0, 0))
+            lines, rows = lines + base[0], rows + base[1]
+            f, start, stop = self._ranges[int(i) % self.shards_per_epoch]
+            if lines >= stop - start:
+                done[int(i)] = [owner, rows]
+                offsets.pop(int(i), None)
+            else:
+                if lines:
+                    offsets[int(i)] = [lines, rows]
+                back.append(int(i))
+        state["doing"] = []
+        state["done"] = [[i, o, r] for i, (o, r) in done.items()]
+        state["todo"] = back + list(state["todo"])
+        state["offsets"] = [[i, v] for i, v in offsets.items()]
+        return state
+
     # -- persistence -------------------------------------------------------------
 
     def state_dict(self) -> dict:
@@ -212,6 +247,7 @@ class ShardQueue:
             "todo": list(self._todo),
             "doing": [[i, owner, now - since] for i, (owner, since) in self._doing.items()],
             "done": [[i, owner, rows] for i, (owner, rows) in self._done.items()],
+            "offsets": [[i, list(v)] for i, v in self._offset.items()],
         }
 
     @classmethod
@@ -225,5 +261,6 @@ class ShardQueue:
         q._todo = deque(int(i) for i in d["todo"])
         q._doing = {int(i): (str(owner), now - float(age)) for i, owner, age in d["doing"]}
         q._done = {int(i): (str(owner), int(rows)) for i, owner, rows in d["done"]}
+        q._offset = {int(i): (int(v[0]), int(v[1])) for i, v in d.get("offsets", [])}
         q._samples_done = sum(rows for _, rows in q._done.values())
         return q

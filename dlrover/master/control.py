@@ -263,6 +263,13 @@ class Controller:
             ev = self._chaos.pop(0)
             role, i = ev.role_index()
             lz = self.m.launcher
+            if role == "master":
+                self._fired(ev, now, self.m.job_id + "/master")
+                self.m.crash()
+                continue
+            if role == "node":
+                self._kill_node(ev, i, now)
+                continue
             if role == "worker":
                 names = sorted((n for n in lz.workers if n not in self.m._draining), key=_launch_order)
                 actors = [(n, lz.workers[n]) for n in names]
@@ -273,18 +280,56 @@ class Controller:
                 continue
             name, handle = actors[i]
             if ev.action == "kill":
+                self.m.recovery.injected[name] = now
                 ray.kill(handle, no_restart=True)
             elif ev.action == "slow":
                 handle.set_chaos.remote(slowdown=ev.factor)
             else:
                 handle.set_chaos.remote(leak_mb_per_s=ev.mb_per_s)
-            fired = {"at_s": round(now, 3), "action": ev.action, "target": ev.target, "actor": name}
-            if ev.action == "slow":
-                fired["factor"] = ev.factor
-            if ev.action == "leak":
-                fired["mb_per_s"] = ev.mb_per_s
-            self.chaos_fired.append(fired)
-            self.m.events.add("chaos", **fired)
+            self._fired(ev, now, name)
+
+    def _fired(self, ev: Any, now: float, actor: str, **more: Any) -> None:
+        fired = {"at_s": round(now, 3), "action": ev.action, "target": ev.target, "actor": actor, **more}
+        if ev.action == "slow":
+            fired["factor"] = ev.factor
+        if ev.action == "leak":
+            fired["mb_per_s"] = ev.mb_per_s
+        self.chaos_fired.append(fired)
+        self.m.events.add("chaos", **fired)
+
+    def _kill_node(self, ev: Any, i: int, now: float) -> None:
+        """Chaos ``node:i``: every worker and PS of the job on the i-th node dies at once."""
+        lz = self.m.launcher
+        nodes = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
+        if i >= len(nodes):
+            self.m.events.add("chaos_skipped", action=ev.action, target=ev.target, why=f"only {len(nodes)} nodes")
+            return
+        node = nodes[i]
+        victims = [n for n, nd in lz.nodes.items() if nd == node and lz.handle(n) is not None]
+        for name in victims:
+            self.m.recovery.injected[name] = now
+            ray.kill(lz.handle(name), no_restart=True)
+        self._fired(ev, now, f"node {node[:12]}", actors=victims)
+
+    def busy(self) -> bool:
+        """A rescale is under way (no checkpoint cut in the middle of one)."""
+        return self._op is not None
+
+    def ps_metrics(self) -> dict[int, ActorMetrics]:
+        return dict(self._ps_metrics)
+
+    def memory_after_oom(self, memory_mb: int) -> int:
+        """Memory for the replacement of an actor killed over its limit: 1.5x, within the budget."""
+        return int(min(memory_mb * 1.5, self.budget.memory_mb))
+
+    def after_rollback(self) -> None:
+        """The job went back to a checkpoint: the running window's throughput means nothing."""
+        with self._lock:
+            self.window = None
+            self._rss.clear()
+            self._first_seen.clear()
+        self._slow_since.clear()
+        self._open(self._config(), self.now(), None)
 
     def abort_pending(self) -> None:
         """The job ends: a rescale still starting its actors is dropped."""
@@ -326,11 +371,28 @@ class Controller:
             migration_bytes_per_s=(res.bytes_moved / res.copy_s) if res.copy_s > 0 and res.bytes_moved else None,
         )
         self._bind_first_steps(res.new_workers, ev)
+        self._proactive_failures(plan, op, t0)
         self.m.scale_events.append(ev)
         self.m.events.add("scale", **{k: v for k, v in ev.items() if k != "kind"}, scale_kind=ev["kind"])
         self._open(new, self.now(), plan)
         self._spares(new)
         return started
+
+    def _proactive_failures(self, plan: ResourcePlan, op: Any, t0: float) -> None:
+        """A straggler replaced, or memory raised before an OOM kill: recorded as failures
+        handled before they hurt (at: slow since / leak noticed; detected: the plan)."""
+        rec = self.m.recovery
+        for name in plan.replace:
+            at = self._slow_since.get(name, t0)
+            f = rec._failure("straggler", name, plan.reason, t0)
+            f["at_s"] = round(min(at, t0), 3)
+            f["replacement"] = op.new_workers[0] if op.new_workers else None
+            f["capacity_lost"] = round(1.0 / max(len(self.m.launcher.workers), 1), 4)
+            rec._record(f)
+        if "memory" in plan.reason and not plan.replace:
+            f = rec._failure("memory_pressure", "workers" if "worker" in plan.reason else "ps", plan.reason, t0)
+            f["capacity_lost"] = 0.0  # resized before anything was lost
+            rec._record(f)
 
     def _restart(self, plan: ResourcePlan, old: Config) -> dict[Any, str]:
         """The baseline way to rescale: stop every worker at a shard boundary, checkpoint

@@ -55,6 +55,10 @@ class Launcher:
         self.spare_ps: dict[int, Any] = {}
         self._worker_ids = itertools.count()
         self._ps_ids = itertools.count()
+        self.generation = 0  # bumped by each rollback; a worker's run carries it
+        self.nodes: dict[str, str] = {}  # actor name -> node id, once it answered
+        self.avoid: set[str] = set()  # bad nodes: new actors go elsewhere when they can
+        self._node_rr = itertools.count()
 
     def _name(self, role: str) -> str:
         return f"{self.job_id}/{role}"
@@ -65,14 +69,35 @@ class Launcher:
         self.vmap = VShardMap.round_robin(spec.model.table_sizes(), max(spec.train.vshards, config.ps), config.ps)
         for _ in range(config.ps):
             self.add_ps(config.ps_cpu, config.ps_memory_mb)
-        self.dense_ps = (
-            ray.remote(DenseParamServer)
-            .options(name=self._name("dense-ps"), num_cpus=0, max_concurrency=1)
-            .remote(initial_dense_params(spec).numpy(), spec.optimizer.dense.model_dump())
-        )
+        self.new_dense_ps()
         for _ in range(config.workers):
             self.add_worker(config.worker_cpu, config.worker_memory_mb)
         self.wait_started()
+
+    def new_dense_ps(self) -> None:
+        """(Re)create the dense PS, on the master's node (with the master, it is the part
+        of the job a worker node's loss must not take)."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        if self.dense_ps is not None:
+            ray.kill(self.dense_ps, no_restart=True)
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+        self.dense_ps = (
+            ray.remote(DenseParamServer)
+            .options(name=self._name(f"dense-ps-g{self.generation}"), num_cpus=0, max_concurrency=1, scheduling_strategy=here)
+            .remote(initial_dense_params(self.spec).numpy(), self.spec.optimizer.dense.model_dump())
+        )
+
+    def _placement(self) -> dict:
+        """Scheduling options that keep new actors off bad nodes while others are alive."""
+        if not self.avoid:
+            return {}
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        good = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeID"] not in self.avoid)
+        if not good:
+            return {}
+        return {"scheduling_strategy": NodeAffinitySchedulingStrategy(good[next(self._node_rr) % len(good)], soft=True)}
 
     def ps_name(self, ps_id: int) -> str:
         return self._name(f"ps-{ps_id}")
@@ -84,7 +109,7 @@ class Launcher:
         name = self.ps_name(ps_id)
         self.ps[ps_id] = (
             ray.remote(EmbeddingPS)
-            .options(name=name, num_cpus=cpu, memory=memory_mb * MB)
+            .options(name=name, num_cpus=cpu, memory=memory_mb * MB, **self._placement())
             .remote(ps_id, self.vmap, self.spec.model.embedding_dim, self.spec.optimizer.sparse.model_dump(), self.spec.seed, worker_threads(cpu, None))
         )
         self.resources[name] = (cpu, memory_mb)
@@ -125,7 +150,7 @@ class Launcher:
         # Threads: run, evaluate, pause and set_routing may overlap.
         self.workers[name] = (
             ray.remote(Worker)
-            .options(name=name, num_cpus=cpu, memory=memory_mb * MB, max_concurrency=4)
+            .options(name=name, num_cpus=cpu, memory=memory_mb * MB, max_concurrency=4, **self._placement())
             .remote(
                 name,
                 self.spec.model_dump(),
@@ -156,7 +181,13 @@ class Launcher:
 
     def start(self, name: str) -> Any:
         """Begin training on worker ``name``; returns the ObjectRef of its ``run``."""
-        return self.workers[name].run.remote()
+        return self.workers[name].run.remote(self.generation)
+
+    def handle(self, name: str) -> Any:
+        """The handle of a worker or PS of the job by name (None if gone)."""
+        if name in self.workers:
+            return self.workers[name]
+        return next((h for k, h in self.ps.items() if self.ps_name(k) == name), None)
 
     def forget_worker(self, name: str) -> None:
         handle = self.workers.pop(name, None)

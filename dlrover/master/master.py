@@ -23,16 +23,19 @@ import torch
 from dlrover.data.criteo import FileIndex, expand_paths, index_file
 from dlrover.data.shards import Shard, ShardQueue
 from dlrover.errors import DataError, DLRoverError
+from dlrover.checkpoint.store import CheckpointStore
+from dlrover.master.checkpoint import Checkpointer
 from dlrover.master.control import Controller
 from dlrover.master.events import EventLog
 from dlrover.master.launcher import Launcher
+from dlrover.master.recovery import Recovery
+from dlrover.metrics.reliability import reliability_report
 from dlrover.metrics.evaluation import evaluate_scores
 from dlrover.spec import JobSpec
 
-MAX_WORKER_REPLACEMENTS = 8  # fault tolerance proper (budgets, backoff) is the Fault issue's
 NEXT_SHARD_WAIT_S = 1.0
 TICK_S = 1.0  # the control loop wakes at least this often while workers train
-PERIODIC_EVAL_MAX_RANGES = 4  # periodic evaluation scores a bounded slice of the held-out rows  # how long a worker's request for work blocks before it asks again
+PERIODIC_EVAL_MAX_RANGES = 4  # periodic evaluation scores a bounded slice of the held-out rows
 
 
 @dataclass
@@ -61,8 +64,9 @@ class DataPlan:
 
 
 class JobMaster:
-    def __init__(self, job_id: str, spec: dict, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, job_id: str, spec: dict, clock: Callable[[], float] = time.monotonic, run_dir: str | None = None) -> None:
         self.job_id = job_id
+        self.run_dir = run_dir
         self.spec = JobSpec.model_validate(spec)
         self.clock = clock
         self.t0 = clock()
@@ -88,16 +92,20 @@ class JobMaster:
         self._retired: set[str] = set()
         self._draining: set[str] = set()  # finish their leased shards, then get "stop"
         self.control: Controller | None = None
+        self.recovery = Recovery(self)
+        self.checkpointer: Checkpointer | None = None
 
     # -- called by workers ------------------------------------------------------------------
-    def next_shard(self, worker: str) -> Shard | None | str:
-        """A shard to train, ``None`` (nothing right now: ask again) or ``"stop"``."""
+    def next_shard(self, worker: str, generation: int = 0) -> Shard | None | str:
+        """A shard to train, ``None`` (nothing right now: ask again) or ``"stop"``.
+        ``generation``: the worker's run's; a run from before a rollback gets "stop"."""
         with self._work:
             if self.train_start is None:
                 self.train_start = self.clock()
             deadline = self.clock() + NEXT_SHARD_WAIT_S
             while True:
-                if self.queue.finished or self.status == "stopping" or worker in self._retired or worker in self._draining:
+                stale = generation != self.launcher.generation
+                if stale or self.queue.finished or self.status == "stopping" or worker in self._retired or worker in self._draining:
                     return "stop"
                 # Deterministic mode: one shard at a time across the job.
                 busy = self.spec.train.deterministic and self.queue.doing_count > 0
@@ -109,10 +117,10 @@ class JobMaster:
                     return None
                 self._work.wait(left)
 
-    def shard_done(self, worker: str, shard_id: int, rows: int, bad_lines: int) -> None:
+    def shard_done(self, worker: str, shard_id: int, rows: int, bad_lines: int, generation: int = 0) -> None:
         with self._work:
-            if worker in self._retired:
-                return  # its shards were requeued when it was retired
+            if worker in self._retired or generation != self.launcher.generation:
+                return  # requeued when it was retired, or rolled back since
             self.queue.done(shard_id, worker, rows)
             self.bad_lines += bad_lines
             if self.queue.finished:
@@ -123,6 +131,7 @@ class JobMaster:
         now = self.clock() - self.t0
         if metrics.get("first_step"):
             self.events.add("first_step", actor=worker)
+            self.recovery.first_step(worker)
             if self.control is not None:
                 self.control.first_step(worker, now)
             return
@@ -174,6 +183,7 @@ class JobMaster:
         self.events.add("job_start", job_id=self.job_id, samples_expected=self.queue.samples_expected)
         self.launcher = Launcher(self.job_id, spec, self.data.files, master=ray.get_runtime_context().current_actor)
         self.control = Controller(self, self.data)
+        self.checkpointer = Checkpointer(self, CheckpointStore(self._checkpoint_root(), keep=spec.checkpoint.keep))
         try:
             return self._train_and_evaluate()
         finally:
@@ -184,6 +194,9 @@ class JobMaster:
         self.launcher.launch(config)
         self.control.started(config)
         self.events.add("launched", workers=len(self.launcher.workers), ps=len(self.launcher.ps), config=config.short())
+        first = self.checkpointer.take({}, self.clock() - self.t0)  # the state to fall back on before any other
+        if first is not None:
+            self.checkpointer.write_durable(first, first.at_s)
         with self._lock:
             if self.status != "stopping":
                 self.status = "training"
@@ -205,8 +218,39 @@ class JobMaster:
         # Each (sample, feature) bag is pushed to exactly one PS: this counts applied updates.
         summary["ps_bags_updated"] = int(sum(s["rows_updated"] for s in ps_stats))
         summary.update(self.control.finish(summary))
+        self.checkpointer.flush()
+        self.recovery.finish()
+        summary.update(self._reliability(summary))
         self._export_final()
         return summary
+
+    def _checkpoint_root(self) -> str:
+        """Durable checkpoints: ``checkpoint.dir/<job_id>``, else ``<run dir>/checkpoints``."""
+        import os
+        import tempfile
+
+        if self.spec.checkpoint.dir:
+            return self.spec.checkpoint.dir.rstrip("/") + "/" + self.job_id
+        base = self.run_dir or os.path.join(tempfile.gettempdir(), "dlrover-runs", self.job_id)
+        return os.path.join(base, "checkpoints")
+
+    def _reliability(self, summary: dict) -> dict:
+        rep = reliability_report(
+            self.failures,
+            wall_s=summary["wall_time_s"],
+            train_s=summary["train_time_s"],
+            samples_replayed=self.recovery.samples_replayed,
+            throughput=summary["throughput_samples_per_s"],
+        )
+        return {
+            "reliability": rep.to_dict(),
+            "ettr": rep.ettr,
+            "mttf_s": rep.mttf_s,
+            "samples_replayed": int(self.recovery.samples_replayed),
+            "oom_kills": len(self.recovery.oom_killed),
+            "bad_nodes": sorted(self.launcher.avoid),
+            "checkpoints": self.checkpointer.summary(),
+        }
 
     def _export_final(self) -> None:
         """Write the trained model (global embedding tables + dense parameters) to
@@ -236,7 +280,9 @@ class JobMaster:
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=min(TICK_S, self.spec.policy.interval_s))
             self._tick()
             if not self.queue.finished and self.status == "training":
+                self.recovery.tick(pending)
                 pending.update(self.control.tick(pending))
+                self._checkpoint(pending)
             ready = [r for r in ready if r in pending]  # a restart may have taken some
             if not ready:
                 continue
@@ -244,6 +290,8 @@ class JobMaster:
             name = pending.pop(ref)
             try:
                 stats = ray.get(ref)
+                if stats.get("aborted"):
+                    continue
                 self.events.add("worker_exit", actor=name, **{k: v for k, v in stats.items() if np.isscalar(v)})
                 with self._lock:
                     self.metrics.pop(name, None)
@@ -258,40 +306,34 @@ class JobMaster:
                     self.events.add("job_error", actor=name, error=str(cause))
                     self.stop()
                     raise type(cause)(str(cause)) from None
-                pending.update(self._replace_worker(name, e))
+                if isinstance(cause, ray.exceptions.RayActorError):  # a call to a PS failed
+                    dead, dense = self.recovery.dead_ps_now()
+                    if dead or dense:
+                        pending[ref] = name  # the rollback stops and restarts it
+                        self.recovery.ps_failed(pending, dead, dense, f"{name}: {str(cause).strip().splitlines()[0][:120]}")
+                        continue
+                self.recovery.worker_failed(name, e, pending)
             except ray.exceptions.RayActorError as e:
-                pending.update(self._replace_worker(name, e))
+                self.recovery.worker_failed(name, e, pending)
+
+    def _checkpoint(self, pending: dict) -> None:
+        """Take an in-memory checkpoint when one is due (not while a rescale is under way),
+        and write one to durable storage when that is due."""
+        now = self.clock() - self.t0
+        ck = self.checkpointer
+        if not ck.due(now) or self.control.busy() or self._eval_ref is not None:
+            return
+        lz = self.launcher
+        running = {n: lz.workers[n] for n in pending.values() if n in lz.workers}
+        taken = ck.take(running, now, extra={"config": self.control._config().to_dict()})
+        if taken is not None and ck.durable_due(now, len(self.failures)):
+            ck.write_durable(taken, now)
 
     def drain(self, names: list[str]) -> None:
         """Give these workers no more shards; they finish what they hold and exit."""
         with self._work:
             self._draining.update(names)
             self._work.notify_all()
-
-    def _replace_worker(self, name: str, err: Exception) -> dict:
-        at = self.clock() - self.t0
-        if len(self.failures) >= MAX_WORKER_REPLACEMENTS:
-            # A failure that keeps coming back is a bug, not bad luck: stop with its cause.
-            self.stop()
-            raise RuntimeError(f"{name} failed and {len(self.failures)} replacements already failed: {err}")
-        with self._work:
-            self._retired.add(name)
-            self.metrics.pop(name, None)
-            requeued = self.queue.requeue_owner(name)
-            self._work.notify_all()
-        size = self.launcher.resources.get(name, (None, None))
-        self.launcher.forget_worker(name)
-        self.control.forget(name)
-        failure = {"kind": "worker_death", "actor": name, "at_s": at, "cause": type(err).__name__, "shards_requeued": len(requeued)}
-        pending = {}
-        if not self.queue.finished and name not in self._draining:
-            new = self.launcher.add_worker(*size)
-            failure["replacement"] = new
-            pending[self.launcher.start(new)] = new
-        failure["recovered_s"] = self.clock() - self.t0
-        self.failures.append(failure)
-        self.events.add("failure", **{("failure_kind" if k == "kind" else k): v for k, v in failure.items()})
-        return pending
 
     def _tick(self) -> None:
         """Periodic control work; for now the optional every-N-steps evaluation."""

@@ -187,6 +187,11 @@ class PSEmbeddingBagCollection(nn.Module):
             key_dim=1,
         )
 
+    def reset(self) -> None:
+        """Forget lookups and pushes of an aborted run."""
+        self._prefetched.clear()
+        self.push_refs = []
+
     def take_push_refs(self) -> list[Any]:
         refs, self.push_refs = self.push_refs, []
         return refs

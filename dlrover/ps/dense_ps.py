@@ -48,6 +48,26 @@ class DenseParamServer:
             # No copy: Ray serialises the return value before the next call can run.
             return self.version, self.param.detach().numpy()
 
+    def state(self) -> dict:
+        """Parameters and optimizer state (a checkpoint; workers parked, so consistent)."""
+        with self._lock:
+            opt = self.opt.state_dict()
+            return {
+                "param": self.param.detach().numpy().copy(),
+                "version": self.version,
+                "opt_state": {k: v.detach().numpy().copy() if torch.is_tensor(v) else v for k, v in opt["state"].get(0, {}).items()},
+            }
+
+    def set_state(self, state: dict) -> None:
+        """Roll back to ``state()``'s result."""
+        with self._lock:
+            with torch.no_grad():
+                self.param.copy_(torch.as_tensor(np.asarray(state["param"])))
+            opt = self.opt.state_dict()
+            opt["state"] = {0: {k: torch.as_tensor(np.asarray(v)).clone() if isinstance(v, np.ndarray) or torch.is_tensor(v) else v for k, v in state["opt_state"].items()}} if state["opt_state"] else {}
+            self.opt.load_state_dict(opt)
+            self.version = int(state["version"])
+
     def pull(self) -> tuple[int, np.ndarray]:
         return self.push_pull(None)
 

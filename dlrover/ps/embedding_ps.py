@@ -97,6 +97,10 @@ class EmbeddingPS:
         self._proc = psutil.Process()
         self._prepared: tuple | None = None  # (vmap version, thread, {"tbe": ..., "bytes": ...}) from prepare()
         self._dirty: DirtyRows | None = None  # rows pushed since track()
+        self._snap: dict | None = None  # taken by snapshot(), handed over by snapshot_payload()
+        import ray
+
+        self._node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
         self.chaos = ChaosState()
 
     def _new_tbe(self, sizes: list[int]):
@@ -242,14 +246,15 @@ class EmbeddingPS:
             self._prepared[1].join()
         self._prepared, self._dirty = None, None
 
-    def _fill(self, tbe, vmap: VShardMap, payloads: list[dict]) -> int:
-        """Copy into ``tbe`` (laid out for ``vmap``) the kept blocks and the payloads' blocks."""
+    def _fill(self, tbe, vmap: VShardMap, payloads: list[dict], keep: bool = True) -> int:
+        """Copy into ``tbe`` (laid out for ``vmap``) the kept blocks (``keep``) and the
+        payloads' blocks."""
         rpv = vmap.rows_per_vshard()
         new_owned = list(vmap.owned(self.index))
         new_slot = {int(v): i for i, v in enumerate(new_owned)}
         dst = self._table_arrays(tbe)
         old_slot = {int(v): i for i, v in enumerate(self.vmap.owned(self.index))}
-        kept = [v for v in new_slot if v in old_slot]
+        kept = [v for v in new_slot if v in old_slot] if keep else []
         copy_blocks(dst, np.array([new_slot[v] for v in kept]), self._table_arrays(self.tbe), np.array([old_slot[v] for v in kept]), rpv)
         nbytes, have = 0, set(kept)
         for p in payloads:  # a payload may also hold vshards going to other PS
@@ -301,6 +306,38 @@ class EmbeddingPS:
         done = time.perf_counter()
         return {"bytes_in": nbytes, "bytes_precopied": precopied, "recv_s": t_recv - t0, "copy_s": done - t_recv, "orphan_pulls": orphans}
 
+    # -- checkpoints (see dlrover.master.checkpoint) -------------------------------------
+    def snapshot(self) -> int:
+        """Copy every owned vshard (weights + optimizer state) aside, with the workers
+        parked: a consistent cut costs one memcpy. ``snapshot_payload`` hands it over
+        once training has resumed. Returns the bytes copied."""
+        with self._lock:
+            owned = np.arange(len(self.vmap.owned(self.index)))
+            self._snap = {"vshards": self.vmap.owned(self.index).astype(np.int64), "tables": export_blocks(self._table_arrays(self.tbe), owned, self.vmap.rows_per_vshard())}
+        return int(sum(a.nbytes for t in self._snap["tables"] for a in t))
+
+    def snapshot_payload(self) -> dict:
+        """The last ``snapshot`` as an export payload (it goes to the object store as this
+        call's return value, owned by the caller)."""
+        snap, self._snap = self._snap, None
+        if snap is None:
+            raise RuntimeError(f"ps-{self.index}: no snapshot taken")
+        return snap
+
+    def restore(self, vmap: VShardMap, payloads: list[Any]) -> int:
+        """Roll back to a checkpoint: rebuild the tables of ``vmap`` from full payloads
+        (they may come from PS that no longer exist, under an older map). Pulls not pushed
+        yet are dropped: the workers that made them restart from the checkpoint too."""
+        import ray
+
+        payloads = [p if isinstance(p, dict) else ray.get(p) for p in payloads]
+        tbe = self._new_tbe(vmap.local_table_sizes(self.index))
+        nbytes = self._fill(tbe, vmap, payloads, keep=False)
+        with self._lock:
+            self._pending.clear()
+            self.tbe, self.vmap, self._prepared, self._dirty = tbe, vmap, None, None
+        return nbytes
+
     # -- state --------------------------------------------------------------------------
     def table_rows(self, table: int) -> tuple[np.ndarray, np.ndarray]:
         """(global row ids, weights) of the rows of ``table`` this PS owns."""
@@ -329,6 +366,7 @@ class EmbeddingPS:
         s["pending"] = len(self._pending)
         s["uptime_s"] = time.monotonic() - self._started
         s["pid"] = os.getpid()
+        s["node_id"] = self._node
         s["rss_mb"] = self._proc.memory_info().rss / 2**20
         s["cpu_percent"] = self._proc.cpu_percent()
         return s

@@ -69,6 +69,10 @@ _END = object()
 PAUSE_POLL_S = 0.05  # how often a worker idle on input checks for a pause request
 
 
+class _Aborted(Exception):
+    """The master called ``abort``: leave ``run`` at once (a rollback follows)."""
+
+
 def batches_of(reader: FileReader, index: FileIndex, start: int, stop: int, batch_size: int):
     """Read rows [start, stop) of a file as batches of ``batch_size`` (last one shorter)."""
     for a in range(start, stop, batch_size):
@@ -108,7 +112,7 @@ class Worker:
         self.client = PSClient(ps, vmap, self.spec.model.embedding_dim, name, get=ray.get)
         self.ebc = PSEmbeddingBagCollection(table_configs(self.spec.model), self.client)
         self.model = build_dense_dlrm(self.spec.model, self.ebc, self.spec.seed)
-        self.dense = DenseClient(dense_parameters(self.model), dense_ps, owner=name)
+        self.dense: DenseClient | None = None  # opened by each run
         self.loss_fn = torch.nn.BCEWithLogitsLoss()
         self._proc = psutil.Process()
         self._stop = threading.Event()
@@ -120,6 +124,12 @@ class Worker:
         self._paused = False
         self._queue: queue.Queue | None = None
         self.chaos = ChaosState()
+        # Fault recovery: ``run(generation)`` may be called again after ``abort``; shards
+        # and reports carry the generation so the master ignores a stale one.
+        self._gen = 0
+        self._abort = False
+        self._in_flight: dict[int, ShardProgress] = {}
+        self._finished: list[ShardProgress] = []
 
     def set_chaos(self, slowdown: float = 1.0, leak_mb_per_s: float = 0.0) -> None:
         """Fault injection (the spec's ``chaos:``): run slower, or leak memory."""
@@ -136,14 +146,36 @@ class Worker:
                 return True
             return self._ctl.wait_for(lambda: self._paused or not self._running, timeout=timeout_s)
 
-    def set_routing(self, ps: dict[int, Any], vmap: VShardMap) -> int:
-        """Install a new PS set and vshard map, and resume if paused. Returns the map version."""
+    def set_routing(self, ps: dict[int, Any], vmap: VShardMap, dense_ps: Any = None) -> int:
+        """Install a new PS set and vshard map (and dense PS, after a recovery), and resume
+        if paused. Returns the map version."""
         with self._ctl:
             self.client.set_routing(ps, vmap)
+            if dense_ps is not None:
+                self.dense_ps = dense_ps
             self._eval = None  # the evaluation replica is rebuilt with the new map
             self._pause_requested = False
             self._ctl.notify_all()
         return vmap.version
+
+    def resume(self) -> None:
+        """Let a paused loop go on (a checkpoint was taken meanwhile)."""
+        with self._ctl:
+            self._pause_requested = False
+            self._ctl.notify_all()
+
+    def trained(self) -> dict[int, tuple[int, int]]:
+        """While parked: (lines, rows) of each held shard whose updates are applied, for a
+        checkpoint's cut (``ShardQueue.cut``)."""
+        return {p.shard.shard_id: (p.rows + p.bad_lines, p.rows) for p in [*self._in_flight.values(), *self._finished]}
+
+    def abort(self) -> None:
+        """Stop training now, without reporting anything more (the job rolls back to a
+        checkpoint). ``run`` returns ``{"aborted": True}``; a later ``run`` starts afresh."""
+        with self._ctl:
+            self._abort = True
+            self._pause_requested = False
+            self._ctl.notify_all()
 
     def _park(self, drain: list[Any]) -> None:
         """Training thread: settle ``drain`` (every unapplied push), then wait for resume."""
@@ -151,15 +183,27 @@ class Worker:
         with self._ctl:
             self._paused = True
             self._ctl.notify_all()
-            self._ctl.wait_for(lambda: not self._pause_requested)
+            self._ctl.wait_for(lambda: not self._pause_requested or self._abort)
             self._paused = False
+        if self._abort:
+            raise _Aborted()
 
     # -- input pipeline ----------------------------------------------------------------------
-    def _produce(self, out: queue.Queue) -> None:
+    def _produce(self, out: queue.Queue, gen: int) -> None:
         """Background thread: shards from the master -> parsed batches on ``out``."""
+
+        def put(item: Any) -> bool:
+            while not self._stop.is_set():
+                try:
+                    out.put(item, timeout=PAUSE_POLL_S)
+                    return True
+                except queue.Full:
+                    pass
+            return False  # run ended (aborted): nobody reads this queue any more
+
         try:
             while not self._stop.is_set():
-                shard = ray.get(self.master.next_shard.remote(self.name))
+                shard = ray.get(self.master.next_shard.remote(self.name, gen))
                 if shard == "stop":
                     break
                 if shard is None:
@@ -177,17 +221,27 @@ class Worker:
                         # Routing and the object-store put of the ids are CPU work that
                         # can run here, off the training thread.
                         step.routed = self.client.route(step.kjt, put=ray.put)
-                    out.put(step)  # an empty last step only closes the shard's books
+                    if not put(step):  # an empty last step only closes the shard's books
+                        return
         except BaseException as e:  # surfaced by the main loop
-            out.put(e)
-        out.put(_END)
+            put(e)
+        put(_END)
 
     # -- training loop -----------------------------------------------------------------------------
-    def run(self) -> dict:
+    def run(self, generation: int = 0) -> dict:
+        """Train until the master has no more shards (or ``abort``); the stats of this run."""
         with self._ctl:
             self._running = True
+            self._abort = False
+            self._gen = generation
+        self._stop.clear()
+        self.ebc.reset()
+        self._in_flight, self._finished = {}, []
+        self.dense = DenseClient(dense_parameters(self.model), self.dense_ps, owner=self.name)
         try:
             return self._run()
+        except _Aborted:
+            return {"aborted": True, "generation": generation}
         finally:
             self._stop.set()  # the input thread must not ask for shards once we are gone
             with self._ctl:
@@ -198,13 +252,12 @@ class Worker:
     def _run(self) -> dict:
         q: queue.Queue = queue.Queue(maxsize=4)
         self._queue = q
-        producer = threading.Thread(target=self._produce, args=(q,), daemon=True, name="shard-reader")
+        producer = threading.Thread(target=self._produce, args=(q, self._gen), daemon=True, name="shard-reader")
         producer.start()
         self.dense.pull()
         self.model.train()
         stats = {"steps": 0, "samples": 0, "loss_sum": 0.0, "wait_dense_s": 0.0, "compute_s": 0.0, "wait_data_s": 0.0}
-        in_flight: dict[int, ShardProgress] = {}
-        self._finished: list[ShardProgress] = []
+        in_flight = self._in_flight
         last_report = time.monotonic()
         window = self._new_window(time.monotonic())
 
@@ -225,6 +278,8 @@ class Worker:
                 self._park(unapplied())
             t0 = time.perf_counter()
             while True:
+                if self._abort:
+                    raise _Aborted()
                 try:
                     item = q.get(timeout=PAUSE_POLL_S)
                     break
@@ -248,6 +303,8 @@ class Worker:
         ended = False
         shard_id = None
         while True:
+            if self._abort:
+                raise _Aborted()
             if cur is None:
                 if ended:
                     break
@@ -342,7 +399,7 @@ class Worker:
                 if len(ready) < len(prog.refs):
                     remaining.append(prog)
                     continue
-            ray.get(self.master.shard_done.remote(self.name, prog.shard.shard_id, prog.rows, prog.bad_lines))
+            ray.get(self.master.shard_done.remote(self.name, prog.shard.shard_id, prog.rows, prog.bad_lines, self._gen))
         return remaining
 
     def _new_window(self, now: float) -> dict:
@@ -397,6 +454,9 @@ class Worker:
 
     def ping(self) -> int:
         return os.getpid()
+
+    def node_id(self) -> str:
+        return ray.get_runtime_context().get_node_id()
 
 
 def _oracle_scores(batches: list[tuple[str, Batch]]) -> np.ndarray | None:

@@ -1,0 +1,1 @@
+"""Durable, checksummed checkpoints (:mod:`dlrover.checkpoint.store`)."""

@@ -1,0 +1,234 @@
+"""Job checkpoints: consistent cuts of the whole training state, in memory and on disk.
+
+A cut parks every worker at a step boundary with all of its updates applied (the same
+handshake as a migration's second round), then, in one short pause: each PS copies its
+vshards (weights + optimizer state) aside, the dense PS hands over its parameters and
+optimizer state, and the shard queue is cut (``ShardQueue.cut``: half-trained shards go
+back to todo with the part the model already holds as an offset). Training resumes and
+the PS copies go to the Ray object store as the results of calls the master owns: that
+is the in-memory checkpoint, cheap enough to take every few seconds.
+
+Every so often (``checkpoint.interval_s``, or Young-Daly from the failures seen) the
+latest in-memory checkpoint is also written to durable storage on a background thread
+(:class:`dlrover.checkpoint.store.CheckpointStore`, checksummed). Recovery reads the
+newest in-memory checkpoint and falls back to the durable one when its objects are gone
+(their node died) or the master itself restarted.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import ray
+
+from dlrover.checkpoint.store import CheckpointError, CheckpointStore
+from dlrover.metrics.reliability import failure_rate_per_s, young_daly_interval_s
+from dlrover.ps.vshard import VShardMap
+
+if TYPE_CHECKING:
+    from dlrover.master.master import JobMaster
+
+PAUSE_TIMEOUT_S = 30.0
+OBJECT_GET_TIMEOUT_S = 30.0
+
+
+@dataclass
+class Checkpoint:
+    """One consistent cut. ``ps``: ObjectRefs of the PS payloads (in memory) or the
+    payloads themselves (loaded from disk)."""
+
+    seq: int
+    at_s: float  # job time of the cut
+    queue: dict  # ShardQueue state, nothing leased
+    samples: int  # rows the checkpoint holds (done shards + offsets)
+    bad_lines: int
+    steps: int
+    dense: dict
+    ps: list[Any]
+    pause_s: float = 0.0
+    durable_path: str | None = None
+    extra: dict = field(default_factory=dict)  # job state persisted with it (plan, ...)
+
+    def meta(self) -> dict:
+        return {
+            "seq": self.seq,
+            "at_s": self.at_s,
+            "queue": self.queue,
+            "samples": self.samples,
+            "bad_lines": self.bad_lines,
+            "steps": self.steps,
+            "extra": self.extra,
+        }
+
+
+def held_samples(queue_state: dict) -> int:
+    """Rows a cut queue state holds: done shards plus offsets of half-trained ones."""
+    return int(sum(r for _, _, r in queue_state["done"]) + sum(v[1] for _, v in queue_state.get("offsets", [])))
+
+
+class Checkpointer:
+    """Takes in-memory checkpoints and writes some of them to durable storage."""
+
+    def __init__(self, master: "JobMaster", store: CheckpointStore | None) -> None:
+        self.m = master
+        self.spec = master.spec.checkpoint
+        self.store = store
+        self.latest: Checkpoint | None = None
+        self.taken = 0
+        self.written: list[dict] = []  # durable writes: seq, path, bytes, write_s, at_s
+        self.pauses: list[float] = []
+        self._seq = 0
+        self._last_durable_at: float | None = None
+        self._writer: threading.Thread | None = None
+        self._write_error: str | None = None
+        self._lock = threading.Lock()
+
+    # -- when ---------------------------------------------------------------------------
+    def durable_interval_s(self, now: float, failures: int) -> float:
+        """``interval_s``, or Young-Daly from the observed failure rate and write time."""
+        if self.spec.interval_s != "auto":
+            return float(self.spec.interval_s)
+        write_s = float(np.mean([w["write_s"] for w in self.written[-3:]])) if self.written else 1.0
+        rate = failure_rate_per_s(failures, now, self.spec.prior_mttf_s, prior_weight_s=self.spec.prior_mttf_s)
+        return young_daly_interval_s(write_s, rate, self.spec.min_interval_s, self.spec.max_interval_s)
+
+    def due(self, now: float) -> bool:
+        if self.latest is None:
+            return True
+        every = self.spec.memory_interval_s
+        return every > 0 and now - self.latest.at_s >= every
+
+    def durable_due(self, now: float, failures: int) -> bool:
+        if self.store is None or (self._writer is not None and self._writer.is_alive()):
+            return False
+        return self._last_durable_at is None or now - self._last_durable_at >= self.durable_interval_s(now, failures)
+
+    # -- taking one ---------------------------------------------------------------------
+    def take(self, workers: dict[str, Any], now: float, extra: dict | None = None) -> Checkpoint | None:
+        """Cut now. ``workers``: the training workers' handles. None (and nothing changed)
+        when a worker does not park in time or a PS does not answer."""
+        m, lz = self.m, self.m.launcher
+        t0 = time.monotonic()
+        names = list(workers)
+        try:
+            parked = _results([workers[n].pause.remote(PAUSE_TIMEOUT_S) for n in names])
+            live = [n for n, p in zip(names, parked) if p is not None]
+            if any(p is False for p in parked):
+                m.events.add("checkpoint_skipped", why="a worker did not pause in time")
+                return None
+            trained: dict[int, tuple[int, int]] = {}
+            for t in _results([workers[n].trained.remote() for n in live]):
+                trained.update({int(k): tuple(v) for k, v in (t or {}).items()})
+            ps = dict(lz.ps)
+            ray.get([h.snapshot.remote() for h in ps.values()], timeout=PAUSE_TIMEOUT_S)
+            dense = ray.get(lz.dense_ps.state.remote(), timeout=PAUSE_TIMEOUT_S)
+            with m._lock:
+                queue = m.queue.cut(trained)
+                bad, steps = m.bad_lines, m.steps_done
+        except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError) as e:
+            m.events.add("checkpoint_skipped", why=str(e).strip().splitlines()[0][:200])
+            return None
+        finally:
+            _results([workers[n].resume.remote() for n in names])
+        pause = time.monotonic() - t0
+        refs = [h.snapshot_payload.remote() for h in ps.values()]
+        self._seq += 1
+        ckpt = Checkpoint(self._seq, now, queue, held_samples(queue), bad, steps, dense, refs, pause, extra=dict(extra or {}))
+        ckpt.extra["vmap"] = {"table_sizes": lz.vmap.table_sizes, "num_vshards": lz.vmap.num_vshards, "owner": lz.vmap.owner.tolist(), "version": lz.vmap.version}
+        with self._lock:
+            self.latest = ckpt
+        self.taken += 1
+        self.pauses.append(pause)
+        m.events.add("checkpoint", seq=ckpt.seq, pause_s=round(pause, 4), samples=ckpt.samples)
+        return ckpt
+
+    def write_durable(self, ckpt: Checkpoint, now: float) -> None:
+        """Write ``ckpt`` to the store on a background thread (training goes on)."""
+        if self.store is None:
+            return
+        self._last_durable_at = now
+
+        def write() -> None:
+            try:
+                payloads = ray.get(list(ckpt.ps), timeout=OBJECT_GET_TIMEOUT_S)
+                files = {f"ps_{i}": p for i, p in enumerate(payloads)}
+                files["dense"] = ckpt.dense
+                info = self.store.save(ckpt.seq, files, ckpt.meta())
+            except Exception as e:  # noqa: BLE001 - reported, the job goes on
+                self._write_error = f"{type(e).__name__}: {e}"
+                self.m.events.add("checkpoint_write_failed", seq=ckpt.seq, error=self._write_error[:300])
+                return
+            ckpt.durable_path = info.path
+            row = {"seq": ckpt.seq, "path": info.path, "bytes": info.nbytes, "write_s": round(info.write_s, 4), "at_s": ckpt.at_s}
+            self.written.append(row)
+            self.m.events.add("checkpoint_durable", **row)
+
+        self._writer = threading.Thread(target=write, name="checkpoint-writer", daemon=True)
+        self._writer.start()
+
+    def flush(self, timeout_s: float = 120.0) -> None:
+        """Wait for a durable write under way."""
+        if self._writer is not None:
+            self._writer.join(timeout_s)
+
+    # -- reading one back ---------------------------------------------------------------
+    def payloads(self) -> tuple[Checkpoint, list[Any], str]:
+        """The newest checkpoint whose data can be had, its PS payloads, and where they
+        came from ("memory" or "durable"). CheckpointError when there is none."""
+        ckpt = self.latest
+        if ckpt is not None:
+            try:
+                ready, _ = ray.wait(list(ckpt.ps), num_returns=len(ckpt.ps), timeout=OBJECT_GET_TIMEOUT_S, fetch_local=True)
+                if len(ready) == len(ckpt.ps):
+                    ray.get(list(ckpt.ps), timeout=OBJECT_GET_TIMEOUT_S)  # raises if an object is lost
+                    return ckpt, list(ckpt.ps), "memory"
+            except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError) as e:
+                self.m.events.add("checkpoint_lost", seq=ckpt.seq, error=str(e).strip().splitlines()[0][:200])
+        return self.load_durable()
+
+    def load_durable(self) -> tuple[Checkpoint, list[Any], str]:
+        if self.store is None:
+            raise CheckpointError("no in-memory checkpoint and no durable checkpoint directory")
+        self.flush()
+        step, meta, files, skipped = self.store.load_latest()
+        for msg in skipped:
+            self.m.events.add("checkpoint_corrupt", message=msg)
+        ps = [files[k] for k in sorted((k for k in files if k.startswith("ps_")), key=lambda k: int(k[3:]))]
+        ckpt = Checkpoint(
+            int(meta["seq"]), float(meta["at_s"]), meta["queue"], int(meta["samples"]), int(meta["bad_lines"]),
+            int(meta["steps"]), files["dense"], ps, durable_path=str(step), extra=meta.get("extra", {}),
+        )
+        self._seq = max(self._seq, ckpt.seq)
+        with self._lock:
+            self.latest = ckpt
+        return ckpt, ps, "durable"
+
+    def summary(self) -> dict:
+        return {
+            "in_memory_taken": self.taken,
+            "pause_s_mean": float(np.mean(self.pauses)) if self.pauses else None,
+            "pause_s_max": float(np.max(self.pauses)) if self.pauses else None,
+            "durable": self.written,
+            "durable_interval_s": self.durable_interval_s(self.m.clock() - self.m.t0, len(self.m.failures)) if self.store else None,
+            "write_error": self._write_error,
+        }
+
+
+def vmap_from(extra: dict) -> VShardMap:
+    v = extra["vmap"]
+    return VShardMap(list(v["table_sizes"]), int(v["num_vshards"]), np.asarray(v["owner"]), int(v["version"]))
+
+
+def _results(refs: list[Any]) -> list[Any]:
+    """Results of calls on workers; None for a worker that died meanwhile."""
+    out = []
+    for r in refs:
+        try:
+            out.append(ray.get(r, timeout=PAUSE_TIMEOUT_S + 5))
+        except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError, ray.exceptions.GetTimeoutError):
+            out.append(None)
+    return out

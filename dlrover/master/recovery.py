@@ -1,0 +1,345 @@
+"""Failure detection and recovery: what the master does when an actor dies, hangs or
+outgrows its memory.
+
+Deaths arrive as events: a worker's ``run`` ObjectRef fails (the worker died, or it hit
+a dead PS). The master also enforces its own timeouts, because an actor on a dead node
+can stay "alive but unreachable" for as long as Ray's health checks take: every actor
+is probed every ``PROBE_EVERY_S`` and one that does not answer within
+``PROBE_TIMEOUT_S`` is killed and handled as dead. Memory limits are enforced the same
+way a container's would be: an actor whose RSS goes over its limit is killed.
+
+Handling, by what was lost:
+
+- a worker: its leased shards go back to todo (at-least-once: the part it had pushed is
+  trained again), a replacement of the same size starts;
+- a PS (or the dense PS): its state is gone, so the job rolls back to the newest
+  checkpoint whose data can be had (in memory, else durable): every worker stops, the
+  dead PS are replaced, every PS and the dense PS load the checkpoint, the shard queue
+  goes back to the checkpoint's cut, and the shards completed since are trained again
+  (``samples_replayed``). Nothing the checkpoint does not hold is counted as trained, so
+  nothing is lost;
+- with ``checkpoint.on_failure: restart`` (the baseline): every failure restarts every
+  actor from the last durable checkpoint, as a job without live recovery would.
+
+Each failure is recorded with its kind, actor, node, injection/detection/recovery times
+and cause class (``dlrover.metrics.reliability``). Nodes whose actors keep failing or
+straggling are avoided for new actors (bad-node detection).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+import ray
+
+from dlrover.data.shards import ShardQueue
+from dlrover.metrics.reliability import cause_class
+from dlrover.ps.vshard import VShardMap
+
+if TYPE_CHECKING:
+    from dlrover.master.master import JobMaster
+
+PROBE_EVERY_S = 1.0
+PROBE_TIMEOUT_S = 30.0
+ABORT_TIMEOUT_S = 30.0
+BAD_NODE_STRIKES = 2  # failures or stragglers on one node before new actors avoid it
+
+
+class JobFailed(RuntimeError):
+    """Failures beyond ``checkpoint.max_failures``: the job stops with the last cause."""
+
+
+class Recovery:
+    def __init__(self, master: "JobMaster") -> None:
+        self.m = master
+        self._probes: dict[str, tuple[Any, float]] = {}
+        self._next_probe = 0.0
+        self.injected: dict[str, float] = {}  # actor -> job time a fault was injected (chaos)
+        self.oom_killed: dict[str, float] = {}  # actor -> job time the master killed it
+        self.strikes: Counter = Counter()  # node -> failures + stragglers
+        self.samples_replayed = 0
+        self.rollbacks = 0
+        self._awaiting: dict[str, list[dict]] = {}  # worker -> failures its first step ends
+
+    def now(self) -> float:
+        return self.m.clock() - self.m.t0
+
+    # -- detection ----------------------------------------------------------------------
+    def tick(self, pending: dict[Any, str]) -> None:
+        """Probes, timeouts and memory limits; handles what they find."""
+        now = self.now()
+        lz = self.m.launcher
+        self._enforce_memory(now)
+        dead_ps, dense_dead, hung = [], False, []
+        for name, (ref, issued) in list(self._probes.items()):
+            done, _ = ray.wait([ref], timeout=0)
+            if not done:
+                if now - issued > PROBE_TIMEOUT_S:
+                    del self._probes[name]
+                    self.m.events.add("probe_timeout", actor=name, after_s=round(now - issued, 1))
+                    hung.append(name)
+                continue
+            del self._probes[name]
+            try:
+                reply = ray.get(ref)
+            except ray.exceptions.RayActorError:
+                hung.append(name)
+                continue
+            except ray.exceptions.RayError:
+                continue
+            node = reply.get("node_id") if isinstance(reply, dict) else reply if isinstance(reply, str) else None
+            if node:
+                lz.nodes[name] = node
+        for name in hung:
+            if name == "dense-ps":
+                dense_dead = True
+            elif (k := self._ps_id(name)) is not None:
+                dead_ps.append(k)
+            elif name in lz.workers:
+                self._kill(lz.workers[name])  # unreachable: make it dead for real
+        if dead_ps or dense_dead:
+            self.ps_failed(pending, dead_ps, dense_dead, "probe")
+            return
+        if now >= self._next_probe:
+            self._next_probe = now + PROBE_EVERY_S
+            targets = {lz.ps_name(k): (h, "stats") for k, h in lz.ps.items()}
+            targets.update({n: (h, "node_id") for n, h in lz.workers.items() if n not in lz.nodes})
+            targets["dense-ps"] = (lz.dense_ps, "node_id")
+            for name, (h, method) in targets.items():
+                if name not in self._probes:
+                    self._probes[name] = (getattr(h, method).remote(), now)
+
+    def _ps_id(self, name: str) -> int | None:
+        lz = self.m.launcher
+        return next((k for k in lz.ps if lz.ps_name(k) == name), None)
+
+    def _enforce_memory(self, now: float) -> None:
+        if not self.m.spec.resources.enforce_memory:
+            return
+        lz = self.m.launcher
+        with self.m._lock:
+            rss = {n: float(r.get("rss_mb", 0.0)) for n, r in self.m.metrics.items() if n in lz.workers}
+        if self.m.control is not None:
+            rss.update({a.name: a.rss_mb for a in self.m.control.ps_metrics().values()})
+        for name, mb in rss.items():
+            limit = lz.resources.get(name, (0, 0))[1]
+            if limit and mb > limit and name not in self.oom_killed:
+                self.oom_killed[name] = now
+                self.m.events.add("oom_kill", actor=name, rss_mb=round(mb, 1), limit_mb=limit)
+                handle = lz.handle(name)
+                if handle is not None:
+                    self._kill(handle)
+
+    @staticmethod
+    def _kill(handle: Any) -> None:
+        try:
+            ray.kill(handle, no_restart=True)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+
+    def dead_ps_now(self, timeout_s: float = 10.0) -> tuple[list[int], bool]:
+        """Ask every PS and the dense PS now (a worker's run failed on a remote call)."""
+        lz = self.m.launcher
+        items = [(k, h.stats.remote()) for k, h in lz.ps.items()] + [(None, lz.dense_ps.node_id.remote())]
+        dead, dense = [], False
+        for k, ref in items:
+            try:
+                ray.get(ref, timeout=timeout_s)
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                if k is None:
+                    dense = True
+                else:
+                    dead.append(k)
+        return dead, dense
+
+    # -- handling -----------------------------------------------------------------------
+    def _failure(self, kind: str, actor: str, err: str, detected: float) -> dict:
+        at = self.injected.pop(actor, None)
+        if at is None:
+            at = self.oom_killed.get(actor, detected)
+        if actor in self.oom_killed:
+            kind = "oom_kill"
+        node = self.m.launcher.nodes.get(actor)
+        if "node" in err.lower() and ("died" in err.lower() or "dead" in err.lower()):
+            kind = "node_loss" if kind != "oom_kill" else kind
+        return {
+            "kind": kind,
+            "actor": actor,
+            "node": node,
+            "at_s": round(min(at, detected), 3),
+            "detected_s": round(detected, 3),
+            "cause": err.strip().splitlines()[0][:200] if err else "",
+            "cause_class": cause_class(kind, err),
+        }
+
+    def _record(self, failure: dict, resumes: list[str] | None = None) -> None:
+        """Add a failure. ``resumes``: workers whose first step means training goes on again
+        (``recovered_s``); without, it counts as recovered now."""
+        failure["handled_s"] = round(self.now(), 3)
+        failure["recovered_s"] = None if resumes else failure["handled_s"]
+        for w in resumes or []:
+            self._awaiting.setdefault(w, []).append(failure)
+        self.m.failures.append(failure)
+        self.m.events.add("failure", **{("failure_kind" if k == "kind" else k): v for k, v in failure.items()})
+        if failure.get("node"):
+            self.note_bad(failure["node"])
+        limit = self.m.spec.checkpoint.max_failures
+        if len(self.m.failures) > limit:
+            self.m.stop()
+            raise JobFailed(f"{len(self.m.failures)} failures (checkpoint.max_failures: {limit}); last: {failure['kind']} of {failure['actor']}: {failure['cause']}")
+
+    def first_step(self, worker: str) -> None:
+        """A worker trained its first step of a run: failures waiting on it are recovered."""
+        now = round(self.now(), 3)
+        for f in self._awaiting.pop(worker, []):
+            if f["recovered_s"] is None:
+                f["recovered_s"] = now
+                self.m.events.add("recovered", actor=f["actor"], failure_kind=f["kind"], after_s=round(now - f["at_s"], 3))
+
+    def finish(self) -> None:
+        """End of job: a failure whose replacement never trained counts as recovered when handled."""
+        for f in self.m.failures:
+            if f.get("recovered_s") is None:
+                f["recovered_s"] = f.get("handled_s")
+        self._awaiting.clear()
+
+    def note_bad(self, node: str) -> None:
+        """One strike against a node; at ``BAD_NODE_STRIKES`` new actors avoid it."""
+        self.strikes[node] += 1
+        if self.strikes[node] >= BAD_NODE_STRIKES and node not in self.m.launcher.avoid:
+            self.m.launcher.avoid.add(node)
+            self.m.events.add("bad_node", node=node, strikes=self.strikes[node])
+
+    def worker_failed(self, name: str, err: Exception, pending: dict[Any, str]) -> None:
+        """A worker died: requeue its shards, start a replacement (or restart the job)."""
+        detected = self.now()
+        failure = self._failure("worker_death", name, str(err), detected)
+        if self.m.spec.checkpoint.on_failure == "restart":
+            self.restart_all(pending, failure)
+            return
+        m, lz = self.m, self.m.launcher
+        with m._work:
+            m._retired.add(name)
+            m.metrics.pop(name, None)
+            requeued = m.queue.requeue_owner(name)
+            m._work.notify_all()
+        size = lz.resources.get(name, (None, None))
+        if name in self.oom_killed and m.control is not None:
+            size = (size[0], m.control.memory_after_oom(size[1]))
+        lz.forget_worker(name)
+        if m.control is not None:
+            m.control.forget(name)
+        failure["shards_requeued"] = len(requeued)
+        failure["capacity_lost"] = round(1.0 / max(len(lz.workers) + 1, 1), 4)  # the others train on
+        resumes = None
+        if not m.queue.finished and name not in m._draining:
+            new = lz.add_worker(*size)
+            failure["replacement"] = new
+            pending[lz.start(new)] = new
+            resumes = [new]
+        self._record(failure, resumes)
+
+    def ps_failed(self, pending: dict[Any, str], dead_ps: list[int], dense_dead: bool, how: str) -> None:
+        lz = self.m.launcher
+        detected = self.now()
+        names = [lz.ps_name(k) for k in dead_ps] + (["dense-ps"] if dense_dead else [])
+        failures = [self._failure("ps_death", n, f"{n} unreachable ({how})", detected) for n in names]
+        if self.m.spec.checkpoint.on_failure == "restart":
+            self.restart_all(pending, failures[0], more=failures[1:])
+            return
+        info = self.rollback(pending, dead_ps, dense_dead)
+        for f in failures:
+            f.update(info)
+            self._record(f, list(pending.values()))
+
+    # -- rollback -------------------------------------------------------------------------
+    def _stop_workers(self, pending: dict[Any, str]) -> list[str]:
+        """Abort every worker's run and wait for it; returns workers that are gone or hung."""
+        lz = self.m.launcher
+        for h in lz.workers.values():
+            h.abort.remote()
+        refs = list(pending)
+        done, hung = ray.wait(refs, num_returns=len(refs), timeout=ABORT_TIMEOUT_S) if refs else ([], [])
+        lost = [pending[r] for r in hung]
+        for r in done:
+            try:
+                ray.get(r)
+            except ray.exceptions.RayActorError:
+                lost.append(pending[r])  # the worker itself died
+            except ray.exceptions.RayError:
+                pass  # its run failed on a dead PS: the worker is fine
+        pending.clear()
+        return lost
+
+    def rollback(self, pending: dict[Any, str], dead_ps: list[int], dense_dead: bool, replace_all: bool = False) -> dict:
+        """Roll the whole job back to the newest usable checkpoint (see module doc)."""
+        m, lz = self.m, self.m.launcher
+        t0 = self.now()
+        if m.control is not None:
+            m.control.abort_pending()
+        lost = self._stop_workers(pending)
+        if replace_all:
+            lost = list(lz.workers)
+            dead_ps = list(lz.ps)
+            dense_dead = True
+        for name in set(lost) | set(m._draining):
+            if name in lz.workers:
+                size = lz.resources.get(name, (None, None))
+                lz.forget_worker(name)
+                if m.control is not None:
+                    m.control.forget(name)
+                if name not in m._draining:
+                    lz.add_worker(*size)
+        m._draining.clear()
+        # Replace lost PS; the new ones take over exactly their vshards.
+        owner = lz.vmap.owner.copy()
+        for k in dead_ps:
+            size = lz.resources.get(lz.ps_name(k), (lz.spec.resources.ps_cpu, lz.spec.resources.ps_memory_mb))
+            if lz.ps_name(k) in self.oom_killed and m.control is not None:
+                size = (size[0], m.control.memory_after_oom(size[1]))
+            lz.remove_ps(k)
+            owner[owner == k] = lz.add_ps(*size)
+        if dense_dead:
+            lz.new_dense_ps()
+        lz.wait_started()
+        ckpt, payloads, source = m.checkpointer.payloads()
+        refs = [p if isinstance(p, ray.ObjectRef) else ray.put(p) for p in payloads]
+        vmap = VShardMap(lz.vmap.table_sizes, lz.vmap.num_vshards, owner, lz.vmap.version + 1)
+        ray.get([h.restore.remote(vmap, refs) for h in lz.ps.values()])
+        ray.get(lz.dense_ps.set_state.remote(ckpt.dense))
+        lz.vmap = vmap
+        with m._work:
+            replayed = max(0, m.queue.samples_done - ckpt.samples)
+            m.queue = ShardQueue.from_state_dict(ckpt.queue, clock=m.clock)
+            m.bad_lines, m.steps_done = ckpt.bad_lines, ckpt.steps
+            m.train_end = None
+            lz.generation += 1
+            m._work.notify_all()
+        self.samples_replayed += replayed
+        self.rollbacks += 1
+        ray.get([h.set_routing.remote(dict(lz.ps), vmap, lz.dense_ps) for h in lz.workers.values()])
+        for name in lz.workers:
+            pending[lz.start(name)] = name
+        if m.control is not None:
+            m.control.after_rollback()
+        info = {
+            "checkpoint": {"seq": ckpt.seq, "at_s": round(ckpt.at_s, 3), "source": source},
+            "samples_replayed": int(replayed),
+            "rollback_s": round(self.now() - t0, 3),
+        }
+        m.events.add("rollback", **info, generation=lz.generation, dead_ps=[int(k) for k in dead_ps], dense=dense_dead)
+        return info
+
+    def restart_all(self, pending: dict[Any, str], failure: dict, more: list[dict] | None = None) -> None:
+        """Baseline handling: every actor restarts from the last durable checkpoint."""
+        m = self.m
+        with m._work:  # the failed worker's late calls must not count
+            m._retired.add(failure["actor"])
+        m.checkpointer.latest = None  # only what is on disk survives a whole-job restart
+        info = self.rollback(pending, [], False, replace_all=True)
+        for f in [failure, *(more or [])]:
+            f.update(info)
+            self._record(f, list(pending.values()))
+
