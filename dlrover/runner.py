@@ -20,6 +20,9 @@ POLL_S = 0.5  # progress-bar refresh period
 LINE_EVERY_S = 5.0  # progress-line period without a bar
 
 
+MASTER_RESTARTS = 3
+
+
 def new_job_id(name: str) -> str:
     return f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
 
@@ -135,8 +138,10 @@ def run_job(
     try:
         master = (
             ray.remote(JobMaster)
-            .options(name=f"{job_id}/master", max_concurrency=64, num_cpus=0)
-            .remote(job_id, spec.model_dump())
+            # A master that dies is restarted by Ray (its calls retried) and resumes from
+            # its persisted state and the newest durable checkpoint.
+            .options(name=f"{job_id}/master", max_concurrency=64, num_cpus=0, max_restarts=MASTER_RESTARTS, max_task_retries=-1)
+            .remote(job_id, spec.model_dump(), run_dir=str(run_dir.resolve()))
         )
         ref = master.run.remote()
         bar = tqdm(total=None, unit="samples", unit_scale=True, disable=progress != "bar", dynamic_ncols=True, file=sys.stderr)

@@ -138,6 +138,7 @@ class Checkpointer:
         refs = [h.snapshot_payload.remote() for h in ps.values()]
         self._seq += 1
         ckpt = Checkpoint(self._seq, now, queue, held_samples(queue), bad, steps, dense, refs, pause, extra=dict(extra or {}))
+        ckpt.extra["config"] = lz.config(exclude=m._draining).to_dict()
         ckpt.extra["vmap"] = {"table_sizes": lz.vmap.table_sizes, "num_vshards": lz.vmap.num_vshards, "owner": lz.vmap.owner.tolist(), "version": lz.vmap.version}
         with self._lock:
             self.latest = ckpt

@@ -80,7 +80,7 @@ class _Window:
 
 
 class Controller:
-    def __init__(self, master: "JobMaster", data: "DataPlan") -> None:
+    def __init__(self, master: "JobMaster", data: "DataPlan", resumed_after_s: float | None = None) -> None:
         self.m = master
         spec = master.spec
         self.spec = spec
@@ -113,6 +113,8 @@ class Controller:
         self._initial_plan: ResourcePlan | None = None
         self._chaos = sorted(spec.chaos, key=lambda e: e.at_s)
         self.chaos_fired: list[dict] = []
+        if resumed_after_s is not None:  # after a master restart: what fired before stays fired
+            self._chaos = [e for e in self._chaos if e.at_s > resumed_after_s]
 
     # -- lifecycle ----------------------------------------------------------------------
     def now(self) -> float:
@@ -129,6 +131,10 @@ class Controller:
             self.m.scale_events.append(self._event("warm_start", plan, self.requested, plan.config, self.now()))
         self._initial_plan = plan
         return plan.config
+
+    def resumed(self, config: Config) -> None:
+        """After a master restart: the checkpoint's configuration, no warm-start decision."""
+        self._initial_plan = ResourcePlan(config, "resumed from a checkpoint after a master restart", stage="resume")
 
     def started(self, config: Config) -> None:
         self._open(config, self.now(), self._initial_plan)

@@ -94,6 +94,7 @@ class JobMaster:
         self.control: Controller | None = None
         self.recovery = Recovery(self)
         self.checkpointer: Checkpointer | None = None
+        self.restarts = 0
 
     # -- called by workers ------------------------------------------------------------------
     def next_shard(self, worker: str, generation: int = 0) -> Shard | None | str:
@@ -182,21 +183,119 @@ class JobMaster:
         )
         self.events.add("job_start", job_id=self.job_id, samples_expected=self.queue.samples_expected)
         self.launcher = Launcher(self.job_id, spec, self.data.files, master=ray.get_runtime_context().current_actor)
-        self.control = Controller(self, self.data)
         self.checkpointer = Checkpointer(self, CheckpointStore(self._checkpoint_root(), keep=spec.checkpoint.keep))
+        state = self._load_state()
+        self.control = Controller(self, self.data, resumed_after_s=state["crash_at_s"] if state else None)
+        if state:
+            self.control.chaos_fired = list(state["chaos_fired"])
         try:
-            return self._train_and_evaluate()
+            return self._train_and_evaluate(state)
         finally:
             self.launcher.shutdown()
 
-    def _train_and_evaluate(self) -> dict:
-        config = self.control.initial_config()
+    # -- master restarts ----------------------------------------------------------------------
+    # The master runs with Ray's max_restarts: when its process dies, the actors it owns
+    # die with it, Ray starts it again and retries ``run``. It finds its persisted state
+    # (start time, failures, scale events, chaos fired, checkpoint store) and resumes from
+    # the newest durable checkpoint instead of starting over.
+    def _state_path(self) -> str:
+        import os
+
+        return os.path.join(self._run_dir(), "master_state.json")
+
+    def _run_dir(self) -> str:
+        import os
+        import tempfile
+
+        return self.run_dir or os.path.join(tempfile.gettempdir(), "dlrover-runs", self.job_id)
+
+    def _persist(self, crash_at_s: float | None = None) -> None:
+        import json
+        import os
+
+        path = self._state_path()
+        state = {
+            "job_id": self.job_id,
+            "started_wall": time.time() - (self.clock() - self.t0),
+            "crash_at_s": crash_at_s if crash_at_s is not None else self.clock() - self.t0,
+            "samples_done": self.queue.samples_done if self.queue else 0,
+            "train_start_s": None if self.train_start is None else self.train_start - self.t0,
+            "samples_replayed": self.recovery.samples_replayed,
+            "failures": self.failures,
+            "scale_events": self.scale_events,
+            "chaos_fired": self.control.chaos_fired if self.control else [],
+            "restarts": self.restarts,
+        }
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path + ".tmp", "w") as f:
+            json.dump(state, f, default=float)
+        os.replace(path + ".tmp", path)
+
+    def _load_state(self) -> dict | None:
+        import json
+        import os
+
+        path = self._state_path()
+        if not os.path.exists(path):
+            return None
+        with open(path) as f:
+            state = json.load(f)
+        if state.get("job_id") != self.job_id:
+            return None
+        self.t0 = self.clock() - (time.time() - float(state["started_wall"]))
+        self.failures = list(state["failures"])
+        self.scale_events = list(state["scale_events"])
+        self.restarts = int(state["restarts"]) + 1
+        if state.get("train_start_s") is not None:
+            self.train_start = self.t0 + float(state["train_start_s"])
+        self.recovery.samples_replayed = int(state["samples_replayed"])
+        return state
+
+    def crash(self) -> None:
+        """Chaos ``master``: the master process dies here, as on a crash (state persisted
+        first, as it is at every checkpoint)."""
+        import os
+
+        self._persist(crash_at_s=self.clock() - self.t0)
+        os._exit(1)
+
+    def _resume(self, state: dict) -> Any:
+        """After a master restart: relaunch the checkpoint's configuration and load it."""
+        from dlrover.resource.plan import Config
+
+        detected = self.clock() - self.t0
+        ckpt, payloads, source = self.checkpointer.load_durable()
+        config = Config(**ckpt.extra["config"])
         self.launcher.launch(config)
+        lz = self.launcher
+        refs = [ray.put(p) for p in payloads]
+        ray.get([h.restore.remote(lz.vmap, refs) for h in lz.ps.values()])
+        ray.get(lz.dense_ps.set_state.remote(ckpt.dense))
+        with self._work:
+            self.queue = ShardQueue.from_state_dict(ckpt.queue, clock=self.clock)
+            self.bad_lines, self.steps_done = ckpt.bad_lines, ckpt.steps
+        replayed = max(0, int(state["samples_done"]) - ckpt.samples)
+        self.recovery.samples_replayed += replayed
+        failure = self.recovery._failure("master_death", f"{self.job_id}/master", "master process exited", detected)
+        failure["at_s"] = round(float(state["crash_at_s"]), 3)
+        failure.update(checkpoint={"seq": ckpt.seq, "at_s": round(ckpt.at_s, 3), "source": source}, samples_replayed=replayed, restarts=self.restarts)
+        self.recovery._record(failure, list(lz.workers))
+        self.events.add("master_resumed", restarts=self.restarts, checkpoint_seq=ckpt.seq, samples_replayed=replayed)
+        return config
+
+    def _train_and_evaluate(self, state: dict | None = None) -> dict:
+        if state is None:
+            config = self.control.initial_config()
+            self.launcher.launch(config)
+        else:
+            config = self._resume(state)
+            self.control.resumed(config)
         self.control.started(config)
         self.events.add("launched", workers=len(self.launcher.workers), ps=len(self.launcher.ps), config=config.short())
         first = self.checkpointer.take({}, self.clock() - self.t0)  # the state to fall back on before any other
         if first is not None:
             self.checkpointer.write_durable(first, first.at_s)
+            self._persist()
         with self._lock:
             if self.status != "stopping":
                 self.status = "training"
@@ -227,12 +326,10 @@ class JobMaster:
     def _checkpoint_root(self) -> str:
         """Durable checkpoints: ``checkpoint.dir/<job_id>``, else ``<run dir>/checkpoints``."""
         import os
-        import tempfile
 
         if self.spec.checkpoint.dir:
             return self.spec.checkpoint.dir.rstrip("/") + "/" + self.job_id
-        base = self.run_dir or os.path.join(tempfile.gettempdir(), "dlrover-runs", self.job_id)
-        return os.path.join(base, "checkpoints")
+        return os.path.join(self._run_dir(), "checkpoints")
 
     def _reliability(self, summary: dict) -> dict:
         rep = reliability_report(
@@ -325,9 +422,10 @@ class JobMaster:
             return
         lz = self.launcher
         running = {n: lz.workers[n] for n in pending.values() if n in lz.workers}
-        taken = ck.take(running, now, extra={"config": self.control._config().to_dict()})
+        taken = ck.take(running, now)
         if taken is not None and ck.durable_due(now, len(self.failures)):
             ck.write_durable(taken, now)
+        self._persist()
 
     def drain(self, names: list[str]) -> None:
         """Give these workers no more shards; they finish what they hold and exit."""

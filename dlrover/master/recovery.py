@@ -28,7 +28,6 @@ straggling are avoided for new actors (bad-node detection).
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
