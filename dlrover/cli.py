@@ -1,4 +1,4 @@
-"""``dlrover`` command line: run | submit | status | data synth | bench throughput|elastic|perf-model.
+"""``dlrover`` command line: run | submit | status | data synth | bench throughput|elastic|perf-model|recovery.
 
 User errors (bad spec, bad data, bad arguments) print one ``error:`` line and exit 2;
 anything else is a bug and keeps its traceback.
@@ -76,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     el.add_argument("--json", action="store_true")
     el.add_argument("--rows", type=_positive_int, default=1_500_000)
     el.add_argument("--num-embeddings", type=_positive_int, default=400_000, help="rows per table (26 tables of dim 16)")
+    rc = bsub.add_parser("recovery", help="fault recovery (ETTR, detect/recover per fault kind) vs restart-from-checkpoint")
+    rc.add_argument("--json", action="store_true")
+    rc.add_argument("--quick", action="store_true", help="a shorter job with 2 faults (smoke run)")
     pm = bsub.add_parser("perf-model", help="measure real configurations, fit the model on some, predict the rest (MAPE)")
     pm.add_argument("--json", action="store_true")
     pm.add_argument("--window-s", type=float, default=12.0, help="measured seconds per configuration")
@@ -151,6 +154,12 @@ def cmd_bench(args) -> int:
 
         result = run_elastic_bench(rows=args.rows, num_embeddings=args.num_embeddings)
         print(json.dumps(result, default=float)) if args.json else print_elastic(result)
+        return 0
+    if args.bench_cmd == "recovery":
+        from dlrover.bench.recovery import print_recovery, run_recovery_bench
+
+        result = run_recovery_bench(quick=args.quick)
+        print(json.dumps(result, default=float)) if args.json else print_recovery(result)
         return 0
     if args.bench_cmd == "perf-model":
         from dlrover.bench.perf_model import print_perf_model, run_perf_model_bench

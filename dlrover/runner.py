@@ -126,6 +126,8 @@ def run_job(
     """
     from tqdm import tqdm
 
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
     from dlrover.master.master import JobMaster
 
     ensure_data(spec)
@@ -140,7 +142,15 @@ def run_job(
             ray.remote(JobMaster)
             # A master that dies is restarted by Ray (its calls retried) and resumes from
             # its persisted state and the newest durable checkpoint.
-            .options(name=f"{job_id}/master", max_concurrency=64, num_cpus=0, max_restarts=MASTER_RESTARTS, max_task_retries=-1)
+            # On the driver's node (the head in a cluster), which a worker node's loss spares.
+            .options(
+                name=f"{job_id}/master",
+                max_concurrency=64,
+                num_cpus=0,
+                max_restarts=MASTER_RESTARTS,
+                max_task_retries=-1,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True),
+            )
             .remote(job_id, spec.model_dump(), run_dir=str(run_dir.resolve()))
         )
         ref = master.run.remote()

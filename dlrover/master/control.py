@@ -80,7 +80,7 @@ class _Window:
 
 
 class Controller:
-    def __init__(self, master: "JobMaster", data: "DataPlan", resumed_after_s: float | None = None) -> None:
+    def __init__(self, master: "JobMaster", data: "DataPlan", chaos_fired: list[dict] | None = None) -> None:
         self.m = master
         spec = master.spec
         self.spec = spec
@@ -112,9 +112,11 @@ class Controller:
         self._pending: dict[Any, str] = {}
         self._initial_plan: ResourcePlan | None = None
         self._chaos = sorted(spec.chaos, key=lambda e: e.at_s)
-        self.chaos_fired: list[dict] = []
-        if resumed_after_s is not None:  # after a master restart: what fired before stays fired
-            self._chaos = [e for e in self._chaos if e.at_s > resumed_after_s]
+        # After a master restart what fired before stays fired. Chaos times count from the
+        # first launch (``started``), so faults land in training whatever start-up took.
+        self.chaos_fired: list[dict] = list(chaos_fired or [])
+        self._chaos = self._chaos[len(self.chaos_fired) :]
+        self._chaos_t0: float | None = None
 
     # -- lifecycle ----------------------------------------------------------------------
     def now(self) -> float:
@@ -137,6 +139,8 @@ class Controller:
         self._initial_plan = ResourcePlan(config, "resumed from a checkpoint after a master restart", stage="resume")
 
     def started(self, config: Config) -> None:
+        if self._chaos_t0 is None:
+            self._chaos_t0 = self.now()
         self._open(config, self.now(), self._initial_plan)
         self._spares(config)
 
@@ -208,7 +212,7 @@ class Controller:
         now = self.now()
         self._running = list(pending.values())
         self._pending = pending
-        self._inject_chaos(now)
+        self._inject_chaos(now - (self._chaos_t0 or 0.0))
         if self._op is not None:
             return self._progress_op(now)
         if now < self._next_tick or self.m._eval_ref is not None:
@@ -286,7 +290,7 @@ class Controller:
                 continue
             name, handle = actors[i]
             if ev.action == "kill":
-                self.m.recovery.injected[name] = now
+                self.m.recovery.injected[name] = self.now()
                 ray.kill(handle, no_restart=True)
             elif ev.action == "slow":
                 handle.set_chaos.remote(slowdown=ev.factor)
@@ -295,7 +299,7 @@ class Controller:
             self._fired(ev, now, name)
 
     def _fired(self, ev: Any, now: float, actor: str, **more: Any) -> None:
-        fired = {"at_s": round(now, 3), "action": ev.action, "target": ev.target, "actor": actor, **more}
+        fired = {"at_s": round(now, 3), "job_s": round(self.now(), 3), "action": ev.action, "target": ev.target, "actor": actor, **more}
         if ev.action == "slow":
             fired["factor"] = ev.factor
         if ev.action == "leak":
@@ -313,7 +317,7 @@ class Controller:
         node = nodes[i]
         victims = [n for n, nd in lz.nodes.items() if nd == node and lz.handle(n) is not None]
         for name in victims:
-            self.m.recovery.injected[name] = now
+            self.m.recovery.injected[name] = self.now()
             ray.kill(lz.handle(name), no_restart=True)
         self._fired(ev, now, f"node {node[:12]}", actors=victims)
 

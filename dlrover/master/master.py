@@ -185,9 +185,7 @@ class JobMaster:
         self.launcher = Launcher(self.job_id, spec, self.data.files, master=ray.get_runtime_context().current_actor)
         self.checkpointer = Checkpointer(self, CheckpointStore(self._checkpoint_root(), keep=spec.checkpoint.keep))
         state = self._load_state()
-        self.control = Controller(self, self.data, resumed_after_s=state["crash_at_s"] if state else None)
-        if state:
-            self.control.chaos_fired = list(state["chaos_fired"])
+        self.control = Controller(self, self.data, chaos_fired=state["chaos_fired"] if state else None)
         try:
             return self._train_and_evaluate(state)
         finally:
