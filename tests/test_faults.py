@@ -116,7 +116,7 @@ NODE_SCRIPT = textwrap.dedent(
 
     cluster = Cluster(initialize_head=True, head_node_args={{
         "num_cpus": 0, "_system_config": {{"health_check_period_ms": 500, "health_check_failure_threshold": 3}}}})
-    doomed = cluster.add_node(num_cpus=2)
+    cluster.add_node(num_cpus=2)
     cluster.add_node(num_cpus=2)
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, namespace="dlrover", logging_level="ERROR")
@@ -131,6 +131,8 @@ NODE_SCRIPT = textwrap.dedent(
         if masters and ray.get(ray.get_actor(masters[0], namespace="dlrover").progress.remote())["samples_seen"] > 0:
             break
     time.sleep({delay})
+    here = ray.get_runtime_context().get_node_id()  # the driver's: master and dense PS live there
+    doomed = next(n for n in cluster.worker_nodes if n.node_id != here and n.node_id != cluster.head_node.node_id)
     cluster.add_node(num_cpus=2)  # room for the replacements
     cluster.remove_node(doomed, allow_graceful=False)
     t.join()

@@ -181,6 +181,8 @@ class Checkpointer:
         """The newest checkpoint whose data can be had, its PS payloads, and where they
         came from ("memory" or "durable"). CheckpointError when there is none."""
         ckpt = self.latest
+        if ckpt is not None and not all(isinstance(p, ray.ObjectRef) for p in ckpt.ps):
+            return ckpt, list(ckpt.ps), "durable"  # loaded from disk by an earlier recovery
         if ckpt is not None:
             try:
                 ready, _ = ray.wait(list(ckpt.ps), num_returns=len(ckpt.ps), timeout=OBJECT_GET_TIMEOUT_S, fetch_local=True)
