@@ -60,6 +60,10 @@ def test_straggler_is_replaced_by_dlrover_rm(ray_local, synth_dir, tmp_path):
     assert plans and "straggler" in plans[0]["reason"] and fired["actor"] in plans[0]["reason"], plans
     assert all(e["kind"] == "replace" for e in s["scale_events"]), s["scale_events"]
     assert s["final_config"]["workers"] == 3
+    if s["scale_events"]:  # the replacement ran: it is in the failures, with its timings
+        (f,) = [f for f in s["failures"] if f["kind"] == "straggler"]
+        assert f["actor"] == fired["actor"] and f["cause_class"] == "infrastructure"
+        assert f["at_s"] <= f["detected_s"] <= f["recovered_s"]
 
 
 def test_memory_trend_acts_before_the_limit(ray_local, synth_dir, tmp_path):
@@ -100,5 +104,9 @@ def test_memory_trend_acts_before_the_limit(ray_local, synth_dir, tmp_path):
     rss_at_plan = [e["rss_mb"] for e in events if e["kind"] == "metrics" and e["actor"] == fired["actor"] and e["at_s"] <= plans[0]["at_s"]]
     assert rss_at_plan[-1] < spec.resources.worker_memory_mb
     grown = [e for e in s["scale_events"] if e["to"]["worker_memory_mb"] > e["from"]["worker_memory_mb"]]
+    # Limits are enforced (an actor over its limit is killed): the prediction came first.
+    assert s["oom_kills"] == 0, [f for f in s["failures"] if f["kind"] == "oom_kill"]
     if grown:
         assert s["final_config"]["worker_memory_mb"] > 1536
+        (f,) = [f for f in s["failures"] if f["kind"] == "memory_pressure"]
+        assert f["capacity_lost"] == 0.0 and f["at_s"] <= f["detected_s"] <= f["recovered_s"]

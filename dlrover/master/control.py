@@ -390,18 +390,16 @@ class Controller:
 
     def _proactive_failures(self, plan: ResourcePlan, op: Any, t0: float) -> None:
         """A straggler replaced, or memory raised before an OOM kill: recorded as failures
-        handled before they hurt (at: slow since / leak noticed; detected: the plan)."""
+        handled before they hurt (at: slow since / plan; detected: the plan)."""
         rec = self.m.recovery
-        for name in plan.replace:
-            at = self._slow_since.get(name, t0)
-            f = rec._failure("straggler", name, plan.reason, t0)
-            f["at_s"] = round(min(at, t0), 3)
+        memory = "memory" in plan.reason and ("reaches" in plan.reason or "limit" in plan.reason)
+        for name in plan.replace or (["workers" if "worker" in plan.reason else "ps"] if memory else []):
+            kind = "memory_pressure" if memory and ("straggler" not in plan.reason or name not in plan.reason.split("straggler")[-1]) else "straggler"
+            f = rec._failure(kind, name, plan.reason, t0)
+            f["at_s"] = round(min(self._slow_since.get(name, t0), t0), 3)
             f["replacement"] = op.new_workers[0] if op.new_workers else None
-            f["capacity_lost"] = round(1.0 / max(len(self.m.launcher.workers), 1), 4)
-            rec._record(f)
-        if "memory" in plan.reason and not plan.replace:
-            f = rec._failure("memory_pressure", "workers" if "worker" in plan.reason else "ps", plan.reason, t0)
-            f["capacity_lost"] = 0.0  # resized before anything was lost
+            # a straggler's slowness costs its share of the job; memory raised in time, nothing
+            f["capacity_lost"] = 0.0 if kind == "memory_pressure" else round(1.0 / max(len(self.m.launcher.workers), 1), 4)
             rec._record(f)
 
     def _restart(self, plan: ResourcePlan, old: Config) -> dict[Any, str]:
