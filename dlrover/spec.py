@@ -207,7 +207,7 @@ class TrainSpec(_Strict):
 
 class ChaosEvent(_Strict):
     """A fault injected on purpose ``at_s`` seconds after the job's actors first started
-    (after a master restart: after the relaunch), to test what the platform does.
+    (the time a master restart takes does not count), to test what the platform does.
 
     ``kill``: the actor dies (as on a crash). ``slow``: it runs ``factor`` times slower
     (a straggler). ``leak``: its memory grows by ``mb_per_s``. ``target``: ``worker:i`` is

@@ -138,9 +138,13 @@ class Controller:
         """After a master restart: the checkpoint's configuration, no warm-start decision."""
         self._initial_plan = ResourcePlan(config, "resumed from a checkpoint after a master restart", stage="resume")
 
-    def started(self, config: Config) -> None:
+    def chaos_s(self) -> float:
+        """Seconds on the chaos clock (since the first launch, minus master downtime)."""
+        return self.now() - self._chaos_t0 if self._chaos_t0 is not None else 0.0
+
+    def started(self, config: Config, chaos_s: float = 0.0) -> None:
         if self._chaos_t0 is None:
-            self._chaos_t0 = self.now()
+            self._chaos_t0 = self.now() - chaos_s
         self._open(config, self.now(), self._initial_plan)
         self._spares(config)
 

@@ -222,6 +222,7 @@ class JobMaster:
             "failures": self.failures,
             "scale_events": self.scale_events,
             "chaos_fired": self.control.chaos_fired if self.control else [],
+            "chaos_s": self.control.chaos_s() if self.control else 0.0,
             "restarts": self.restarts,
         }
         os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -288,7 +289,7 @@ class JobMaster:
         else:
             config = self._resume(state)
             self.control.resumed(config)
-        self.control.started(config)
+        self.control.started(config, chaos_s=float(state.get("chaos_s", 0.0)) if state else 0.0)
         self.events.add("launched", workers=len(self.launcher.workers), ps=len(self.launcher.ps), config=config.short())
         first = self.checkpointer.take({}, self.clock() - self.t0)  # the state to fall back on before any other
         if first is not None:
