@@ -121,6 +121,13 @@ def _print_result(s: dict) -> None:
             continue
         extra = f", paused {e['pause_s']:.2f}s" if e.get("pause_s") else ""
         print(f"  {e['kind']} at {e['at_s']:.0f}s: {e['summary']}{extra}" + (f" ({e['error']})" if e.get("error") else ""))
+    for x in s.get("failures", []):
+        rec = x.get("recovered_s")
+        took = f", training again {rec - x['detected_s']:.1f}s later" if rec is not None else ""
+        extra = f", rolled back to the {x['checkpoint']['source']} checkpoint of {x['checkpoint']['at_s']:.0f}s" if x.get("checkpoint") else ""
+        print(f"  failure {x['kind']} of {x['actor'].rsplit('/', 1)[-1]} at {x['at_s']:.1f}s ({x['cause_class']}): detected after {x['detected_s'] - x['at_s']:.1f}s{took}{extra}")
+    if s.get("failures"):
+        print(f"  ettr {s['ettr']:.3f}  samples replayed {s.get('samples_replayed', 0):,}  oom kills {s.get('oom_kills', 0)}")
     configs = s.get("configurations") or []
     if len(configs) > 1 or s.get("policy") not in (None, "static"):
         for c in configs:
