@@ -279,6 +279,20 @@ class Recovery:
         if m.control is not None:
             m.control.abort_pending()
         lost = self._stop_workers(pending)
+        # Anything else that died or hangs meanwhile is replaced in the same rollback.
+        survivors = [n for n in lz.workers if n not in lost]
+        answers = {n: lz.workers[n].ping.remote() for n in survivors}
+        ready, _ = ray.wait(list(answers.values()), num_returns=len(answers), timeout=10.0) if answers else ([], [])
+        for n, ref in answers.items():
+            try:
+                if ref not in ready:
+                    raise ray.exceptions.GetTimeoutError()
+                ray.get(ref)
+            except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
+                lost.append(n)
+        more, dense_more = self.dead_ps_now()
+        dead_ps = sorted(set(dead_ps) | set(more))
+        dense_dead = dense_dead or dense_more
         if replace_all:
             lost = list(lz.workers)
             dead_ps = list(lz.ps)
