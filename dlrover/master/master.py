@@ -95,6 +95,7 @@ class JobMaster:
         self.recovery = Recovery(self)
         self.checkpointer: Checkpointer | None = None
         self.restarts = 0
+        self._stepped: set[str] = set()  # workers that trained a step (actor up and running)
 
     # -- called by workers ------------------------------------------------------------------
     def next_shard(self, worker: str, generation: int = 0) -> Shard | None | str:
@@ -133,6 +134,7 @@ class JobMaster:
         if metrics.get("first_step"):
             self.events.add("first_step", actor=worker)
             self.recovery.first_step(worker)
+            self._stepped.add(worker)
             if self.control is not None:
                 self.control.first_step(worker, now)
             return
@@ -331,13 +333,13 @@ class JobMaster:
         return os.path.join(self._run_dir(), "checkpoints")
 
     def _reliability(self, summary: dict) -> dict:
-        rep = reliability_report(
-            self.failures,
-            wall_s=summary["wall_time_s"],
-            train_s=summary["train_time_s"],
-            samples_replayed=self.recovery.samples_replayed,
-            throughput=summary["throughput_samples_per_s"],
-        )
+        replayed = self.recovery.samples_replayed
+        args = {"wall_s": summary["wall_time_s"], "train_s": summary["train_time_s"], "samples_replayed": replayed}
+        # Replayed samples cost time at the speed the job trains when it trains (not the
+        # job's average, which already includes the outages and the replay itself).
+        stalls = reliability_report(self.failures, throughput=0.0, **args).downtime_s
+        speed = (summary["samples_trained"] + replayed) / max(summary["train_time_s"] - stalls, 1e-9)
+        rep = reliability_report(self.failures, throughput=speed, **args)
         return {
             "reliability": rep.to_dict(),
             "ettr": rep.ettr,
@@ -419,6 +421,8 @@ class JobMaster:
         ck = self.checkpointer
         if not ck.due(now) or self.control.busy() or self._eval_ref is not None:
             return
+        if any(n not in self._stepped for n in pending.values()):
+            return  # a replacement still starting: pausing it would stall the others until it runs
         lz = self.launcher
         running = {n: lz.workers[n] for n in pending.values() if n in lz.workers}
         taken = ck.take(running, now)
