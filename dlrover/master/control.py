@@ -399,12 +399,12 @@ class Controller:
         memory = "memory" in plan.reason and ("reaches" in plan.reason or "limit" in plan.reason)
         for name in plan.replace or (["workers" if "worker" in plan.reason else "ps"] if memory else []):
             kind = "memory_pressure" if memory and ("straggler" not in plan.reason or name not in plan.reason.split("straggler")[-1]) else "straggler"
-            f = rec._failure(kind, name, plan.reason, t0)
+            f = rec.new_failure(kind, name, plan.reason, t0)
             f["at_s"] = round(min(self._slow_since.get(name, t0), t0), 3)
             f["replacement"] = op.new_workers[0] if op.new_workers else None
             # a straggler's slowness costs its share of the job; memory raised in time, nothing
             f["capacity_lost"] = 0.0 if kind == "memory_pressure" else round(1.0 / max(len(self.m.launcher.workers), 1), 4)
-            rec._record(f)
+            rec.record(f)
 
     def _restart(self, plan: ResourcePlan, old: Config) -> dict[Any, str]:
         """The baseline way to rescale: stop every worker at a shard boundary, checkpoint

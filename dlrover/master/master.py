@@ -277,10 +277,10 @@ class JobMaster:
             self.bad_lines, self.steps_done = ckpt.bad_lines, ckpt.steps
         replayed = max(0, int(state["samples_done"]) - ckpt.samples)
         self.recovery.samples_replayed += replayed
-        failure = self.recovery._failure("master_death", f"{self.job_id}/master", "master process exited", detected)
+        failure = self.recovery.new_failure("master_death", f"{self.job_id}/master", "master process exited", detected)
         failure["at_s"] = round(float(state["crash_at_s"]), 3)
         failure.update(checkpoint={"seq": ckpt.seq, "at_s": round(ckpt.at_s, 3), "source": source}, samples_replayed=replayed, restarts=self.restarts)
-        self.recovery._record(failure, list(lz.workers))
+        self.recovery.record(failure, list(lz.workers))
         self.events.add("master_resumed", restarts=self.restarts, checkpoint_seq=ckpt.seq, samples_replayed=replayed)
         return config
 

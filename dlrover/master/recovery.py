@@ -154,7 +154,7 @@ class Recovery:
         return dead, dense
 
     # -- handling -----------------------------------------------------------------------
-    def _failure(self, kind: str, actor: str, err: str, detected: float) -> dict:
+    def new_failure(self, kind: str, actor: str, err: str, detected: float) -> dict:
         at = self.injected.pop(actor, None)
         if at is None:
             at = self.oom_killed.get(actor, detected)
@@ -173,7 +173,7 @@ class Recovery:
             "cause_class": cause_class(kind, err),
         }
 
-    def _record(self, failure: dict, resumes: list[str] | None = None) -> None:
+    def record(self, failure: dict, resumes: list[str] | None = None) -> None:
         """Add a failure. ``resumes``: workers whose first step means training goes on again
         (``recovered_s``); without, it counts as recovered now."""
         failure["handled_s"] = round(self.now(), 3)
@@ -214,7 +214,7 @@ class Recovery:
     def worker_failed(self, name: str, err: Exception, pending: dict[Any, str]) -> None:
         """A worker died: requeue its shards, start a replacement (or restart the job)."""
         detected = self.now()
-        failure = self._failure("worker_death", name, str(err), detected)
+        failure = self.new_failure("worker_death", name, str(err), detected)
         if self.m.spec.checkpoint.on_failure == "restart":
             self.restart_all(pending, failure)
             return
@@ -238,20 +238,20 @@ class Recovery:
             failure["replacement"] = new
             pending[lz.start(new)] = new
             resumes = [new]
-        self._record(failure, resumes)
+        self.record(failure, resumes)
 
     def ps_failed(self, pending: dict[Any, str], dead_ps: list[int], dense_dead: bool, how: str) -> None:
         lz = self.m.launcher
         detected = self.now()
         names = [lz.ps_name(k) for k in dead_ps] + (["dense-ps"] if dense_dead else [])
-        failures = [self._failure("ps_death", n, f"{n} unreachable ({how})", detected) for n in names]
+        failures = [self.new_failure("ps_death", n, f"{n} unreachable ({how})", detected) for n in names]
         if self.m.spec.checkpoint.on_failure == "restart":
             self.restart_all(pending, failures[0], more=failures[1:])
             return
         info = self.rollback(pending, dead_ps, dense_dead)
         for f in failures:
             f.update(info)
-            self._record(f, list(pending.values()))
+            self.record(f, list(pending.values()))
 
     # -- rollback -------------------------------------------------------------------------
     def _stop_workers(self, pending: dict[Any, str]) -> list[str]:
@@ -354,5 +354,5 @@ class Recovery:
         info = self.rollback(pending, [], False, replace_all=True)
         for f in [failure, *(more or [])]:
             f.update(info)
-            self._record(f, list(pending.values()))
+            self.record(f, list(pending.values()))
 
