@@ -218,7 +218,7 @@ def test_async_rescale_applies_every_update_once(ray_local, synth_dir, tmp_path)
     assert [e["kind"] for e in s["scale_events"]] == ["scale_out", "scale_in"], s["scale_events"]
     assert s["scale_events"][0]["vshards_moved"] == spec.train.vshards  # every PS replaced
     assert s["scale_events"][1]["vshards_moved"] > 0  # a retired PS handed its vshards on
-    assert s["final_config"] == Config(1, 2, 1.0, 2.0, 1024, 512).to_dict()
+    assert s["final_config"] == Config(1, 2, 1.0, 2.0, 2048, 1024).to_dict()
     assert all(e["first_step_s"] for e in s["scale_events"][:1])
     assert s["auc"] > 0.6  # it learnt (8 epochs of 36k rows overfit a little)
 

@@ -97,7 +97,7 @@ def test_memory_limit_is_enforced(ray_local, synth_dir, tmp_path):
     limit (as a container would), and the replacement gets more memory."""
     from dlrover.runner import run_job
 
-    spec = fault_spec(synth_dir, tmp_path, [{"at_s": 1, "action": "leak", "target": "worker:0", "mb_per_s": 400}], data__epochs=4)
+    spec = fault_spec(synth_dir, tmp_path, [{"at_s": 1, "action": "leak", "target": "worker:0", "mb_per_s": 500}], data__epochs=12)
     s, _ = run_job(spec, runs_dir=str(tmp_path / "runs"), progress="none")
     assert s["status"] == "succeeded" and s["samples_lost"] == 0
     assert s["oom_kills"] == 1
