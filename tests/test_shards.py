@@ -180,3 +180,21 @@ def test_rejects_bad_arguments():
         ShardQueue(FILES, shard_rows=10, epochs=0)
     empty = ShardQueue([("a", 0)], shard_rows=10, epochs=2)
     assert empty.next("w") is None and empty.finished
+
+
+def test_cut_turns_leases_into_done_or_offsets():
+    """A checkpoint's cut: nothing stays leased; a half-trained shard resumes after the
+    rows the model holds, and finishing it counts every row once."""
+    q = ShardQueue([("a", 100)], shard_rows=40, epochs=1, shuffle_seed=None)
+    s0, s1, s2 = q.next("w0"), q.next("w1"), q.next("w0")  # rows 0-40, 40-80, 80-100
+    state = q.cut({s0.shard_id: (40, 40), s1.shard_id: (25, 24)})  # s1: one bad line among 25
+    back = ShardQueue.from_state_dict(state)
+    assert back.doing_count == 0 and back.done_count == 1 and back.samples_done == 40
+    first = back.next("w2")
+    assert (first.shard_id, first.start, first.stop) == (s1.shard_id, 65, 80)
+    back.done(first.shard_id, "w2", 15)
+    assert back.samples_done == 40 + 24 + 15
+    nxt = back.next("w2")
+    assert (nxt.shard_id, nxt.start) == (s2.shard_id, 80)  # untouched lease: whole shard again
+    back.done(nxt.shard_id, "w2", 20)
+    assert back.finished and back.samples_done == 99

@@ -320,6 +320,10 @@ class JobMaster:
         summary.update(self.control.finish(summary))
         self.checkpointer.flush()
         self.recovery.finish()
+        if self.status == "succeeded" and not self.spec.checkpoint.dir:
+            import shutil  # recovery checkpoints in the run directory served their purpose
+
+            shutil.rmtree(self._checkpoint_root(), ignore_errors=True)
         summary.update(self._reliability(summary))
         self._export_final()
         return summary
