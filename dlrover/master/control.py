@@ -322,6 +322,7 @@ class Controller:
         victims = [n for n, nd in lz.nodes.items() if nd == node and lz.handle(n) is not None]
         for name in victims:
             self.m.recovery.injected[name] = self.now()
+            self.m.recovery.injected_kind[name] = "node_loss"
             ray.kill(lz.handle(name), no_restart=True)
         self._fired(ev, now, f"node {node[:12]}", actors=victims)
 

@@ -349,7 +349,7 @@ class JobMaster:
             "ettr": rep.ettr,
             "mttf_s": rep.mttf_s,
             "samples_replayed": int(self.recovery.samples_replayed),
-            "oom_kills": len(self.recovery.oom_killed),
+            "oom_kills": sum(f["kind"] == "oom_kill" for f in self.failures),
             "bad_nodes": sorted(self.launcher.avoid),
             "checkpoints": self.checkpointer.summary(),
         }

@@ -56,6 +56,7 @@ class Recovery:
         self._probes: dict[str, tuple[Any, float]] = {}
         self._next_probe = 0.0
         self.injected: dict[str, float] = {}  # actor -> job time a fault was injected (chaos)
+        self.injected_kind: dict[str, str] = {}  # actor -> kind, when chaos says better than the error (node loss)
         self.oom_killed: dict[str, float] = {}  # actor -> job time the master killed it
         self.strikes: Counter = Counter()  # node -> failures + stragglers
         self.samples_replayed = 0
@@ -155,6 +156,7 @@ class Recovery:
 
     # -- handling -----------------------------------------------------------------------
     def new_failure(self, kind: str, actor: str, err: str, detected: float) -> dict:
+        kind = self.injected_kind.pop(actor, kind)
         at = self.injected.pop(actor, None)
         if at is None:
             at = self.oom_killed.get(actor, detected)
