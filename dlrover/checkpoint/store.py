@@ -193,12 +193,7 @@ class CheckpointStore:
         files: dict[str, Any] = {}
         for key, entry in manifest["files"].items():
             where = f"{url}/{key}.pt"
-            try:
-                data = self._fs.cat_file(f"{d}/{key}.pt")
-            except FileNotFoundError:
-                raise CheckpointError(f"{where}: missing (corrupt checkpoint)") from None
-            except OSError as e:
-                raise CheckpointError(f"{where}: cannot read ({_one_line(e)})") from e
+            data = self._cat(f"{d}/{key}.pt", where, "missing (corrupt checkpoint)")
             if len(data) != entry["bytes"]:
                 raise CheckpointError(
                     f"{where}: size {len(data)} != {entry['bytes']} (truncated or corrupt checkpoint)"
@@ -288,15 +283,19 @@ class CheckpointStore:
             except OSError as e:
                 log.warning("%s: cannot remove old checkpoint (%s)", self._url(s), _one_line(e))
 
+    def _cat(self, path: str, where: str, missing: str) -> bytes:
+        """The bytes of ``path``; a one-line CheckpointError naming ``where`` otherwise."""
+        try:
+            return self._fs.cat_file(path)
+        except FileNotFoundError:
+            raise CheckpointError(f"{where}: {missing}") from None
+        except OSError as e:
+            raise CheckpointError(f"{where}: cannot read ({_one_line(e)})") from e
+
     def _read_manifest(self, step: int) -> dict:
         """Read and validate a manifest; every problem is a one-line CheckpointError."""
         where = f"{self._url(step)}/{MANIFEST}"
-        try:
-            raw = self._fs.cat_file(f"{self._dir(step)}/{MANIFEST}")
-        except FileNotFoundError:
-            raise CheckpointError(f"{where}: missing (no such checkpoint, or an interrupted save)") from None
-        except OSError as e:
-            raise CheckpointError(f"{where}: cannot read ({_one_line(e)})") from e
+        raw = self._cat(f"{self._dir(step)}/{MANIFEST}", where, "missing (no such checkpoint, or an interrupted save)")
         try:
             m = json.loads(raw)
         except ValueError as e:  # JSONDecodeError and UnicodeDecodeError
