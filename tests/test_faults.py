@@ -92,15 +92,17 @@ def test_master_kill_resumes_from_durable_checkpoint(fault_free, synth_dir_large
     assert [c["target"] for c in s["chaos"]] == ["master"]  # not fired again after the restart
 
 
-def test_memory_limit_is_enforced(ray_local, synth_dir, tmp_path):
+def test_memory_limit_is_enforced(ray_local, synth_dir_large, tmp_path):
     """With a static policy nothing predicts the leak: the master kills the worker at its
     limit (as a container would), and the replacement gets more memory."""
     from dlrover.runner import run_job
 
-    spec = fault_spec(synth_dir, tmp_path, [{"at_s": 1, "action": "leak", "target": "worker:0", "mb_per_s": 500}], data__epochs=12)
+    spec = fault_spec(synth_dir_large, tmp_path, [{"at_s": 1, "action": "leak", "target": "worker:0", "mb_per_s": 500}], data__epochs=4)
     s, _ = run_job(spec, runs_dir=str(tmp_path / "runs"), progress="none")
     assert s["status"] == "succeeded" and s["samples_lost"] == 0
     assert s["oom_kills"] == 1
+    ref, _ = run_job(fault_spec(synth_dir_large, tmp_path / "ref", [], data__epochs=4), runs_dir=str(tmp_path / "ref"), progress="none")
+    assert abs(s["auc"] - ref["auc"]) < AUC_TOLERANCE, (s["auc"], ref["auc"])
     (f,) = [f for f in s["failures"] if f["kind"] == "oom_kill"]
     assert f["actor"].endswith("worker-0") and f["cause_class"] == "system"
 
@@ -131,21 +133,24 @@ NODE_SCRIPT = textwrap.dedent(
         if masters and ray.get(ray.get_actor(masters[0], namespace="dlrover").progress.remote())["samples_seen"] > 0:
             break
     time.sleep({delay})
-    here = ray.get_runtime_context().get_node_id()  # the driver's: master and dense PS live there
+    # Not the master's node (the master and the dense PS live there: its loss is a master restart).
+    here = ray.get(ray.get_actor(masters[0], namespace="dlrover").node_id.remote())
     doomed = next(n for n in cluster.worker_nodes if n.node_id != here and n.node_id != cluster.head_node.node_id)
     cluster.add_node(num_cpus=2)  # room for the replacements
     cluster.remove_node(doomed, allow_graceful=False)
     t.join()
     print("SUMMARY " + json.dumps(out["s"], default=float))
+    ref = run_job(spec, runs_dir={runs!r}, progress="none")[0]  # the same job, no fault
+    print("REFERENCE " + json.dumps(ref, default=float))
     """
 )
 
 
 @pytest.mark.timeout(600)
-def test_node_removal(synth_dir, tmp_path):
+def test_node_removal(synth_dir_large, tmp_path):
     """A worker node of a multi-node cluster (``ray.cluster_utils.Cluster``) dies with the
     job's actors on it: they are rescheduled on the remaining nodes, nothing is lost."""
-    script = NODE_SCRIPT.format(tests=str(Path(__file__).parent), data=str(synth_dir), runs=str(tmp_path / "runs"), delay=2)
+    script = NODE_SCRIPT.format(tests=str(Path(__file__).parent), data=str(synth_dir_large), runs=str(tmp_path / "runs"), delay=2)
     env = dict(os.environ, RAY_AUTH_MODE="disabled")
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=540, env=env)
     line = next((x for x in r.stdout.splitlines() if x.startswith("SUMMARY ")), None)
@@ -155,6 +160,9 @@ def test_node_removal(synth_dir, tmp_path):
     lost = [f for f in s["failures"] if f["kind"] in ("node_loss", "ps_death", "worker_death")]
     assert lost, s["failures"]
     assert all(f["at_s"] <= f["detected_s"] <= f["recovered_s"] for f in lost)
+    ref = json.loads(next(x for x in r.stdout.splitlines() if x.startswith("REFERENCE "))[len("REFERENCE ") :])
+    assert ref["status"] == "succeeded" and not ref["failures"]
+    assert abs(s["auc"] - ref["auc"]) < AUC_TOLERANCE, (s["auc"], ref["auc"])
 
 
 def test_corrupt_and_missing_durable_checkpoints(tmp_path):

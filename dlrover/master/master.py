@@ -167,6 +167,9 @@ class JobMaster:
                 "window_s": self.control.window_s() if self.control else 0.0,
             }
 
+    def node_id(self) -> str:
+        return ray.get_runtime_context().get_node_id()
+
     def stop(self) -> None:
         with self._work:
             self.status = "stopping"
