@@ -106,6 +106,7 @@ def test_memory_trend_acts_before_the_limit(ray_local, synth_dir, tmp_path):
     s, path = run_job(spec, runs_dir=str(tmp_path / "runs"), progress="none")
     assert s["status"] == "succeeded" and s["samples_lost"] == 0
     assert s["ps_bags_updated"] == 26 * s["samples_expected"]
+    assert abs(s["auc"] - fault_free_auc(spec, tmp_path)) < 0.01
     (fired,) = s["chaos"]
     # The decision, taken on the trend while the leaking worker was under its limit. (On a
     # fast machine the job may end before the bigger workers are running: then the plan is
