@@ -26,6 +26,7 @@ import numpy as np
 import ray
 
 from dlrover.checkpoint.store import CheckpointError, CheckpointStore
+from dlrover.master.scaler import get_alive
 from dlrover.metrics.reliability import failure_rate_per_s, young_daly_interval_s
 from dlrover.ps.vshard import VShardMap
 
@@ -115,13 +116,13 @@ class Checkpointer:
         t0 = time.monotonic()
         names = list(workers)
         try:
-            parked = _results([workers[n].pause.remote(PAUSE_TIMEOUT_S) for n in names])
+            parked = get_alive([workers[n].pause.remote(PAUSE_TIMEOUT_S) for n in names], PAUSE_TIMEOUT_S + 5)
             live = [n for n, p in zip(names, parked) if p is not None]
             if any(p is False for p in parked):
                 m.events.add("checkpoint_skipped", why="a worker did not pause in time")
                 return None
             trained: dict[int, tuple[int, int]] = {}
-            for t in _results([workers[n].trained.remote() for n in live]):
+            for t in get_alive([workers[n].trained.remote() for n in live], PAUSE_TIMEOUT_S + 5):
                 trained.update({int(k): tuple(v) for k, v in (t or {}).items()})
             ps = dict(lz.ps)
             ray.get([h.snapshot.remote() for h in ps.values()], timeout=PAUSE_TIMEOUT_S)
@@ -133,7 +134,7 @@ class Checkpointer:
             m.events.add("checkpoint_skipped", why=str(e).strip().splitlines()[0][:200])
             return None
         finally:
-            _results([workers[n].resume.remote() for n in names])
+            get_alive([workers[n].resume.remote() for n in names], PAUSE_TIMEOUT_S + 5)
         pause = time.monotonic() - t0
         refs = [h.snapshot_payload.remote() for h in ps.values()]
         self._seq += 1
@@ -225,13 +226,3 @@ def vmap_from(extra: dict) -> VShardMap:
     v = extra["vmap"]
     return VShardMap(list(v["table_sizes"]), int(v["num_vshards"]), np.asarray(v["owner"]), int(v["version"]))
 
-
-def _results(refs: list[Any]) -> list[Any]:
-    """Results of calls on workers; None for a worker that died meanwhile."""
-    out = []
-    for r in refs:
-        try:
-            out.append(ray.get(r, timeout=PAUSE_TIMEOUT_S + 5))
-        except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError, ray.exceptions.GetTimeoutError):
-            out.append(None)
-    return out

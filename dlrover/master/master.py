@@ -11,6 +11,10 @@ Every ``policy.interval_s`` the control loop (``dlrover.master.control``) builds
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -202,19 +206,14 @@ class JobMaster:
     # (start time, failures, scale events, chaos fired, checkpoint store) and resumes from
     # the newest durable checkpoint instead of starting over.
     def _state_path(self) -> str:
-        import os
 
         return os.path.join(self._run_dir(), "master_state.json")
 
     def _run_dir(self) -> str:
-        import os
-        import tempfile
 
         return self.run_dir or os.path.join(tempfile.gettempdir(), "dlrover-runs", self.job_id)
 
     def _persist(self, crash_at_s: float | None = None) -> None:
-        import json
-        import os
 
         path = self._state_path()
         state = {
@@ -236,8 +235,6 @@ class JobMaster:
         os.replace(path + ".tmp", path)
 
     def _load_state(self) -> dict | None:
-        import json
-        import os
 
         path = self._state_path()
         if not os.path.exists(path):
@@ -258,7 +255,6 @@ class JobMaster:
     def crash(self) -> None:
         """Chaos ``master``: the master process dies here, as on a crash (state persisted
         first, as it is at every checkpoint)."""
-        import os
 
         self._persist(crash_at_s=self.clock() - self.t0)
         os._exit(1)
@@ -324,8 +320,7 @@ class JobMaster:
         self.checkpointer.flush()
         self.recovery.finish()
         if self.status == "succeeded" and not self.spec.checkpoint.dir:
-            import shutil  # recovery checkpoints in the run directory served their purpose
-
+            # recovery checkpoints in the run directory served their purpose
             shutil.rmtree(self._checkpoint_root(), ignore_errors=True)
         summary.update(self._reliability(summary))
         self._export_final()
@@ -333,7 +328,6 @@ class JobMaster:
 
     def _checkpoint_root(self) -> str:
         """Durable checkpoints: ``checkpoint.dir/<job_id>``, else ``<run dir>/checkpoints``."""
-        import os
 
         if self.spec.checkpoint.dir:
             return self.spec.checkpoint.dir.rstrip("/") + "/" + self.job_id
@@ -362,7 +356,6 @@ class JobMaster:
         ``checkpoint.dir/<job_id>/final.pt`` when a checkpoint directory is set."""
         if not self.spec.checkpoint.dir:
             return
-        import os
 
         sizes = self.spec.model.table_sizes()
         tables = [torch.zeros(n, self.spec.model.embedding_dim) for n in sizes]

@@ -19,7 +19,7 @@ import numpy as np
 import ray
 import torch
 
-from dlrover.master.scaler import _get_alive
+from dlrover.master.scaler import get_alive
 from dlrover.ps.migration import export_blocks
 from dlrover.resource.plan import Config
 
@@ -50,7 +50,7 @@ def stop_checkpoint_restart(master: "JobMaster", config: Config, pending: dict[A
     names = list(lz.workers)
     master.drain(names)
     refs = [r for r, n in pending.items() if n in names]
-    _get_alive(refs)  # a worker dying now: its shards were requeued when it died
+    get_alive(refs)  # a worker dying now: its shards were requeued when it died
     for r in refs:
         pending.pop(r)
     t_stopped = time.monotonic()

@@ -157,7 +157,7 @@ class Scaler:
         """Start the op's new workers on the current routing (``{run ref: name}``): they
         train while vshards move, and the move re-routes them with everyone else."""
         lz = self.launcher
-        _get_alive([lz.workers[w].set_routing.remote(dict(lz.ps), lz.vmap) for w in op.new_workers])
+        get_alive([lz.workers[w].set_routing.remote(dict(lz.ps), lz.vmap) for w in op.new_workers])
         return {lz.start(w): w for w in op.new_workers}
 
     def finish(self, op: ScaleOp, ps_load: dict[int, float] | None = None) -> ScaleResult:
@@ -203,21 +203,21 @@ class Scaler:
             # Round 2: workers parked, only rows pushed since round 1 began move.
             t_pause = time.monotonic()
             running = [w for w in self.running() if w in lz.workers]
-            parked = _get_alive([lz.workers[w].pause.remote(PAUSE_TIMEOUT_S) for w in running])
+            parked = get_alive([lz.workers[w].pause.remote(PAUSE_TIMEOUT_S) for w in running])
             if any(p is False for p in parked):
                 stuck = [w for w, ok in zip(running, parked) if ok is False]
                 raise MigrationAborted(f"workers did not pause within {PAUSE_TIMEOUT_S:.0f}s: {stuck}")
         except (MigrationAborted, ray.exceptions.RayError) as e:
             # Nothing switched yet: drop the prepared tables, everyone goes on as before.
-            _get_alive([h.cancel_migration.remote() for h in lz.ps.values()])
-            _get_alive([h.set_routing.remote(dict(lz.ps), lz.vmap) for h in lz.workers.values()])
+            get_alive([h.cancel_migration.remote() for h in lz.ps.values()])
+            get_alive([h.set_routing.remote(dict(lz.ps), lz.vmap) for h in lz.workers.values()])
             raise MigrationAborted(str(e).strip().splitlines()[0]) from None
         delta = {src: lz.ps[src].export_vshards.remote(outgoing[src], dirty_only=True) for src in sources}
         replies = ray.get([lz.ps[k].reconfigure.remote(new_vmap, to(k, delta)) for k in keep])
         result.retired_ps_stats = ray.get([lz.ps[k].stats.remote() for k in retire])
         lz.vmap = new_vmap
         ps = {k: lz.ps[k] for k in keep}
-        _get_alive([h.set_routing.remote(ps, new_vmap) for h in lz.workers.values()])
+        get_alive([h.set_routing.remote(ps, new_vmap) for h in lz.workers.values()])
         done = time.monotonic()
         result.pause_s = done - t_pause
         result.copy_s = done - t_copy
@@ -232,13 +232,14 @@ def _first(value: Any, make: Callable[[], Any]) -> Any:
     return value if value is not None else make()
 
 
-def _get_alive(refs: list[Any]) -> list[Any]:
+def get_alive(refs: list[Any], timeout_s: float | None = None) -> list[Any]:
     """Results of calls on workers; ``None`` for a worker that died (its death reaches the
-    master as an event on its ``run`` and is handled there)."""
+    master as an event on its ``run`` and is handled there) or, with ``timeout_s``, did
+    not answer in time."""
     out = []
     for r in refs:
         try:
-            out.append(ray.get(r))
-        except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError):
+            out.append(ray.get(r, timeout=timeout_s))
+        except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError, ray.exceptions.GetTimeoutError):
             out.append(None)
     return out
