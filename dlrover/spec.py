@@ -134,11 +134,12 @@ class PolicySpec(_Strict):
     """Allocation policy: who decides the job's resources while it runs.
 
     ``static`` keeps the request; ``dlrover_rm`` is the three-stage elastic policy;
-    ``scripted`` replays fixed steps (tests, benchmarks). ``config`` is a policy YAML
+    ``optimus`` grows by greedy marginal gain per dominant resource share; ``scripted``
+    replays fixed steps (tests, benchmarks). ``config`` is a policy YAML
     (``policies/<name>.yaml``); ``knobs`` override single knobs of it inline.
     """
 
-    name: Literal["static", "dlrover_rm", "scripted"] = "static"
+    name: Literal["static", "dlrover_rm", "optimus", "scripted"] = "static"
     config: str | None = None
     knobs: dict[str, Any] = Field(default_factory=dict)
     interval_s: float = Field(2.0, gt=0, description="how often the master asks the policy")

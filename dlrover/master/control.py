@@ -85,7 +85,7 @@ class Controller:
         spec = master.spec
         self.spec = spec
         self.policy = load_policy(spec.policy.name, spec.policy.config, spec.policy.knobs)
-        self.model = PerfModel(spec.data.batch_size)
+        self.model = PerfModel(spec.data.batch_size, prior=self.policy.model_prior())
         self.requested = Config.from_resources(spec.resources)
         self.budget = job_budget(spec, self.requested)
         self.signature = job_signature(spec.model.model_dump(), spec.data.batch_size)
@@ -102,6 +102,7 @@ class Controller:
         self._next_tick = 0.0
         self._last_change = 0.0
         self._rss: dict[str, deque] = {}
+        self.peak_rss = {"worker": 0.0, "ps_total": 0.0}  # for the history record (memory right-sizing)
         self._first_seen: dict[str, float] = {}
         self._slow_since: dict[str, float] = {}
         self._ps_prev: dict[int, tuple[float, float]] = {}
@@ -182,6 +183,7 @@ class Controller:
                 self.window.update(now, samples)
             if "rss_mb" in metrics:
                 self._rss_add(worker, now, float(metrics["rss_mb"]))
+                self.peak_rss["worker"] = max(self.peak_rss["worker"], float(metrics["rss_mb"]))
 
     def first_step(self, worker: str, now: float) -> None:
         """A new worker's first step: its time since the plan goes into the scale event
@@ -535,6 +537,8 @@ class Controller:
                 at_s=now,
             )
         self._ps_metrics = out
+        if len(out) == len(ids):
+            self.peak_rss["ps_total"] = max(self.peak_rss["ps_total"], sum(m.rss_mb for m in out.values()))
         for m in out.values():
             self.m.events.add("ps_metrics", actor=m.name, busy=m.busy, rss_mb=m.rss_mb, cpu_util=m.cpu_util, pending=m.queue_depth)
         return out
@@ -596,6 +600,7 @@ class Controller:
                 samples=int(summary.get("samples_trained", 0)),
                 wall_time_s=float(summary.get("wall_time_s", 0.0)),
                 status="completed",
+                peak_rss_mb={k: round(v, 1) for k, v in self.peak_rss.items() if v > 0},
             )
             try:
                 out["history_record"] = str(self.store.add(record))

@@ -8,7 +8,7 @@ Stage 2, model-driven scaling (``decide``, once the running configuration has be
 measured for ``profile_window_s`` and ``cooldown_s`` passed since the last change): search
 the configurations within the budget for the one that maximises the *utility*
 
-    U(c) = ln T(c)  -  min_gain_per_cpu * cpu(c)
+    U(c) = ln T(c)  -  min_gain_per_cpu * cpu(c)  -  min_elasticity * ln cpu(c)
 
 where ``T`` is the throughput: measured where the job ran ``c``, else the model's
 prediction calibrated (scaled) to the measured throughput of the running configuration.
@@ -21,7 +21,10 @@ would then be scaled back down from the big one, and so on. ``U`` is one potenti
 every step, so the greedy search is plain hill climbing on it (no cycles), the point it
 stops at proposes nothing when it runs, and ``search: grid`` takes the grid's maximum.
 E.g. for throughput linear in CPUs, d ln T / d cpu = 1 / cpu, so a bar of 0.05 stops
-adding CPUs at 20, from below and from above.
+adding CPUs at 20, from below and from above. That absolute price suits a job of a few
+cores; for jobs of hundreds of cores ``min_elasticity`` is the scale-free price: a step is
+worth taking iff throughput grows at least ``min_elasticity`` times as fast as the CPUs
+(d ln T / d ln cpu), e.g. 0.5: doubling the CPUs must bring >= 41% more samples/s.
 
 The result is proposed only if it gains more than ``min_gain`` (or, for a move that frees
 CPU, raises ``U`` by ``min_gain``), and the time saved over ``view.remaining_s`` beats
@@ -104,6 +107,10 @@ def clip_to_budget(config: Config, budget: Budget) -> Config:
     return c
 
 
+def _round_mb(mb: float) -> int:
+    return max(256, int(math.ceil(mb / 64.0) * 64))
+
+
 def _with_memory(key: Key, like: Config) -> Config:
     return Config(key[0], key[1], key[2], key[3], like.worker_memory_mb, like.ps_memory_mb)
 
@@ -134,6 +141,7 @@ class DLRoverRMPolicy(Policy):
                 worker_memory_mb=max(best.worker_memory_mb, rec.final_config.worker_memory_mb),
                 ps_memory_mb=max(best.ps_memory_mb, rec.final_config.ps_memory_mb),
             )
+            wanted = self._right_size_memory(wanted, rec)
             config = clip_to_budget(wanted, view.budget)
             points = self._seed(view, records[: k.history_records])
             reason = (
@@ -151,6 +159,22 @@ class DLRoverRMPolicy(Policy):
         if config != wanted:
             reason += f", clipped to the budget: {config.short()}"
         return ResourcePlan(config, reason, stage="")
+
+    def _right_size_memory(self, config: Config, rec) -> Config:
+        """With ``memory_headroom``: memory from the similar job's peak RSS (per worker, and
+        all PS together spread over this config's PS) times the headroom, instead of what
+        it was given. Users over-request memory; the RSS trend correction (stage 3) covers
+        a job that needs more than its predecessor."""
+        h = self.knobs.memory_headroom
+        peak = rec.peak_rss_mb or {}
+        if h is None:
+            return config
+        out = config
+        if peak.get("worker", 0) > 0:
+            out = out.replace(worker_memory_mb=_round_mb(peak["worker"] * h))
+        if peak.get("ps_total", 0) > 0:
+            out = out.replace(ps_memory_mb=_round_mb(peak["ps_total"] / config.ps * h))
+        return out
 
     def _seed(self, view: JobView, records: Iterable) -> int:
         """Observe the records' measurements into ``view.model``.
@@ -394,9 +418,11 @@ class DLRoverRMPolicy(Policy):
             pred = view.model.predict_many([_with_memory(x, cur) for x in keys]) * calib
             return np.array([measured.get(x, p) for x, p in zip(keys, pred)], dtype=np.float64)
 
+        kappa = k.min_elasticity
+
         def utility(keys: list[Key]) -> np.ndarray:
             cpu = np.array([x[0] * x[2] + x[1] * x[3] for x in keys], dtype=np.float64)
-            return np.log(np.maximum(thr_of(keys), 1e-12)) - bar * cpu
+            return np.log(np.maximum(thr_of(keys), 1e-12)) - bar * cpu - kappa * np.log(cpu)
 
         max_w = min(view.budget.max_workers, k.max_workers or view.budget.max_workers)
         max_p = min(view.budget.max_ps, k.max_ps or view.budget.max_ps)
@@ -408,7 +434,7 @@ class DLRoverRMPolicy(Policy):
 
         start = _key(cur)
         if k.search == "grid":
-            target = self._grid_best(view, start, max_w, max_p, wcpus, pcpus, measured, calib, t_now, bar)
+            target = self._grid_best(view, start, max_w, max_p, wcpus, pcpus, measured, calib, t_now, bar, kappa)
         else:
             target = self._hill_climb(start, ok, utility, wcpus, pcpus)
         if target == start:
@@ -441,7 +467,7 @@ class DLRoverRMPolicy(Policy):
     @staticmethod
     def _grid_best(
         view: JobView, start: Key, max_w: int, max_p: int, wcpus: list[float], pcpus: list[float],
-        measured: dict[Key, float], calib: float, t_now: float, bar: float,
+        measured: dict[Key, float], calib: float, t_now: float, bar: float, kappa: float = 0.0,
     ) -> Key:
         """The grid point of highest utility (vectorised: the grid may hold ~10^5 points)."""
         from dlrover.resource.perf_model import throughput
@@ -456,13 +482,14 @@ class DLRoverRMPolicy(Policy):
             return start
         batch = getattr(view.model, "batch_size", view.batch_size)
         thr = np.asarray(throughput(view.model.params, w, p, cw, cp, batch), dtype=np.float64).ravel() * calib
-        u = np.log(np.maximum(thr, 1e-12)) - bar * cpu
+        u = np.log(np.maximum(thr, 1e-12)) - bar * cpu - kappa * np.log(cpu)
         for x, thr_x in measured.items():  # a handful of points
             at = (w == x[0]) & (p == x[1]) & (cw == x[2]) & (cp == x[3])
-            u[at] = math.log(thr_x) - bar * (x[0] * x[2] + x[1] * x[3])
+            x_cpu = x[0] * x[2] + x[1] * x[3]
+            u[at] = math.log(thr_x) - bar * x_cpu - kappa * math.log(x_cpu)
         i = int(np.argmax(u))
         start_cpu = start[0] * start[2] + start[1] * start[3]
-        u_start = math.log(measured.get(start, t_now)) - bar * start_cpu
+        u_start = math.log(measured.get(start, t_now)) - bar * start_cpu - kappa * math.log(start_cpu)
         if u[i] <= u_start + 1e-12:
             return start
         return (int(w[i]), int(p[i]), float(cw[i]), float(cp[i]))

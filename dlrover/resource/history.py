@@ -95,6 +95,7 @@ class HistoryRecord:
     samples: int = 0
     wall_time_s: float = 0.0
     status: str = "completed"
+    peak_rss_mb: dict = field(default_factory=dict)  # {"worker": per worker, "ps_total": all PS together}
 
     def measured(self) -> list[tuple[Config, float, float]]:
         """``(config, throughput, duration_s)`` of each usable measurement."""
@@ -132,6 +133,7 @@ class HistoryRecord:
             "samples": int(self.samples),
             "wall_time_s": float(self.wall_time_s),
             "status": self.status,
+            "peak_rss_mb": {k: float(v) for k, v in self.peak_rss_mb.items()},
         }
 
     @classmethod
@@ -153,6 +155,7 @@ class HistoryRecord:
             samples=int(d.get("samples", 0)),
             wall_time_s=float(d.get("wall_time_s", 0.0)),
             status=str(d.get("status", "completed")),
+            peak_rss_mb={str(k): float(v) for k, v in (d.get("peak_rss_mb") or {}).items()},
         )
 
 

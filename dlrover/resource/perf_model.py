@@ -50,12 +50,14 @@ _POINT_COLUMNS = ["workers", "ps", "worker_cpu", "ps_cpu", "batch_size", "throug
 
 def _broadcast(w: Any, p: Any, cw: Any, cp: Any, batch: Any) -> list[np.ndarray]:
     """The five variables as 1-D float arrays of one length; all must be positive."""
-    arrays = np.broadcast_arrays(*(np.atleast_1d(np.asarray(x, dtype=np.float64)) for x in (w, p, cw, cp, batch)))
-    for name, x in zip(("workers", "ps", "worker_cpu", "ps_cpu", "batch_size"), arrays):
-        bad = ~(np.isfinite(x) & (x > 0))
-        if bad.any():
-            raise ValueError(f"{name} must be positive and finite, got {x[bad][0]!r}")
-    return [x.ravel() for x in arrays]
+    cols = np.broadcast_arrays(*(np.asarray(x, dtype=np.float64) for x in (w, p, cw, cp, batch)))
+    stacked = np.stack(cols).reshape(len(cols), -1)  # one check for all five (this is a hot path)
+    ok = np.isfinite(stacked) & (stacked > 0)
+    if not ok.all():
+        i = int(np.flatnonzero(~ok.all(axis=1))[0])
+        name = ("workers", "ps", "worker_cpu", "ps_cpu", "batch_size")[i]
+        raise ValueError(f"{name} must be positive and finite, got {stacked[i][~ok[i]][0]!r}")
+    return list(stacked)
 
 
 def features(w: Any, p: Any, cw: Any, cp: Any, batch: Any) -> np.ndarray:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from dlrover.resource.history import HistoryRecord
-    from dlrover.resource.perf_model import PerfModel
+    from dlrover.resource.perf_model import PerfModel, PerfParams
 
 
 @dataclass(frozen=True)
@@ -154,3 +154,10 @@ class Policy(ABC):
     @abstractmethod
     def decide(self, view: JobView) -> ResourcePlan | None:
         """Called every control tick; ``None`` keeps things as they are."""
+
+    def model_prior(self) -> "PerfParams | None":
+        """Prior of the job's performance model (knob ``model_prior``; None: the built-in)."""
+        from dlrover.resource.perf_model import PerfParams
+
+        prior = getattr(getattr(self, "knobs", None), "model_prior", None)
+        return PerfParams(**prior.model_dump()) if prior is not None else None

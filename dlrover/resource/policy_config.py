@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
@@ -39,10 +40,12 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-def _range(low: float, high: float) -> dict:
-    """A numeric search range; integer if both ends are ints."""
+def _range(low: float, high: float, log: bool = False) -> dict:
+    """A numeric search range; integer if both ends are ints; ``log``: sampled on a log
+    scale (times and windows that span orders of magnitude between a minutes-long test
+    job and an hours-long production one)."""
     kind = "int" if isinstance(low, int) and isinstance(high, int) else "float"
-    return {"search": [low, high], "type": kind}
+    return {"search": [low, high], "type": kind, **({"log": True} if log else {})}
 
 
 def _choices(*values: Any) -> dict:
@@ -110,6 +113,18 @@ class ConfigKnob(_Strict):
         return Config(**self.model_dump())
 
 
+class PriorKnob(_Strict):
+    """Prior coefficients of the step-time model (``dlrover.resource.perf_model.PerfParams``):
+    what the job's model predicts before its own measurements say otherwise. Fit them to
+    the history of your cluster's jobs; the built-in prior suits the 2-core dev machine."""
+
+    t0: float = Field(ge=0, description="fixed per-step overhead (s)")
+    t1: float = Field(ge=0, description="worker compute: t1 * B / cw")
+    t2: float = Field(ge=0, description="PS compute: t2 * w / (p * cp)")
+    t3: float = Field(ge=0, description="PS communication: t3 * w / p")
+    t4: float = Field(ge=0, description="shared contention: t4 * w")
+
+
 def _cpu_choices(v: list[float]) -> list[float]:
     if not v or any(x <= 0 for x in v):
         raise ValueError("needs at least one CPU size, each > 0")
@@ -129,23 +144,32 @@ class DLRoverRMKnobs(_Strict):
     )
     start_from_request: bool = Field(True, description="without history: start from the spec's resources (else default_config)")
     default_config: ConfigKnob = Field(default_factory=ConfigKnob, description="start config without history or request")
+    model_prior: PriorKnob | None = Field(None, description="prior of the job's performance model (null: the built-in one)")
+    memory_headroom: float | None = Field(
+        None, gt=1, le=4, description="warm start sizes memory as the similar job's peak RSS x this (null: keep its memory)",
+        json_schema_extra=_range(1.1, 2.0),
+    )
 
     # Stage 2: model-driven scaling
     profile_window_s: float = Field(
-        10.0, ge=0, description="measure a config this long (after warm-up) before scaling", json_schema_extra=_range(5.0, 300.0)
+        10.0, ge=0, description="measure a config this long (after warm-up) before scaling", json_schema_extra=_range(5.0, 1800.0, log=True)
     )
-    cooldown_s: float = Field(10.0, ge=0, description="least time between two config changes (s)", json_schema_extra=_range(5.0, 600.0))
+    cooldown_s: float = Field(10.0, ge=0, description="least time between two config changes (s)", json_schema_extra=_range(5.0, 3600.0, log=True))
     min_gain: float = Field(
         0.05, ge=0, description="least predicted relative throughput gain worth a change", json_schema_extra=_range(0.01, 0.3)
     )
     min_gain_per_cpu: float = Field(
         0.05, ge=0, description="least relative throughput gain per added CPU (cost efficiency)", json_schema_extra=_range(0.0, 0.3)
     )
+    min_elasticity: float = Field(
+        0.0, ge=0, lt=1, description="scale-free CPU price: a step must grow throughput >= this x as fast as CPUs (d ln T / d ln cpu)",
+        json_schema_extra=_range(0.0, 0.9),
+    )
     move_cost_s: float = Field(
-        10.0, ge=0, description="training time lost by one reconfiguration (s)", json_schema_extra=_range(0.0, 120.0)
+        10.0, ge=0, description="training time lost by one reconfiguration (s)", json_schema_extra=_range(1.0, 600.0, log=True)
     )
     min_remaining_s: float = Field(
-        20.0, ge=0, description="no model-driven change when the job ends sooner than this (s)", json_schema_extra=_range(0.0, 600.0)
+        20.0, ge=0, description="no model-driven change when the job ends sooner than this (s)", json_schema_extra=_range(5.0, 3600.0, log=True)
     )
     search: Literal["greedy", "grid"] = Field(
         "greedy", description="greedy: hill-climb from the current config; grid: best point of the whole grid",
@@ -163,7 +187,7 @@ class DLRoverRMKnobs(_Strict):
         json_schema_extra=_range(1.2, 3.0),
     )
     straggler_window_s: float = Field(
-        20.0, ge=0, description="replace a worker slow for this long (s)", json_schema_extra=_range(5.0, 300.0)
+        20.0, ge=0, description="replace a worker slow for this long (s)", json_schema_extra=_range(5.0, 1800.0, log=True)
     )
     hot_ps_busy: float = Field(0.9, gt=0, le=1, description="a PS this busy (fraction of wall time) is hot", json_schema_extra=_range(0.6, 0.99))
     hot_ps_imbalance: float = Field(
@@ -172,11 +196,13 @@ class DLRoverRMKnobs(_Strict):
     mem_high_watermark: float = Field(
         0.9, gt=0, le=1, description="act when RSS is predicted to reach this fraction of the limit", json_schema_extra=_range(0.7, 0.98)
     )
-    oom_horizon_s: float = Field(120.0, ge=0, description="how far ahead the RSS trend is extrapolated (s)", json_schema_extra=_range(30.0, 600.0))
+    oom_horizon_s: float = Field(
+        120.0, ge=0, description="how far ahead the RSS trend is extrapolated (s)", json_schema_extra=_range(30.0, 3600.0, log=True)
+    )
     mem_growth_factor: float = Field(1.5, gt=1, description="memory multiplier when raising a role's memory", json_schema_extra=_range(1.2, 2.5))
     mem_max_step_mb: int = Field(8192, ge=64, description="largest single memory raise (MB)")
     correction_cooldown_s: float = Field(
-        30.0, ge=0, description="least time between two corrections of the same kind and actor (s)", json_schema_extra=_range(10.0, 300.0)
+        30.0, ge=0, description="least time between two corrections of the same kind and actor (s)", json_schema_extra=_range(10.0, 3600.0, log=True)
     )
     max_corrections: int = Field(20, ge=0, description="most runtime corrections per job")
 
@@ -186,7 +212,40 @@ class DLRoverRMKnobs(_Strict):
         return _cpu_choices(v)
 
 
-KNOBS: dict[str, type[BaseModel]] = {"static": StaticKnobs, "scripted": ScriptedKnobs, "dlrover_rm": DLRoverRMKnobs}
+# --------------------------------------------------------------------------- optimus
+
+
+class OptimusKnobs(_Strict):
+    """``optimus``: greedy marginal gain per dominant resource share (Optimus, EuroSys'18)."""
+
+    start: Literal["minimal", "request"] = Field(
+        "minimal", description="initial config: minimal = 1 worker + 1 PS of the requested sizes (grow from there); request = the spec's resources",
+        json_schema_extra=_choices("minimal", "request"),
+    )
+    profile_window_s: float = Field(
+        10.0, ge=0, description="measure a config this long (after warm-up) before deciding from it (s)", json_schema_extra=_range(5.0, 300.0)
+    )
+    cooldown_s: float = Field(10.0, ge=0, description="least time between two config changes (s)", json_schema_extra=_range(5.0, 600.0))
+    min_gain: float = Field(
+        0.05, ge=0, description="least predicted relative throughput gain worth a change; a change that frees CPU may lose less than this",
+        json_schema_extra=_range(0.01, 0.3),
+    )
+    min_gain_per_share: float = Field(
+        0.5, ge=0,
+        description=(
+            "least relative throughput gain of one added actor per dominant share of the budget it takes "
+            "(0.5: an actor taking 1/32 of the budget must add >= 1.6%; a job that scales linearly still fills its "
+            "budget, since there an actor adds >= its share; a saturating one stops once an actor adds < half its share)"
+        ),
+        json_schema_extra=_range(0.0, 4.0),
+    )
+    max_changes: int = Field(6, ge=0, description="most model-driven changes per job", json_schema_extra=_range(1, 20))
+    max_workers: int | None = Field(None, ge=1, description="cap on workers (null: the budget's)")
+    max_ps: int | None = Field(None, ge=1, description="cap on parameter servers (null: the budget's)")
+    model_prior: PriorKnob | None = Field(None, description="prior of the job's performance model (null: the built-in one)")
+
+
+KNOBS: dict[str, type[BaseModel]] = {"static": StaticKnobs, "scripted": ScriptedKnobs, "dlrover_rm": DLRoverRMKnobs, "optimus": OptimusKnobs}
 
 
 def _policy_class(name: str) -> type["Policy"]:
@@ -198,6 +257,10 @@ def _policy_class(name: str) -> type["Policy"]:
         from dlrover.resource.scripted import ScriptedPolicy
 
         return ScriptedPolicy
+    if name == "optimus":
+        from dlrover.resource.optimus import OptimusPolicy
+
+        return OptimusPolicy
     from dlrover.resource.dlrover_rm import DLRoverRMPolicy
 
     return DLRoverRMPolicy
@@ -274,8 +337,17 @@ def load_policy(
     name: str, config_path: str | None = None, overrides: dict | None = None, overrides_source: str = "job spec"
 ) -> "Policy":
     """A fresh policy object (one per job: policies keep per-job state)."""
+    return policy_factory(name, config_path, overrides, overrides_source)()
+
+
+def policy_factory(
+    name: str, config_path: str | None = None, overrides: dict | None = None, overrides_source: str = "job spec"
+) -> Callable[[], "Policy"]:
+    """A maker of fresh policy objects with the knobs validated once (the simulator makes
+    one per job, thousands of times; the live master calls it once per job)."""
     knobs = load_knobs(name, config_path, overrides, overrides_source)
-    return _policy_class(name)(knobs)  # type: ignore[call-arg]
+    cls = _policy_class(name)
+    return lambda: cls(knobs)  # type: ignore[call-arg]
 
 
 def default_policy_path(name: str) -> Path:
