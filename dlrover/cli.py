@@ -1,4 +1,4 @@
-"""``dlrover`` command line: run | submit | status | data synth | bench throughput|elastic|perf-model|recovery.
+"""``dlrover`` command line: run | submit | status | data synth | simulate | tune | bench ....
 
 User errors (bad spec, bad data, bad arguments) print one ``error:`` line and exit 2;
 anything else is a bug and keeps its traceback.
@@ -33,6 +33,16 @@ def _positive_int(v: str) -> int:
     return n
 
 
+def _positive_float(v: str) -> float:
+    try:
+        x = float(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {v!r}") from None
+    if not x > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {v!r}")
+    return x
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="dlrover", description="Elastic DLRM training on Ray.")
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
@@ -64,6 +74,21 @@ def build_parser() -> argparse.ArgumentParser:
     syn.add_argument("--files", type=_positive_int, default=4)
     syn.add_argument("--seed", type=int, default=0)
     syn.add_argument("--gzip", action="store_true")
+
+    sim = sub.add_parser("simulate", help="compare allocation policies on a job trace in the cluster simulator")
+    sim.add_argument("--trace", default="synthetic", help="trace CSV/Parquet, or 'synthetic' (default)")
+    sim.add_argument("--jobs", type=_positive_int, default=400, help="jobs of the synthetic trace")
+    sim.add_argument("--nodes", type=_positive_int, default=40)
+    sim.add_argument("--node-cpu", type=_positive_float, default=64.0)
+    sim.add_argument("--node-memory-gb", type=_positive_float, default=256.0)
+    sim.add_argument("--seed", type=int, default=0)
+    sim.add_argument("--policies", default="static,dlrover_rm", help="comma-separated names or policy YAML files, each optionally +pal")
+    sim.add_argument("--tick", type=_positive_float, default=300.0, help="seconds between a job's policy decisions")
+    sim.add_argument("--failure-rate", type=float, default=6.5e-3, help="node failures per node-day (RSC-1: 6.5e-3)")
+    sim.add_argument("--no-failures", action="store_true")
+    sim.add_argument("--no-stragglers", action="store_true")
+    sim.add_argument("--json", action="store_true", help="print only a JSON list of per-policy metrics")
+    sim.add_argument("--out", help="directory for CSV and PNG outputs (default runs/sim-<time>)")
 
     b = sub.add_parser("bench", help="benchmarks, printed as ratios against a baseline")
     bsub = b.add_subparsers(dest="bench_cmd", required=True, parser_class=_Parser)
@@ -155,6 +180,12 @@ def cmd_status(args) -> int:
     return status(args.address)
 
 
+def cmd_simulate(args) -> int:
+    from dlrover.sim.cli import cmd_simulate as run
+
+    return run(args)
+
+
 def cmd_bench(args) -> int:
     if args.bench_cmd == "elastic":
         from dlrover.bench.elastic import print_elastic, run_elastic_bench
@@ -190,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("PYTHONWARNINGS", "ignore")
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     args = build_parser().parse_args(argv)
-    handler = {"run": cmd_run, "submit": cmd_submit, "status": cmd_status, "data": cmd_data, "bench": cmd_bench}[args.cmd]
+    handler = {"run": cmd_run, "submit": cmd_submit, "status": cmd_status, "data": cmd_data, "bench": cmd_bench, "simulate": cmd_simulate}[args.cmd]
     try:
         return handler(args)
     except DLRoverError as e:

@@ -112,7 +112,10 @@ def _round_mb(mb: float) -> int:
 
 
 def _with_memory(key: Key, like: Config) -> Config:
-    return Config(key[0], key[1], key[2], key[3], like.worker_memory_mb, like.ps_memory_mb)
+    """``key`` with ``like``'s memory sizes; with fewer PS each PS gets proportionally more,
+    since the embedding tables are spread over them (more PS keep their size)."""
+    ps_mem = like.ps_memory_mb if key[1] >= like.ps else int(math.ceil(like.ps_memory_mb * like.ps / key[1] / 64) * 64)
+    return Config(key[0], key[1], key[2], key[3], like.worker_memory_mb, ps_mem)
 
 
 class DLRoverRMPolicy(Policy):
@@ -476,7 +479,8 @@ class DLRoverRMPolicy(Policy):
         axes = (np.arange(1, max_w + 1.0), np.arange(1, max_p + 1.0), np.array(wcpus, dtype=np.float64), np.array(pcpus, dtype=np.float64))
         w, p, cw, cp = (x.ravel() for x in np.meshgrid(*axes, indexing="ij"))
         cpu = w * cw + p * cp
-        fit = (cpu <= b.cpu + 1e-9) & (w * cur.worker_memory_mb + p * cur.ps_memory_mb <= b.memory_mb)
+        ps_mem = np.where(p >= cur.ps, cur.ps_memory_mb, np.ceil(cur.ps_memory_mb * cur.ps / p / 64) * 64)  # as _with_memory
+        fit = (cpu <= b.cpu + 1e-9) & (w * cur.worker_memory_mb + p * ps_mem <= b.memory_mb)
         w, p, cw, cp, cpu = w[fit], p[fit], cw[fit], cp[fit], cpu[fit]
         if len(w) == 0:
             return start

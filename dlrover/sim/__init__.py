@@ -32,6 +32,7 @@ def simulate(
     settings: SimSettings | None = None,
     seed: int = 0,
     progress: Callable[[float], None] | None = None,
+    label: str | None = None,
 ) -> SimResult:
     """Simulate ``trace`` with policy ``policy`` (knobs: built-in defaults < ``policy_config``
     file, by default ``policies/cluster/<policy>.yaml`` < ``knobs``), one fresh policy
@@ -41,5 +42,5 @@ def simulate(
     if policy_config is None and (CLUSTER_POLICIES / f"{policy}.yaml").is_file():
         policy_config = str(CLUSTER_POLICIES / f"{policy}.yaml")
     make = policy_factory(policy, policy_config, knobs, overrides_source="simulate")
-    label = policy if settings is None or settings.placement == "packed" else f"{policy}+{settings.placement}"
+    label = label or (policy if settings is None or settings.placement == "packed" else f"{policy}+{settings.placement}")
     return Simulator(trace, make, cluster, settings, seed=seed, policy_name=label, progress=progress).run()

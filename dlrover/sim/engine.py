@@ -40,7 +40,7 @@ from dlrover.resource.history import HistoryRecord
 from dlrover.resource.perf_model import PerfModel, PerfParams
 from dlrover.resource.plan import ActorMetrics, Budget, Config, JobView, Measurement, Policy, ResourcePlan
 from dlrover.sim.cluster import Cluster, ClusterSpec
-from dlrover.sim.trace import TRUTH
+from dlrover.sim.trace import TRUTH, validate_trace
 
 PS_BASE_MB = 1024.0  # per-PS overhead over its share of the embeddings
 
@@ -159,6 +159,7 @@ class Simulator:
         self.policy_name = policy_name or getattr(make_policy(), "name", "policy")
         self.progress = progress
         self.history: dict[str, list[HistoryRecord]] = {}
+        trace = validate_trace(trace, source="trace", csv=False)  # defaults filled, sorted by submission
         self.jobs = [self._job(i, row, profiles or {}) for i, row in enumerate(trace.to_dict("records"))]
         self.queue: list[int] = []
         self.heap: list[tuple] = []

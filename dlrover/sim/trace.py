@@ -131,17 +131,17 @@ def validate_trace(df: pd.DataFrame, source: str = "trace", csv: bool = True) ->
         raise DataError(f"{where(i)}: job_id: duplicate {ids.iloc[i]!r}")
     df["job_id"] = ids
     df["signature"] = df["signature"].astype(str)
+    df["profile"] = pd.Series([x if isinstance(x, str) and x else None for x in df["profile"]], index=df.index, dtype=object)
     has_truth = df[TRUTH].notna().all(axis=1).to_numpy()
     some_truth = df[TRUTH].notna().any(axis=1).to_numpy()
-    has_profile = df["profile"].notna().to_numpy() & (df["profile"].astype(str).str.len() > 0).to_numpy()
+    has_profile = df["profile"].notna().to_numpy()
     for i in np.flatnonzero(some_truth & ~has_truth):
         col = next(c for c in TRUTH if pd.isna(df[c].iloc[i]))
         raise DataError(f"{where(int(i))}: {col}: t0..t4 must all be given (or none, with a profile)")
     for i in np.flatnonzero(~has_truth & ~has_profile):
         raise DataError(f"{where(int(i))}: t0..t4 or profile: the job needs a ground truth")
-    for i in np.flatnonzero(has_truth):
-        if df.loc[i, TRUTH].sum() <= 0:
-            raise DataError(f"{where(int(i))}: t0..t4: not all zero")
+    for i in np.flatnonzero(has_truth & (df[TRUTH].sum(axis=1).to_numpy() <= 0))[:1]:
+        raise DataError(f"{where(int(i))}: t0..t4: not all zero")
     req_cpu = df["req_workers"] * df["req_worker_cpu"] + df["req_ps"] * df["req_ps_cpu"]
     req_mem = df["req_workers"] * df["req_worker_memory_mb"] + df["req_ps"] * df["req_ps_memory_mb"]
     df["budget_cpu"] = df["budget_cpu"].fillna(req_cpu)
