@@ -190,6 +190,32 @@ def test_rescaled_run_ends_with_the_same_tables(ray_local, synth_dir, tmp_path):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(base_model["dense"], scaled_model["dense"], rtol=1e-5, atol=1e-6)
     assert not torch.equal(base_model["tables"][0], torch.zeros_like(base_model["tables"][0]))
+    # One code path: the same policy section, run by the cluster simulator, takes the same
+    # decisions as it did in the live JobMaster.
+    assert simulated_configs(spec) == [e["to"] for e in scaled["scale_events"]]
+
+
+def simulated_configs(spec) -> list[dict]:
+    """The configurations a job spec's policy moves to when the simulator runs it."""
+    import pandas as pd
+
+    from dlrover.master.control import job_budget
+    from dlrover.resource.perf_model import DEFAULT_PRIOR
+    from dlrover.resource.plan import Config
+    from dlrover.sim import ClusterSpec, SimSettings, simulate
+
+    r = spec.resources
+    budget = job_budget(spec, Config.from_resources(r))
+    row = {
+        "job_id": "j", "submit_s": 0.0, "signature": "s", "batch_size": spec.data.batch_size, "samples": 10**7, "epochs": 1,
+        "req_workers": r.workers, "req_ps": r.ps, "req_worker_cpu": r.worker_cpu, "req_ps_cpu": r.ps_cpu,
+        "req_worker_memory_mb": r.worker_memory_mb, "req_ps_memory_mb": r.ps_memory_mb, **DEFAULT_PRIOR._asdict(),
+        "budget_cpu": budget.cpu, "budget_memory_mb": budget.memory_mb, "worker_memory_need_mb": 1, "ps_memory_need_mb": 1,
+    }  # fmt: skip
+    cluster = ClusterSpec(nodes=1, node_cpu=16, perf_sigma=0.0, p_slow=0.0, failure_rate=0.0)
+    settings = SimSettings(control_interval_s=5.0, max_ps=spec.train.vshards)
+    res = simulate(pd.DataFrame([row]), spec.policy.name, spec.policy.config, spec.policy.knobs, cluster=cluster, settings=settings)
+    return [e["config"] for e in res.events.to_dict("records") if e["kind"] == "scale"]
 
 
 def test_async_rescale_applies_every_update_once(ray_local, synth_dir, tmp_path):

@@ -123,7 +123,7 @@ def test_synthetic_trace_is_production_like_and_round_trips(tmp_path):
     assert tr["signature"].value_counts().iloc[0] >= 10  # recurring models (history for warm starts)
     cpu = tr["req_workers"] * tr["req_worker_cpu"] + tr["req_ps"] * tr["req_ps_cpu"]
     assert (tr["budget_cpu"] >= cpu).all()
-    ps_share = tr["ps_memory_need_mb"] / tr["req_ps"] + 1024
+    ps_share = tr["ps_memory_need_mb"] / tr["req_ps"] + 512
     assert (tr["req_ps_memory_mb"] > ps_share).mean() > 0.7  # most users over-request memory
     for name in ("t.csv", "t.parquet"):
         p = write_trace(tr, tmp_path / name)

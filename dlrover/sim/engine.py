@@ -42,7 +42,7 @@ from dlrover.resource.plan import ActorMetrics, Budget, Config, JobView, Measure
 from dlrover.sim.cluster import Cluster, ClusterSpec
 from dlrover.sim.trace import TRUTH, validate_trace
 
-PS_BASE_MB = 1024.0  # per-PS overhead over its share of the embeddings
+PS_BASE_MB = 512.0  # per-PS process overhead over its share of the embeddings (a PS of this repo idles at ~400 MB)
 
 
 def t_iter(p: PerfParams, c: Config, batch: int) -> float:
@@ -601,7 +601,7 @@ class Simulator:
             self._open_window(j, t_switch + self.s.rescale_pause_s, plan.predicted_throughput)
             j.last_change_s = self.now
             j.changes += 1
-            self._event(j, "scale", plan.reason, old=old.short(), new=plan.config.short())
+            self._event(j, "scale", plan.reason, old=old.short(), new=plan.config.short(), config=plan.config.to_dict())
             # New actors start while the old train on, then the switch pauses training.
             j.phases = [(t_switch, min(old_rate, new_rate)), (t_switch + self.s.rescale_pause_s, 0.0)]
             self._reschedule(j)

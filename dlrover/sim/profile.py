@@ -59,7 +59,6 @@ POINT_COLUMNS = ["workers", "ps", "worker_cpu", "ps_cpu", "throughput", "duratio
 FILE_COLUMNS = ["workers", "ps", "worker_cpu", "ps_cpu", "batch_size", "throughput", "duration_s", "source"]
 _REQUIRED = ["workers", "ps", "worker_cpu", "ps_cpu", "batch_size", "throughput"]
 _INTS = ("workers", "ps", "batch_size")
-_POSITIVE = ("workers", "ps", "worker_cpu", "ps_cpu", "batch_size", "throughput")
 
 
 @dataclass
@@ -193,7 +192,7 @@ def load_profile(name_or_path: str | os.PathLike) -> Profile:
                 v = float(raw)
             except ValueError:
                 raise DataError(f"{path}:{line}: {c}: not a number: {raw!r}") from None
-            if not math.isfinite(v) or (c in _POSITIVE or c == "duration_s") and v <= 0:
+            if not math.isfinite(v) or v <= 0:  # every numeric column is positive
                 raise DataError(f"{path}:{line}: {c}: must be a positive number, got {raw!r}")
             if c in _INTS and v != round(v):
                 raise DataError(f"{path}:{line}: {c}: must be an integer, got {raw!r}")

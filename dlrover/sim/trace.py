@@ -200,7 +200,7 @@ def synthetic_trace(
         epochs = int(rng.choice([1, 1, 2, 3]))
         samples = max(batch * w, int(thr * hours * 3600 / epochs))
         wmem_need, psmem_need = float(sig_worker_mem[s]), min(float(sig_ps_mem[s]), p * 0.4 * node_memory_mb)
-        ps_share = psmem_need / p + 1024
+        ps_share = psmem_need / p + 512
         # Users over-request memory (x1.5..x4; production memory utilisation is ~15%) except
         # ~15% of jobs that under-size PS memory.
         ps_req = ps_share * (rng.uniform(0.6, 0.95) if rng.random() < 0.15 else rng.uniform(1.5, 4.0))

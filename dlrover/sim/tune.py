@@ -19,6 +19,7 @@ import hashlib
 import math
 import os
 import tempfile
+import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -116,6 +117,25 @@ def _suggest(trial: optuna.Trial, space: dict[str, dict], skip: set[str]) -> dic
     return params
 
 
+def _widen(space: dict[str, dict], base: dict) -> dict[str, dict]:
+    """Stretch each knob's range (or choices) to hold the base config's value, so the
+    base trial lies inside the searched space (a base file may go beyond the declared
+    ranges; a log range is not stretched down to 0)."""
+    out = {}
+    for name, s in space.items():
+        s = {**s}
+        v = base.get(name)
+        if v is not None:
+            if s["type"] == "categorical":
+                if v not in s["search"]["choices"]:
+                    s["search"] = {"choices": [*s["search"]["choices"], v]}
+            elif isinstance(v, (int, float)) and not isinstance(v, bool) and not (s.get("log") and v <= 0):
+                lo, hi = s["search"]
+                s["search"] = [min(lo, type(lo)(v)), max(hi, type(hi)(v))]
+        out[name] = s
+    return out
+
+
 def _choose(front: list[optuna.trial.FrozenTrial], baseline: list[float] | None) -> optuna.trial.FrozenTrial:
     """Multi-objective pick: among Pareto trials no worse than the baseline on objectives
     2..k, the best on objective 1 (ties: then objectives 2..k, then the earlier trial).
@@ -190,6 +210,7 @@ def tune(
     space = knob_search_space(policy)
     if not space:
         raise DLRoverError(f"policy {policy} has no tunable knobs")
+    space = _widen(space, base)
     say = log or (lambda _s: None)
 
     name = study_name or f"dlrover-{policy}-{'-'.join(objectives)}"
@@ -253,7 +274,9 @@ def tune(
             else:
                 say(f"{head}: {now}  | Pareto front: {len(st.best_trials)}")
 
-        study.optimize(objective, n_trials=trials, callbacks=[progress])
+        with warnings.catch_warnings():  # "fixed parameter out of range": a base value a log range cannot hold
+            warnings.filterwarnings("ignore", message="Fixed parameter", category=UserWarning)
+            study.optimize(objective, n_trials=trials, callbacks=[progress])
     finally:
         optuna.logging.set_verbosity(verbosity)
 
