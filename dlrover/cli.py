@@ -90,6 +90,21 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--json", action="store_true", help="print only a JSON list of per-policy metrics")
     sim.add_argument("--out", help="directory for CSV and PNG outputs (default runs/sim-<time>)")
 
+    tu = sub.add_parser("tune", help="tune a policy's knobs with Optuna on the cluster simulator")
+    tu.add_argument("--policy", default="dlrover_rm")
+    tu.add_argument("--trace", default="synthetic", help="trace CSV/Parquet, or 'synthetic' (default)")
+    tu.add_argument("--jobs", type=_positive_int, default=200, help="jobs of the synthetic traces")
+    tu.add_argument("--nodes", type=_positive_int, default=20)
+    tu.add_argument("--seed", type=int, default=0, help="seed of the synthetic tuning trace and of the simulator")
+    tu.add_argument("--holdout", default=None, help="held-out trace to evaluate on (default with a synthetic trace: synthetic, seed + 1000)")
+    tu.add_argument("--trials", type=_positive_int, default=30)
+    tu.add_argument("--objectives", default="jct", help="comma-separated: jct, cost (several: Pareto front)")
+    tu.add_argument("--storage", default=None, help="Optuna storage URL, e.g. sqlite:///tune.db (resumable)")
+    tu.add_argument("--study", default=None, help="study name in the storage")
+    tu.add_argument("--base", default=None, help="policy YAML to start from (default policies/cluster/<policy>.yaml)")
+    tu.add_argument("--out", default="policies/tuned.yaml", help="where the best configuration is written")
+    tu.add_argument("--json", action="store_true")
+
     b = sub.add_parser("bench", help="benchmarks, printed as ratios against a baseline")
     bsub = b.add_subparsers(dest="bench_cmd", required=True, parser_class=_Parser)
     tp = bsub.add_parser("throughput", help="dlrover (1 worker + 1 PS) vs single-process TorchRec")
@@ -104,6 +119,15 @@ def build_parser() -> argparse.ArgumentParser:
     rc = bsub.add_parser("recovery", help="fault recovery (ETTR, detect/recover per fault kind) vs restart-from-checkpoint")
     rc.add_argument("--json", action="store_true")
     rc.add_argument("--quick", action="store_true", help="a shorter job with 2 faults (smoke run)")
+    sc = bsub.add_parser("sim-calibration", help="simulator throughput vs real runs of the same configurations on this machine")
+    sc.add_argument("--json", action="store_true")
+    sc.add_argument("--quick", action="store_true", help="6 configurations, 6 s windows (smoke run)")
+    sc.add_argument("--save-profile", help="where the measured profile goes (default benchmarks/profiles/dev_machine.csv)")
+    sc.add_argument("--from-profile", help="compare against this saved profile instead of measuring (no Ray)")
+    ss = bsub.add_parser("sim-speed", help="simulator speed: 10,000 jobs on 1,000 nodes, jobs simulated per second")
+    ss.add_argument("--json", action="store_true")
+    ss.add_argument("--jobs", type=_positive_int, default=10_000)
+    ss.add_argument("--nodes", type=_positive_int, default=1_000)
     pm = bsub.add_parser("perf-model", help="measure real configurations, fit the model on some, predict the rest (MAPE)")
     pm.add_argument("--json", action="store_true")
     pm.add_argument("--window-s", type=float, default=12.0, help="measured seconds per configuration")
@@ -186,6 +210,26 @@ def cmd_simulate(args) -> int:
     return run(args)
 
 
+def cmd_tune(args) -> int:
+    from dlrover.sim import ClusterSpec, read_trace, synthetic_trace
+    from dlrover.sim.tune import print_tune, tune
+
+    def trace_of(what: str, seed: int):
+        return synthetic_trace(args.jobs, seed, nodes=args.nodes) if what == "synthetic" else read_trace(what)
+
+    trace = trace_of(args.trace, args.seed)
+    holdout = args.holdout or ("synthetic" if args.trace == "synthetic" else None)
+    held = trace_of(holdout, args.seed + 1000) if holdout else None
+    log = (lambda line: print(line, file=sys.stderr)) if args.json else print
+    result = tune(
+        args.policy, trace, args.trials, [o.strip() for o in args.objectives.split(",") if o.strip()], storage=args.storage,
+        study_name=args.study, base_config=args.base, cluster=ClusterSpec(nodes=args.nodes), seed=args.seed, out=args.out,
+        holdout=held, log=log,
+    )  # fmt: skip
+    print(json.dumps(result.to_dict(), default=float)) if args.json else print_tune(result)
+    return 0
+
+
 def cmd_bench(args) -> int:
     if args.bench_cmd == "elastic":
         from dlrover.bench.elastic import print_elastic, run_elastic_bench
@@ -198,6 +242,21 @@ def cmd_bench(args) -> int:
 
         result = run_recovery_bench(quick=args.quick)
         print(json.dumps(result, default=float)) if args.json else print_recovery(result)
+        return 0
+    if args.bench_cmd == "sim-calibration":
+        from dlrover.bench.sim_calibration import calibrate_saved_profile, print_sim_calibration, run_sim_calibration
+
+        if args.from_profile:
+            result = calibrate_saved_profile(args.from_profile)
+        else:
+            result = run_sim_calibration(quick=args.quick, profile_path=args.save_profile)
+        print(json.dumps(result, default=float)) if args.json else print_sim_calibration(result)
+        return 0
+    if args.bench_cmd == "sim-speed":
+        from dlrover.bench.sim_speed import print_sim_speed, run_sim_speed
+
+        result = run_sim_speed(jobs=args.jobs, nodes=args.nodes)
+        print(json.dumps(result, default=float)) if args.json else print_sim_speed(result)
         return 0
     if args.bench_cmd == "perf-model":
         from dlrover.bench.perf_model import print_perf_model, run_perf_model_bench
@@ -221,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("PYTHONWARNINGS", "ignore")
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     args = build_parser().parse_args(argv)
-    handler = {"run": cmd_run, "submit": cmd_submit, "status": cmd_status, "data": cmd_data, "bench": cmd_bench, "simulate": cmd_simulate}[args.cmd]
+    handler = {"run": cmd_run, "submit": cmd_submit, "status": cmd_status, "data": cmd_data, "bench": cmd_bench, "simulate": cmd_simulate, "tune": cmd_tune}[args.cmd]
     try:
         return handler(args)
     except DLRoverError as e:

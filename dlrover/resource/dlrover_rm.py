@@ -129,6 +129,7 @@ class DLRoverRMPolicy(Policy):
         self.reverts = 0
         self.corrections = 0
         self._last_correction: dict[str, float] = {}  # correction key -> job time planned
+        self._nothing_at: tuple | None = None  # inputs of the last model search that found nothing
 
     # ------------------------------------------------------------------ stage 1
 
@@ -411,6 +412,19 @@ class DLRoverRMPolicy(Policy):
 
         if self.changes >= k.max_changes:
             return None
+        # A search over the same model, measurements and budget as one that proposed
+        # nothing would again propose nothing: skip it (the simulator asks every tick).
+        memo = (view.model.n_points, _key(cur), round(math.log(t_now), 2), view.budget, tuple(sorted((x, round(math.log(v), 2)) for x, v in measured.items())))
+        if memo == self._nothing_at:
+            return None
+        plan = self._model_step(view, cur, measured, t_now)
+        if plan is None:
+            self._nothing_at = memo
+        return plan
+
+    def _model_step(self, view: JobView, cur: Config, measured: dict[Key, float], t_now: float) -> ResourcePlan | None:
+        """Stage 2 proper: search the utility's maximum and propose it if it is worth a move."""
+        k = self.knobs
         pred_cur = self._predict_one(view, cur)
         calib = t_now / pred_cur if pred_cur and pred_cur > 0 else 1.0
         bar = k.min_gain_per_cpu

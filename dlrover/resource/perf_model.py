@@ -48,16 +48,23 @@ _IDENT_TOL = 1e-2
 _POINT_COLUMNS = ["workers", "ps", "worker_cpu", "ps_cpu", "batch_size", "throughput", "weight"]
 
 
-def _broadcast(w: Any, p: Any, cw: Any, cp: Any, batch: Any) -> list[np.ndarray]:
-    """The five variables as 1-D float arrays of one length; all must be positive."""
-    cols = np.broadcast_arrays(*(np.asarray(x, dtype=np.float64) for x in (w, p, cw, cp, batch)))
-    stacked = np.stack(cols).reshape(len(cols), -1)  # one check for all five (this is a hot path)
+def _broadcast(w: Any, p: Any, cw: Any, cp: Any, batch: Any) -> np.ndarray:
+    """The five variables as a ``[5, N]`` float array (1-D inputs of one length and scalars
+    broadcast); all must be positive. A hot path (the simulator calls it millions of times)."""
+    arrs = [np.asarray(x, dtype=np.float64) for x in (w, p, cw, cp, batch)]
+    n = max(a.size for a in arrs)
+    if all(a.ndim <= 1 and a.size in (1, n) for a in arrs):
+        stacked = np.empty((5, n))
+        for i, a in enumerate(arrs):
+            stacked[i] = a.reshape(-1)
+    else:
+        stacked = np.stack(np.broadcast_arrays(*arrs)).reshape(5, -1)
     ok = np.isfinite(stacked) & (stacked > 0)
     if not ok.all():
         i = int(np.flatnonzero(~ok.all(axis=1))[0])
         name = ("workers", "ps", "worker_cpu", "ps_cpu", "batch_size")[i]
         raise ValueError(f"{name} must be positive and finite, got {stacked[i][~ok[i]][0]!r}")
-    return list(stacked)
+    return stacked
 
 
 def features(w: Any, p: Any, cw: Any, cp: Any, batch: Any) -> np.ndarray:
@@ -66,15 +73,21 @@ def features(w: Any, p: Any, cw: Any, cp: Any, batch: Any) -> np.ndarray:
     return np.stack([np.ones_like(w), b / cw, w / (p * cp), w / p, w], axis=1)
 
 
+def _t_iter(params: PerfParams, x: np.ndarray) -> np.ndarray:
+    w, p, cw, cp, b = x
+    t0, t1, t2, t3, t4 = params
+    return t0 + t1 * b / cw + t2 * w / (p * cp) + t3 * w / p + t4 * w
+
+
 def step_time(params: PerfParams, w: Any, p: Any, cw: Any, cp: Any, batch: Any) -> np.ndarray:
-    """Seconds per step of one worker, shape ``[N]``."""
-    return features(w, p, cw, cp, batch) @ np.asarray(params, dtype=np.float64)
+    """Seconds per step of one worker, shape ``[N]`` (``features @ params``, unrolled)."""
+    return _t_iter(params, _broadcast(w, p, cw, cp, batch))
 
 
 def throughput(params: PerfParams, w: Any, p: Any, cw: Any, cp: Any, batch: Any) -> np.ndarray:
     """Samples per second of the whole job (every worker finishes a batch per step), ``[N]``."""
-    w_arr, _, _, _, b_arr = _broadcast(w, p, cw, cp, batch)
-    return w_arr * b_arr / step_time(params, w, p, cw, cp, batch)
+    x = _broadcast(w, p, cw, cp, batch)
+    return x[0] * x[4] / _t_iter(params, x)
 
 
 def _positive(name: str, x: Any) -> float:

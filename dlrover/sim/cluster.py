@@ -75,6 +75,9 @@ class Cluster:
         self.slow_since = np.zeros(n)
         self.alive = np.ones(n, dtype=bool)
         self.released = 0  # bumped whenever capacity frees up (lets the scheduler skip hopeless retries)
+        self.changes = 0  # bumped on every take/release/node state change (cache key of free_totals)
+        self._totals_at: tuple | None = None
+        self._totals = (0.0, 0.0)
 
     # -- speed --------------------------------------------------------------------------
     def speed(self, nodes: np.ndarray) -> np.ndarray:
@@ -95,16 +98,38 @@ class Cluster:
         """Give capacity back; ``undo``: a trial placement taken back (nothing really freed)."""
         if not undo:
             self.released += 1
+        self.changes += 1
         np.add.at(self.free_cpu, nodes, cpu)
         np.add.at(self.free_mem, nodes, mem)
 
     def take(self, nodes: np.ndarray, cpu: float, mem: float) -> None:
+        self.changes += 1
         np.subtract.at(self.free_cpu, nodes, cpu)
         np.subtract.at(self.free_mem, nodes, mem)
 
+    def set_alive(self, node: int, alive: bool) -> None:
+        """A node fails (its whole capacity is held until repair: nothing new goes there;
+        what its actors held comes back as they are released) or is back."""
+        sign = 1.0 if alive else -1.0
+        self.alive[node] = alive
+        self.free_cpu[node] += sign * self.cpu[node]
+        self.free_mem[node] += sign * self.mem[node]
+        self.changes += 1
+        if alive:
+            self.released += 1
+
+    def free_totals(self) -> tuple[float, float]:
+        """Free CPU and memory on live nodes (cached until capacity changes hands)."""
+        key = (self.changes, self.released)
+        if self._totals_at != key:
+            up = self.alive
+            self._totals = (float(self.free_cpu[up].sum()), float(self.free_mem[up].sum()))
+            self._totals_at = key
+        return self._totals
+
     def fits_total(self, cpu: float, mem: float) -> bool:
-        up = self.alive
-        return float(self.free_cpu[up].sum()) >= cpu - 1e-9 and float(self.free_mem[up].sum()) >= mem
+        free_cpu, free_mem = self.free_totals()
+        return free_cpu >= cpu - 1e-9 and free_mem >= mem
 
     def _fill(self, n: int, cpu: float, mem: float, allowed: np.ndarray, prefer: np.ndarray | None) -> np.ndarray | None:
         """Best fit of ``n`` equal actors on ``allowed`` nodes (taken from ``self.free_*``;

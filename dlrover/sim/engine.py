@@ -493,9 +493,7 @@ class Simulator:
 
     def _node_fail(self, node: int, _v: int) -> None:
         self.node_failures += 1
-        self.cluster.alive[node] = False
-        self.cluster.free_cpu[node] -= self.cluster.cpu[node]  # nothing more goes there
-        self.cluster.free_mem[node] -= self.cluster.mem[node]
+        self.cluster.set_alive(node, False)
         self._push(self.now + self.spec.repair_s, "node_up", node)
         for i in sorted(self.node_jobs.pop(node, set())):
             j = self.jobs[i]
@@ -506,10 +504,7 @@ class Simulator:
             self._failure(j, "node_loss", "ps" if lost_ps else "worker", rollback=lost_ps > 0, lost_fraction=lost_w / len(j.worker_nodes))
 
     def _node_up(self, node: int, _v: int) -> None:
-        self.cluster.alive[node] = True
-        self.cluster.released += 1
-        self.cluster.free_cpu[node] += self.cluster.cpu[node]
-        self.cluster.free_mem[node] += self.cluster.mem[node]
+        self.cluster.set_alive(node, True)
         day = 86400.0
         self._push(self.now + float(self.fault_rng.exponential(day / self.spec.failure_rate)), "node_fail", node)
         self._schedule()
@@ -565,8 +560,7 @@ class Simulator:
         assert c is not None
         free_cpu = free_mem = 0.0
         if not self.queue:
-            up = self.cluster.alive
-            free_cpu, free_mem = float(self.cluster.free_cpu[up].sum()), float(self.cluster.free_mem[up].sum())
+            free_cpu, free_mem = self.cluster.free_totals()
         return Budget(
             min(j.quota.cpu, c.cpu + free_cpu), int(min(j.quota.memory_mb, c.memory_mb + free_mem)), j.quota.max_workers, j.quota.max_ps
         )

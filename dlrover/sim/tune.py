@@ -142,7 +142,9 @@ def _choose(front: list[optuna.trial.FrozenTrial], baseline: list[float] | None)
     Since the baseline is a trial, it or a trial dominating it qualifies, so the pick is
     never worse than the base config on any objective; without a finite baseline, the
     best on objective 1 of the whole front."""
-    key = lambda t: (tuple(t.values), t.number)  # noqa: E731
+    def key(t: optuna.trial.FrozenTrial) -> tuple:
+        return (tuple(t.values), t.number)
+
     if baseline is not None and all(math.isfinite(b) for b in baseline):
         ok = [t for t in front if all(v <= b for v, b in zip(t.values[1:], baseline[1:]))]
         if ok:
