@@ -119,7 +119,7 @@ def test_synthetic_trace_is_production_like_and_round_trips(tmp_path):
     tr = synthetic_trace(300, seed=4)
     assert len(tr) == 300 and tr["job_id"].is_unique and (tr["submit_s"].diff().dropna() >= 0).all()
     hours = tr["samples"] * tr["epochs"] / [thr_(r) for r in tr.itertuples()] / 3600
-    assert hours.median() < 2.0 < hours.max()  # many small jobs, a few large ones
+    assert hours.median() < 2.5 and hours.max() > 5 and (hours > 3).mean() < 0.4  # many small jobs, a few large ones
     assert tr["signature"].value_counts().iloc[0] >= 10  # recurring models (history for warm starts)
     cpu = tr["req_workers"] * tr["req_worker_cpu"] + tr["req_ps"] * tr["req_ps_cpu"]
     assert (tr["budget_cpu"] >= cpu).all()

@@ -230,6 +230,7 @@ class Controller:
             return {}
         if not plan.config.fits(self.budget):
             self.m.events.add("plan_rejected", reason=plan.reason, config=plan.config.to_dict(), why="over budget")
+            self.policy.rejected(plan, "over budget")
             return {}
         return self._apply(plan, view)
 

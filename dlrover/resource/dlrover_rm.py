@@ -130,6 +130,7 @@ class DLRoverRMPolicy(Policy):
         self.corrections = 0
         self._last_correction: dict[str, float] = {}  # correction key -> job time planned
         self._nothing_at: tuple | None = None  # inputs of the last model search that found nothing
+        self._counted: str | None = None  # the counter the last plan used: "changes" | "reverts" | "corrections"
 
     # ------------------------------------------------------------------ stage 1
 
@@ -211,7 +212,14 @@ class DLRoverRMPolicy(Policy):
     # ------------------------------------------------------------------ decide
 
     def decide(self, view: JobView) -> ResourcePlan | None:
+        self._counted = None
         return self._budget_guard(view) or self._correct(view) or self._scale(view)
+
+    def rejected(self, plan: ResourcePlan, why: str) -> None:
+        """A plan the runtime could not carry out does not use up ``max_changes``."""
+        if self._counted is not None:
+            setattr(self, self._counted, max(0, getattr(self, self._counted) - 1))
+            self._counted = None
 
     def _budget_guard(self, view: JobView) -> ResourcePlan | None:
         """The budget shrank below what runs: the fastest (by the model) fewer-actor config
@@ -339,6 +347,7 @@ class DLRoverRMPolicy(Policy):
         if not reasons:
             return None
         self.corrections += 1
+        self._counted = "corrections"
         for m in marks:
             self._last_correction[m] = now
         predicted = self._predict_one(view, config) if _key(config) != _key(view.config) else None
@@ -402,6 +411,7 @@ class DLRoverRMPolicy(Policy):
             back = _with_memory(best_key, cur)
             if back.fits(view.budget):
                 self.reverts += 1
+                self._counted = "reverts"
                 return ResourcePlan(
                     back,
                     f"revert: {cur.short()} measures {t_now:.0f} samples/s, {1 - t_now / best_thr:.0%} below "
@@ -479,6 +489,7 @@ class DLRoverRMPolicy(Policy):
         else:
             return None
         self.changes += 1
+        self._counted = "changes"
         return ResourcePlan(new, reason, stage="model", predicted_throughput=t_new)
 
     @staticmethod

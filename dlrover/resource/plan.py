@@ -155,6 +155,10 @@ class Policy(ABC):
     def decide(self, view: JobView) -> ResourcePlan | None:
         """Called every control tick; ``None`` keeps things as they are."""
 
+    def rejected(self, plan: ResourcePlan, why: str) -> None:
+        """The runtime could not carry out ``plan`` (over the budget, no room on the nodes).
+        A policy that counts its changes gives this one back; by default nothing."""
+
     def model_prior(self) -> "PerfParams | None":
         """Prior of the job's performance model (knob ``model_prior``; None: the built-in)."""
         from dlrover.resource.perf_model import PerfParams

@@ -577,7 +577,10 @@ class Simulator:
         assert j.config is not None
         budget = self._budget(j)
         plan = j.policy.decide(self._view(j, j.config, budget))
-        if plan is None or not plan.changes(j.config) or not plan.config.fits(budget):
+        if plan is None or not plan.changes(j.config):
+            return
+        if not plan.config.fits(budget):
+            j.policy.rejected(plan, "over budget")
             return
         self._apply(j, plan)
 
@@ -588,6 +591,7 @@ class Simulator:
         if plan.config != old:
             if not self._replace_actors(j, plan.config):
                 self._event(j, "plan_rejected", plan.reason)
+                j.policy.rejected(plan, "no room on the nodes")
                 return
             self._close_window(j)
             new_rate = self._true_rate(j)

@@ -179,25 +179,32 @@ def synthetic_trace(
     sig_batch = rng.choice([256, 512, 1024], size=n_sig, p=[0.25, 0.5, 0.25])
     sig_worker_mem = rng.uniform(1500, 6000, size=n_sig)
     sig_ps_mem = np.exp(rng.uniform(np.log(4_000), np.log(160_000), size=n_sig))  # embeddings + optimizer, MB
-    sig_p = rng.zipf(1.6, size=jobs) % n_sig  # a few models recur a lot
-    large = rng.random(jobs) < 0.12
+    pop = 1.0 / np.arange(1, n_sig + 1) ** 0.8  # Zipf-like popularity: a few models recur a lot
+    sig_p = rng.choice(n_sig, size=jobs, p=pop / pop.sum())
+
+    def request(large: bool) -> tuple[int, int, float, float]:
+        # Users ask for round, generous numbers, PS above all ("to be safe"): at static
+        # allocation production PS run at ~15% CPU (DLRover-RM Fig. 4).
+        if large:
+            return int(rng.choice([16, 24, 32])), int(rng.choice([8, 12, 16, 24])), float(rng.choice([4.0, 8.0])), float(rng.choice([4.0, 8.0]))
+        return int(rng.choice([2, 4, 8, 12])), int(rng.choice([2, 4, 8])), float(rng.choice([2.0, 4.0, 8.0])), float(rng.choice([4.0, 8.0]))
+
+    # A signature is one model on one dataset (a daily retrain): its jobs have about the
+    # same size and mostly the same request (users re-submit their spec; 1 in 5 edit it).
+    sig_large = rng.random(n_sig) < 0.12
+    sig_req = [request(bool(x)) for x in sig_large]
+    sig_hours = np.where(sig_large, rng.uniform(3.0, 12.0, n_sig), np.exp(rng.uniform(np.log(0.2), np.log(3.0), n_sig)))
+    sig_epochs = rng.choice([1, 1, 2, 3], size=n_sig)
     out = []
     for j in range(jobs):
         s = int(sig_p[j])
         truth = PerfParams(*(np.asarray(BASE_TRUTH) * sig_scale[s]))
         batch = int(sig_batch[s])
-        # Users ask for round, generous numbers, PS above all ("to be safe"): at static
-        # allocation production PS run at ~15% CPU (DLRover-RM Fig. 4).
-        if large[j]:
-            w, p = int(rng.choice([16, 24, 32])), int(rng.choice([8, 12, 16, 24]))
-            cw, cp = float(rng.choice([4.0, 8.0])), float(rng.choice([4.0, 8.0]))
-            hours = rng.uniform(3.0, 12.0)
-        else:
-            w, p = int(rng.choice([2, 4, 8, 12])), int(rng.choice([2, 4, 8]))
-            cw, cp = float(rng.choice([2.0, 4.0, 8.0])), float(rng.choice([4.0, 8.0]))
-            hours = float(np.exp(rng.uniform(np.log(0.2), np.log(3.0))))
-        thr = float(throughput(truth, w, p, cw, cp, batch)[0])
-        epochs = int(rng.choice([1, 1, 2, 3]))
+        w, p, cw, cp = request(bool(sig_large[s])) if rng.random() < 0.2 else sig_req[s]
+        hours = float(sig_hours[s]) * rng.uniform(0.85, 1.15)
+        w0, p0, cw0, cp0 = sig_req[s]
+        thr = float(throughput(truth, w0, p0, cw0, cp0, batch)[0])
+        epochs = int(sig_epochs[s])
         samples = max(batch * w, int(thr * hours * 3600 / epochs))
         wmem_need, psmem_need = float(sig_worker_mem[s]), min(float(sig_ps_mem[s]), p * 0.4 * node_memory_mb)
         ps_share = psmem_need / p + 512
@@ -212,7 +219,7 @@ def synthetic_trace(
             "budget_cpu": 2 * (w * cw + p * cp), "budget_memory_mb": math.nan,
             **dict(zip(TRUTH, map(float, truth))), "profile": None,
             "worker_memory_need_mb": round(wmem_need), "ps_memory_need_mb": round(psmem_need), "max_failures": DEFAULT_MAX_FAILURES,
-            "_cpu_s": (w * cw + p * cp) * samples * epochs / thr,
+            "_cpu_s": (w * cw + p * cp) * samples * epochs / float(throughput(truth, w, p, cw, cp, batch)[0]),
         })  # fmt: skip
     df = pd.DataFrame(out)
     span = df["_cpu_s"].sum() / (load * nodes * node_cpu)
