@@ -432,7 +432,7 @@ def test_memory_trend_raises_memory_before_the_limit():
 def test_policy_files_equal_the_defaults():
     files = sorted(POLICIES_DIR.glob("*.yaml"))
     assert {"static", "dlrover_rm", "optimus"} <= {f.stem for f in files}
-    for f in files:
+    for f in [f for f in files if f.stem in KNOBS]:  # (dlrover tune may have written policies/tuned.yaml)
         assert yaml.safe_load(f.read_text())["name"] == f.stem
         assert load_knobs(f.stem, str(f)) == KNOBS[f.stem](), f
     text = (POLICIES_DIR / "dlrover_rm.yaml").read_text().splitlines()
