@@ -33,6 +33,44 @@ def _positive_int(v: str) -> int:
     return n
 
 
+def _nonneg_int(v: str) -> int:
+    try:
+        n = int(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {v!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {v!r}")
+    return n
+
+
+def _rate(v: str) -> float:
+    try:
+        x = float(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {v!r}") from None
+    if not (x >= 0 and x < float("inf")):
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {v!r}")
+    return x
+
+
+def _tick_s(v: str) -> float:
+    x = _positive_float(v)
+    if x < 1.0:
+        raise argparse.ArgumentTypeError(f"expected at least 1 second, got {v!r}")
+    return x
+
+
+def _out_dir(path: str) -> str:
+    """A directory we can write into, checked before hours of work (one-line error)."""
+    from pathlib import Path
+
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DLRoverError(f"{path}: cannot create output directory: {e.strerror or e}") from None
+    return path
+
+
 def _positive_float(v: str) -> float:
     try:
         x = float(v)
@@ -81,10 +119,10 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--nodes", type=_positive_int, default=40)
     sim.add_argument("--node-cpu", type=_positive_float, default=64.0)
     sim.add_argument("--node-memory-gb", type=_positive_float, default=256.0)
-    sim.add_argument("--seed", type=int, default=0)
+    sim.add_argument("--seed", type=_nonneg_int, default=0)
     sim.add_argument("--policies", default="static,dlrover_rm", help="comma-separated names or policy YAML files, each optionally +pal")
-    sim.add_argument("--tick", type=_positive_float, default=300.0, help="seconds between a job's policy decisions")
-    sim.add_argument("--failure-rate", type=float, default=6.5e-3, help="node failures per node-day (RSC-1: 6.5e-3)")
+    sim.add_argument("--tick", type=_tick_s, default=300.0, help="seconds between a job's policy decisions (>= 1)")
+    sim.add_argument("--failure-rate", type=_rate, default=6.5e-3, help="node failures per node-day (RSC-1: 6.5e-3)")
     sim.add_argument("--no-failures", action="store_true")
     sim.add_argument("--no-stragglers", action="store_true")
     sim.add_argument("--json", action="store_true", help="print only a JSON list of per-policy metrics")
@@ -95,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     tu.add_argument("--trace", default="synthetic", help="trace CSV/Parquet, or 'synthetic' (default)")
     tu.add_argument("--jobs", type=_positive_int, default=400, help="jobs of the synthetic traces (as dlrover simulate)")
     tu.add_argument("--nodes", type=_positive_int, default=40)
-    tu.add_argument("--seed", type=int, default=0, help="seed of the synthetic tuning trace and of the simulator")
+    tu.add_argument("--seed", type=_nonneg_int, default=0, help="seed of the synthetic tuning trace and of the simulator")
     tu.add_argument("--holdout", default=None, help="held-out trace to evaluate on (default with a synthetic trace: synthetic, seed + 1000)")
     tu.add_argument("--trials", type=_positive_int, default=30)
     tu.add_argument("--objectives", default="jct", help="comma-separated: jct, cost (several: Pareto front)")
@@ -217,6 +255,9 @@ def cmd_tune(args) -> int:
     def trace_of(what: str, seed: int):
         return synthetic_trace(args.jobs, seed, nodes=args.nodes) if what == "synthetic" else read_trace(what)
 
+    _out_dir(os.path.dirname(os.path.abspath(args.out)))
+    if args.storage and not args.storage.startswith(("sqlite:///", "postgresql", "mysql")):
+        raise DLRoverError(f"--storage {args.storage}: expected an Optuna storage URL such as sqlite:///tune.db")
     trace = trace_of(args.trace, args.seed)
     holdout = args.holdout or ("synthetic" if args.trace == "synthetic" else None)
     held = trace_of(holdout, args.seed + 1000) if holdout else None

@@ -55,6 +55,15 @@ def test_tiny_trace_gives_exact_jcts():
     assert m["makespan_s"] == pytest.approx(max(a_end, a_end + 60 + 2_000_000 / thr(2, 1, 4.0, 4.0)), rel=1e-9)
 
 
+def test_a_job_that_can_never_fit_fails_as_unschedulable():
+    """3 workers of 40 CPU on 2 nodes of 64: the totals fit, the actors never do."""
+    trace = pd.DataFrame([job("big", 0.0, 10**6, 3, 1, 40.0, 4.0), job("ok", 1.0, 10**6, 1, 1, 4.0, 4.0)])
+    r = simulate(trace, "static", cluster=ClusterSpec(nodes=2, node_cpu=64, **QUIET))
+    status = r.jobs.set_index("job_id")["status"]
+    assert status["big"] == "failed" and status["ok"] == "completed"
+    assert (r.events["kind"] == "unschedulable").sum() == 1
+
+
 def test_t_iter_equals_the_perf_model():
     for c in [Config(1, 1, 1.0, 1.0), Config(7, 3, 2.0, 8.0), Config(32, 12, 8.0, 4.0)]:
         assert t_iter(TRUTH, c, 512) == pytest.approx(float(step_time(TRUTH, c.workers, c.ps, c.worker_cpu, c.ps_cpu, 512)[0]), rel=1e-12)
@@ -189,6 +198,13 @@ def test_simulator_calls_the_policy_objects_it_is_given():
     assert calls["initial"] == 20 and calls["decide"] > 20
 
 
+def exit_code(main, argv) -> int:
+    try:
+        return main(argv)
+    except SystemExit as e:  # argparse's one-line errors exit
+        return int(e.code)
+
+
 def test_simulate_cli_json_table_and_files(tmp_path, capsys):
     from dlrover.cli import main
 
@@ -205,6 +221,10 @@ def test_simulate_cli_json_table_and_files(tmp_path, capsys):
     assert "DLRover-RM paper" in text and "vs static" in text and "-31%" in text
     assert main(["simulate", "--policies", "static,nope"]) == 2
     assert "unknown policy 'nope'" in capsys.readouterr().err
+    for bad in (["--seed", "-1"], ["--failure-rate", "nan"], ["--tick", "0.001"], ["--out", str(out / "summary.csv" / "x")]):
+        assert exit_code(main, ["simulate", "--jobs", "5", *bad]) == 2, bad
+        err = capsys.readouterr().err
+        assert err.startswith("error:") and err.count("\n") == 1, err
     bad = tmp_path / "bad.csv"
     bad.write_text("job_id,submit_s\nx,1\n")
     assert main(["simulate", "--trace", str(bad)]) == 2

@@ -263,6 +263,7 @@ class Controller:
             self._op = None
             self.scaler.abort(op)
             self.m.events.add("scale_failed", reason=plan.reason, error=error or "job finished first")
+            self.policy.rejected(plan, error or "job finished first")
             if error:
                 self.m.scale_events.append(dict(self._event("failed", plan, old, old, t0), error=error))
             return {}
@@ -367,6 +368,7 @@ class Controller:
             new = self._config()
             ev = dict(self._event("failed", plan, old, new, t0), error=str(e))
             self.m.events.add("scale_failed", reason=plan.reason, error=str(e))
+            self.policy.rejected(plan, str(e))
             self.m.scale_events.append(ev)
             self._bind_first_steps(op.new_workers, ev)
             self._open(new, self.now(), None)

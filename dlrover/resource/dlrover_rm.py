@@ -111,11 +111,22 @@ def _round_mb(mb: float) -> int:
     return max(256, int(math.ceil(mb / 64.0) * 64))
 
 
-def _with_memory(key: Key, like: Config) -> Config:
-    """``key`` with ``like``'s memory sizes; with fewer PS each PS gets proportionally more,
-    since the embedding tables are spread over them (more PS keep their size)."""
-    ps_mem = like.ps_memory_mb if key[1] >= like.ps else int(math.ceil(like.ps_memory_mb * like.ps / key[1] / 64) * 64)
+def _with_memory(key: Key, like: Config, ps_rss_mb: float = 0.0, watermark: float = 0.9) -> Config:
+    """``key`` with ``like``'s memory sizes; except that with fewer PS, when the tables the
+    PS hold now (``ps_rss_mb`` each) spread over fewer would pass ``watermark`` of their
+    memory, each PS gets enough. (Keeping the size otherwise lets the scaler keep the PS
+    it has: a PS of another size is a new actor and a vshard migration.)"""
+    ps_mem = like.ps_memory_mb
+    if key[1] < like.ps and ps_rss_mb > 0:
+        need = ps_rss_mb * like.ps / key[1] / watermark
+        if need > ps_mem:
+            ps_mem = int(math.ceil(need / 64) * 64)
     return Config(key[0], key[1], key[2], key[3], like.worker_memory_mb, ps_mem)
+
+
+def _ps_rss(view: JobView) -> float:
+    """The largest PS RSS the job reports (MB; 0 when unknown)."""
+    return max((a.rss_mb for a in view.actors.values() if a.role == "ps"), default=0.0)
 
 
 class DLRoverRMPolicy(Policy):
@@ -408,7 +419,7 @@ class DLRoverRMPolicy(Policy):
 
         # Runtime correction "revert": the running config measures clearly worse than one we ran.
         if best_key != _key(cur) and best_thr > t_now * (1 + k.min_gain) and self.reverts < k.max_changes:
-            back = _with_memory(best_key, cur)
+            back = _with_memory(best_key, cur, _ps_rss(view), k.mem_high_watermark)
             if back.fits(view.budget):
                 self.reverts += 1
                 self._counted = "reverts"
@@ -422,19 +433,20 @@ class DLRoverRMPolicy(Policy):
 
         if self.changes >= k.max_changes:
             return None
-        # A search over the same model, measurements and budget as one that proposed
-        # nothing would again propose nothing: skip it (the simulator asks every tick).
-        memo = (view.model.n_points, _key(cur), round(math.log(t_now), 2), view.budget, tuple(sorted((x, round(math.log(v), 2)) for x, v in measured.items())))
-        if memo == self._nothing_at:
-            return None
-        plan = self._model_step(view, cur, measured, t_now)
-        if plan is None:
-            self._nothing_at = memo
-        return plan
+        return self._model_step(view, cur, measured, t_now)
 
     def _model_step(self, view: JobView, cur: Config, measured: dict[Key, float], t_now: float) -> ResourcePlan | None:
         """Stage 2 proper: search the utility's maximum and propose it if it is worth a move."""
         k = self.knobs
+        # A search over the same model, measurements, memory and budget as one that found
+        # the running config best would find it again: skip it (the simulator asks every tick).
+        ps_rss = _ps_rss(view)
+        memo = (
+            view.model.n_points, _key(cur), cur.ps_memory_mb, round(math.log(t_now), 2), view.budget, round(ps_rss, -1),
+            tuple(sorted((x, round(math.log(v), 2)) for x, v in measured.items())),
+        )  # fmt: skip
+        if memo == self._nothing_at:
+            return None
         pred_cur = self._predict_one(view, cur)
         calib = t_now / pred_cur if pred_cur and pred_cur > 0 else 1.0
         bar = k.min_gain_per_cpu
@@ -442,7 +454,7 @@ class DLRoverRMPolicy(Policy):
         def thr_of(keys: list[Key]) -> np.ndarray:
             if not keys:
                 return np.zeros(0)
-            pred = view.model.predict_many([_with_memory(x, cur) for x in keys]) * calib
+            pred = view.model.predict_many([Config(*x) for x in keys]) * calib  # memory does not enter the model
             return np.array([measured.get(x, p) for x, p in zip(keys, pred)], dtype=np.float64)
 
         kappa = k.min_elasticity
@@ -457,17 +469,18 @@ class DLRoverRMPolicy(Policy):
         pcpus = sorted(set(k.ps_cpu_choices) | {float(cur.ps_cpu)})
 
         def ok(x: Key) -> bool:
-            return 1 <= x[0] <= max_w and 1 <= x[1] <= max_p and _with_memory(x, cur).fits(view.budget)
+            return 1 <= x[0] <= max_w and 1 <= x[1] <= max_p and _with_memory(x, cur, ps_rss, k.mem_high_watermark).fits(view.budget)
 
         start = _key(cur)
         if k.search == "grid":
-            target = self._grid_best(view, start, max_w, max_p, wcpus, pcpus, measured, calib, t_now, bar, kappa)
+            target = self._grid_best(view, start, max_w, max_p, wcpus, pcpus, measured, calib, t_now, bar, kappa, ps_rss, k.mem_high_watermark)
         else:
             target = self._hill_climb(start, ok, utility, wcpus, pcpus)
         if target == start:
+            self._nothing_at = memo
             return None
 
-        new = _with_memory(target, cur)
+        new = _with_memory(target, cur, ps_rss, k.mem_high_watermark)
         t_new = float(thr_of([target])[0])
         gain = t_new / t_now - 1
         d_cpu = new.cpu - cur.cpu
@@ -495,7 +508,8 @@ class DLRoverRMPolicy(Policy):
     @staticmethod
     def _grid_best(
         view: JobView, start: Key, max_w: int, max_p: int, wcpus: list[float], pcpus: list[float],
-        measured: dict[Key, float], calib: float, t_now: float, bar: float, kappa: float = 0.0,
+        measured: dict[Key, float], calib: float, t_now: float, bar: float, kappa: float = 0.0, ps_rss: float = 0.0,
+        watermark: float = 0.9,
     ) -> Key:
         """The grid point of highest utility (vectorised: the grid may hold ~10^5 points)."""
         from dlrover.resource.perf_model import throughput
@@ -504,7 +518,8 @@ class DLRoverRMPolicy(Policy):
         axes = (np.arange(1, max_w + 1.0), np.arange(1, max_p + 1.0), np.array(wcpus, dtype=np.float64), np.array(pcpus, dtype=np.float64))
         w, p, cw, cp = (x.ravel() for x in np.meshgrid(*axes, indexing="ij"))
         cpu = w * cw + p * cp
-        ps_mem = np.where(p >= cur.ps, cur.ps_memory_mb, np.ceil(cur.ps_memory_mb * cur.ps / p / 64) * 64)  # as _with_memory
+        need = ps_rss * cur.ps / p / watermark
+        ps_mem = np.where((p < cur.ps) & (need > cur.ps_memory_mb), np.ceil(need / 64) * 64, cur.ps_memory_mb)  # as _with_memory
         fit = (cpu <= b.cpu + 1e-9) & (w * cur.worker_memory_mb + p * ps_mem <= b.memory_mb)
         w, p, cw, cp, cpu = w[fit], p[fit], cw[fit], cp[fit], cpu[fit]
         if len(w) == 0:

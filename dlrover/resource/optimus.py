@@ -115,3 +115,8 @@ class OptimusPolicy(Policy):
             f"vs {t_now:.0f} measured, {d_cpu:+g} CPU"
         )
         return ResourcePlan(new, reason, stage="model", predicted_throughput=t_new)
+
+    def rejected(self, plan: ResourcePlan, why: str) -> None:
+        """A model plan the runtime could not carry out does not use up ``max_changes``."""
+        if plan.stage == "model":
+            self.changes = max(0, self.changes - 1)

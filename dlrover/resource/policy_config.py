@@ -123,6 +123,13 @@ class PriorKnob(_Strict):
     t2: float = Field(ge=0, description="PS compute: t2 * w / (p * cp)")
     t3: float = Field(ge=0, description="PS communication: t3 * w / p")
     t4: float = Field(ge=0, description="shared contention: t4 * w")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _not_all_zero(self) -> "PriorKnob":
+        if self.t0 + self.t1 + self.t2 + self.t3 + self.t4 <= 0:
+            raise ValueError("t0..t4 must not all be zero")
+        return self
 
 
 def _cpu_choices(v: list[float]) -> list[float]:

@@ -60,7 +60,10 @@ def cmd_simulate(args) -> int:
     from dlrover.sim import ClusterSpec, SimSettings, read_trace, simulate, synthetic_trace
     from dlrover.sim.report import JSON_KEYS, metrics, table, write_outputs
 
+    from dlrover.cli import _out_dir
+
     entries = parse_policies(args.policies)
+    out = Path(_out_dir(args.out or str(Path("runs") / f"sim-{time.strftime('%Y%m%d-%H%M%S')}")))
     cluster = ClusterSpec(
         nodes=args.nodes, node_cpu=args.node_cpu, node_memory_mb=args.node_memory_gb * 1024,
         failure_rate=0.0 if args.no_failures else args.failure_rate, p_slow=0.0 if args.no_stragglers else ClusterSpec.p_slow,
@@ -95,7 +98,6 @@ def cmd_simulate(args) -> int:
         print(json.dumps([{k: m[k] for k in JSON_KEYS} for m in rows]))
     else:
         print(table(rows))
-    out = Path(args.out) if args.out else Path("runs") / f"sim-{time.strftime('%Y%m%d-%H%M%S')}"
     paths = write_outputs(results, rows, out)
     if not quiet:
         print(f"wrote {len(paths)} files to {out}/ (summary.csv, jobs_*.csv, timeline_*.csv, jct_cdf.png, utilisation.png)")

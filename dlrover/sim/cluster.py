@@ -118,6 +118,15 @@ class Cluster:
         if alive:
             self.released += 1
 
+    def fits_empty(self, workers: int, worker_cpu: float, worker_mem: float, ps: int, ps_cpu: float, ps_mem: float) -> bool:
+        """Whether the job fits the cluster with every node up and empty."""
+        saved = self.free_cpu, self.free_mem, self.changes
+        self.free_cpu, self.free_mem = self.cpu.copy(), self.mem.copy()
+        try:
+            return self._place_on(workers, worker_cpu, worker_mem, ps, ps_cpu, ps_mem, np.ones(len(self.cpu), dtype=bool)) is not None
+        finally:
+            self.free_cpu, self.free_mem, self.changes = saved
+
     def free_totals(self) -> tuple[float, float]:
         """Free CPU and memory on live nodes (cached until capacity changes hands)."""
         key = (self.changes, self.released)

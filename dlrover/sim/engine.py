@@ -150,7 +150,6 @@ class Simulator:
         self.spec = cluster or ClusterSpec()
         self.s = settings or SimSettings()
         self.seed = seed
-        self.rng = np.random.default_rng(seed)
         # Independent streams: the cluster's faults do not depend on what the policy does.
         self.cluster = Cluster(self.spec, np.random.default_rng([seed, 1]))
         self.fault_rng = np.random.default_rng([seed, 2])
@@ -265,16 +264,24 @@ class Simulator:
         j.config = plan.config if plan.config.fits(j.quota) else j.requested
         if plan.stage == "warm_start":
             self._event(j, "warm_start", plan.reason)
-        c, sp = j.config, self.spec
-        too_big = c.cpu > sp.nodes * sp.node_cpu or c.memory_mb > sp.nodes * sp.node_memory_mb
-        if too_big or max(c.worker_cpu, c.ps_cpu) > sp.node_cpu or max(c.worker_memory_mb, c.ps_memory_mb) > sp.node_memory_mb:
-            j.status, j.end_s = "failed", self.now
-            self._event(j, "unschedulable", f"{j.config.short()} does not fit the cluster")
-            self.finished += 1
+        if not self._ever_fits(j, j.config):
             return
         j.status = "queued"
         self.queue.append(i)
         self._schedule()
+
+    def _ever_fits(self, j: SimJob, c: Config) -> bool:
+        """Whether ``c`` fits the empty cluster; if not, ``j`` fails as unschedulable (it
+        would wait for ever)."""
+        if self.cluster.fits_empty(c.workers, c.worker_cpu, c.worker_memory_mb, c.ps, c.ps_cpu, c.ps_memory_mb):
+            return True
+        self._event(j, "unschedulable", f"{c.short()} does not fit the empty cluster")
+        if j.status == "running":
+            self._finish(j, "failed")
+        else:
+            j.status, j.end_s = "failed", self.now
+            self.finished += 1
+        return False
 
     def _schedule(self) -> None:
         """FIFO with backfill over the first ``backfill`` queued jobs. A job that did not fit
@@ -475,10 +482,13 @@ class Simulator:
             j.w_start = max(j.w_start, self.now + self.s.restart_s)
         config = new_config or j.config
         assert config is not None
+        if not self._ever_fits(j, config):
+            return
         rate = j.rate
         self._unplace(j)
         j.config = config
-        if not self._place(j, config):  # no room left for it: back to the queue
+        if not self._place(j, config):  # no room left for it: back to the queue, from its checkpoint
+            j.done, j.productive_s = j.ckpt_done, j.ckpt_productive
             j.status = "queued"
             self.running -= 1
             self.queue.insert(0, j.idx)
@@ -501,6 +511,8 @@ class Simulator:
                 continue
             lost_ps = int((j.ps_nodes == node).sum())
             lost_w = int((j.worker_nodes == node).sum())
+            if lost_ps == lost_w == 0:
+                continue
             self._failure(j, "node_loss", "ps" if lost_ps else "worker", rollback=lost_ps > 0, lost_fraction=lost_w / len(j.worker_nodes))
 
     def _node_up(self, node: int, _v: int) -> None:
@@ -575,6 +587,8 @@ class Simulator:
             j.ckpt_t, j.ckpt_done, j.ckpt_productive = self.now, j.done, j.productive_s
         self._update_used(j)
         assert j.config is not None
+        if any(until > self.now for until, _ in j.phases):  # starting, restarting or switching: no decisions
+            return
         budget = self._budget(j)
         plan = j.policy.decide(self._view(j, j.config, budget))
         if plan is None or not plan.changes(j.config):
@@ -603,21 +617,27 @@ class Simulator:
             # New actors start while the old train on, then the switch pauses training.
             j.phases = [(t_switch, min(old_rate, new_rate)), (t_switch + self.s.rescale_pause_s, 0.0)]
             self._reschedule(j)
+            self._schedule()  # a job that shrank may let queued ones start
             return
         moved = [a for a in plan.replace if a.startswith("worker-")]
         if moved and j.worker_nodes is not None:
             c = old
             idx = [int(a.split("-", 1)[1]) for a in moved if int(a.split("-", 1)[1]) < len(j.worker_nodes)]
             nodes = j.worker_nodes[idx]
-            self.cluster.release(nodes, c.worker_cpu, c.worker_memory_mb)
+            self.cluster.release(nodes, c.worker_cpu, c.worker_memory_mb, undo=True)
             allowed = self.cluster.alive & ~self.cluster.slow
             got = self.cluster._fill(len(idx), c.worker_cpu, c.worker_memory_mb, allowed, None)
             if got is None:
                 self.cluster.take(nodes, c.worker_cpu, c.worker_memory_mb)
                 return
+            self.cluster.released += 1
             self._settle(j)
+            before = set(j.worker_nodes.tolist())
             j.worker_nodes = j.worker_nodes.copy()
             j.worker_nodes[idx] = got
+            now_on = set(j.worker_nodes.tolist()) | set(j.ps_nodes.tolist())
+            for node in before - now_on:
+                self.node_jobs.get(node, set()).discard(j.idx)
             for node in got.tolist():
                 self.node_jobs.setdefault(node, set()).add(j.idx)
             self._event(j, "replace", plan.reason)
@@ -636,7 +656,7 @@ class Simulator:
             (kept[1], old.ps, new.ps, (old.ps_cpu, old.ps_memory_mb), (new.ps_cpu, new.ps_memory_mb)),
         ]
         for nodes, _, _, size, _ in roles:  # release everything, then take what is kept back
-            cl.release(nodes, *size)
+            cl.release(nodes, *size, undo=True)
         prefer = np.zeros(len(cl.cpu), dtype=bool)
         prefer[np.concatenate(kept)] = True
         out: list[np.ndarray] = []
@@ -659,6 +679,7 @@ class Simulator:
             out.append(np.concatenate([keep, more]))
         for node in set(np.concatenate(kept).tolist()):
             self.node_jobs.get(node, set()).discard(j.idx)
+        cl.released += 1  # a role may have shrunk: queued jobs may fit now
         j.config = new
         self._occupy(j, out[0], out[1], taken=True)
         return True
