@@ -124,9 +124,10 @@ def _with_memory(key: Key, like: Config, ps_rss_mb: float = 0.0, watermark: floa
     return Config(key[0], key[1], key[2], key[3], like.worker_memory_mb, ps_mem)
 
 
-def _ps_rss(view: JobView) -> float:
-    """The largest PS RSS the job reports (MB; 0 when unknown)."""
-    return max((a.rss_mb for a in view.actors.values() if a.role == "ps"), default=0.0)
+def _ps_rss(view: JobView, horizon_s: float) -> float:
+    """The largest PS RSS the job reports, extrapolated along its trend over ``horizon_s``
+    as the memory correction does (MB; 0 when unknown)."""
+    return max((a.rss_mb + max(0.0, a.rss_trend_mb_per_s) * horizon_s for a in view.actors.values() if a.role == "ps"), default=0.0)
 
 
 class DLRoverRMPolicy(Policy):
@@ -159,6 +160,8 @@ class DLRoverRMPolicy(Policy):
             )
             wanted = self._right_size_memory(wanted, rec)
             config = clip_to_budget(wanted, view.budget)
+            if config.ps != wanted.ps:  # clipped to fewer PS: each holds more of the tables
+                config = clip_to_budget(self._right_size_memory(config, rec), view.budget)
             points = self._seed(view, records[: k.history_records])
             reason = (
                 f"warm start from {rec.job_id}: its best measured {best.short()} at {rec.best_throughput:.0f} samples/s"
@@ -419,7 +422,7 @@ class DLRoverRMPolicy(Policy):
 
         # Runtime correction "revert": the running config measures clearly worse than one we ran.
         if best_key != _key(cur) and best_thr > t_now * (1 + k.min_gain) and self.reverts < k.max_changes:
-            back = _with_memory(best_key, cur, _ps_rss(view), k.mem_high_watermark)
+            back = _with_memory(best_key, cur, _ps_rss(view, k.oom_horizon_s), k.mem_high_watermark)
             if back.fits(view.budget):
                 self.reverts += 1
                 self._counted = "reverts"
@@ -440,7 +443,7 @@ class DLRoverRMPolicy(Policy):
         k = self.knobs
         # A search over the same model, measurements, memory and budget as one that found
         # the running config best would find it again: skip it (the simulator asks every tick).
-        ps_rss = _ps_rss(view)
+        ps_rss = _ps_rss(view, k.oom_horizon_s)
         memo = (
             view.model.n_points, _key(cur), cur.ps_memory_mb, round(math.log(t_now), 2), view.budget, round(ps_rss, -1),
             tuple(sorted((x, round(math.log(v), 2)) for x, v in measured.items())),
