@@ -191,3 +191,41 @@ def test_calibration_of_a_noise_free_profile_is_exact(tmp_path):
     assert r["loo"]["max_error"] < 1e-3  # the model's own form: LOO recovers it too
     assert r["within_goal"] and len(r["points"]) == len(CONFIGS)
     print_sim_calibration(r)
+
+
+def test_overcommitted_machine_profile_fits_the_job_on_its_own_cores_and_the_sim_puts_the_overcommit_back(tmp_path):
+    """Points measured on 2 physical cores (each configuration's CPUs / 2 slower when
+    above 1): the fit recovers the uncontended truth, the file keeps node_cores, and the
+    calibration (simulated on a node with node_cores=2) reproduces the points exactly."""
+    from dlrover.bench.sim_calibration import calibrate_profile
+
+    w, p, cw, cp = (np.array(c, dtype=np.float64) for c in zip(*CONFIGS))
+    slow = np.maximum(1.0, (w * cw + p * cp) / 2.0)
+    pts = pd.DataFrame({"workers": w.astype(int), "ps": p.astype(int), "worker_cpu": cw, "ps_cpu": cp,
+                        "throughput": throughput(TRUE, w, p, cw, cp, B) / slow, "duration_s": 12.0, "source": "r"})  # fmt: skip
+    prof = Profile("two-cores", B, pts, cores=2.0)
+    np.testing.assert_allclose(np.array(prof.truth()), np.array(TRUE), rtol=0.02)
+    assert prof.predict(2, 1, 1.0, 1.0) == pytest.approx(float(throughput(TRUE, 2, 1, 1.0, 1.0, B)[0]) / 1.5, rel=0.02)
+    path = save_profile(prof, tmp_path / "two-cores.csv")
+    back = load_profile(path)
+    assert back.cores == 2.0 and back.without(0).cores == 2.0
+    r = calibrate_profile(back, str(path), budget_cpu=6.0)
+    assert r["in_sample"]["max_error"] < 1e-3 and r["within_goal"]
+    # Without node_cores the same points need a different (contended) truth.
+    assert Profile("x", B, pts).truth() != pytest.approx(prof.truth(), rel=0.02)
+    lines = path.read_text().splitlines()
+    lines[2] = lines[2].rsplit(",", 1)[0] + ",4"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataError, match=r"two-cores.csv:3: node_cores: 4 differs"):
+        load_profile(path)
+
+
+def test_cluster_overcommit_slows_a_job_by_cpus_over_cores():
+    from dlrover.sim.cluster import Cluster
+
+    c = Cluster(ClusterSpec(nodes=1, node_cpu=16, perf_sigma=0.0, node_cores=2.0), np.random.default_rng(0))
+    wn, pn = np.zeros(3, dtype=np.int64), np.zeros(1, dtype=np.int64)
+    assert c.job_speed(wn, pn, 1.0, 1.0) == pytest.approx(0.5)  # 4 CPUs on 2 cores
+    assert c.job_speed(wn[:1], pn, 1.0, 1.0) == pytest.approx(1.0)
+    free = Cluster(ClusterSpec(nodes=1, node_cpu=16, perf_sigma=0.0), np.random.default_rng(0))
+    assert free.job_speed(wn, pn, 1.0, 1.0) == pytest.approx(1.0)

@@ -38,6 +38,7 @@ class ClusterSpec:
     failure_rate: float = 6.5e-3  # failures per node-day (RSC-1: 6.50 per 1000 node-days)
     repair_s: float = 3600.0
     locality_factor: float = 0.95  # speed when a job's actors span several nodes (PAL's lf_across)
+    node_cores: float | None = None  # physical cores per node when CPUs are over-committed (None: node_cpu, no over-commit)
 
 
 def kmeans_classes(perf: np.ndarray, k: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -84,13 +85,20 @@ class Cluster:
         """Current speed factor of ``nodes`` (stragglers included)."""
         return self.perf[nodes] * np.where(self.slow[nodes], self.spec.slow_factor, 1.0)
 
-    def job_speed(self, worker_nodes: np.ndarray, ps_nodes: np.ndarray) -> float:
+    def job_speed(self, worker_nodes: np.ndarray, ps_nodes: np.ndarray, worker_cpu: float = 0.0, ps_cpu: float = 0.0) -> float:
         """A job's speed factor: workers train asynchronously (dynamic shards), so the job
         goes at their mean speed; every step waits on every PS, so the slowest PS bounds
-        it; actors spread over several nodes pay the locality factor."""
+        it; actors spread over several nodes pay the locality factor; with
+        ``node_cores`` a node whose actors (of this job) hold more CPUs than it has cores
+        runs cores / CPUs as fast."""
         f = float(self.speed(worker_nodes).mean()) * float(self.speed(ps_nodes).min())
         if len(np.unique(np.concatenate([worker_nodes, ps_nodes]))) > 1:
             f *= self.spec.locality_factor
+        cores = self.spec.node_cores
+        if cores and (worker_cpu or ps_cpu):
+            n = len(self.cpu)
+            load = np.bincount(worker_nodes, minlength=n) * worker_cpu + np.bincount(ps_nodes, minlength=n) * ps_cpu
+            f /= max(1.0, float(load.max()) / cores)
         return f
 
     # -- resources ----------------------------------------------------------------------

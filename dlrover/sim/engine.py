@@ -365,7 +365,7 @@ class Simulator:
         c = j.config
         assert c is not None and j.worker_nodes is not None and j.ps_nodes is not None
         b = int(j.row["batch_size"])
-        return c.workers * b / t_iter(j.truth, c, b) * self.cluster.job_speed(j.worker_nodes, j.ps_nodes)
+        return c.workers * b / t_iter(j.truth, c, b) * self.cluster.job_speed(j.worker_nodes, j.ps_nodes, c.worker_cpu, c.ps_cpu)
 
     def _settle(self, j: SimJob) -> None:
         """Advance ``j`` to ``self.now`` at its current rate."""

@@ -24,6 +24,11 @@ throughput      measured samples/s of the whole job (> 0)                      y
 duration_s      length of the measured window (s, > 0; the fit's weight;       no
                 empty: weight 1)
 source          where the point comes from (a run id)                          no
+node_cores      physical cores of the machine measured on; the same on every   no
+                line. Given, the fit removes the over-commit (a job whose
+                actors hold more logical CPUs than there are cores runs
+                cores / CPUs as fast) and the simulator puts it back on nodes
+                with ``ClusterSpec.node_cores``
 ==============  =============================================================  =========
 
 Blank lines are skipped. Every problem is a one-line :class:`~dlrover.errors.DataError`
@@ -56,7 +61,7 @@ from dlrover.resource.perf_model import DEFAULT_PRIOR, PerfParams, features, fit
 PROFILES_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "profiles"
 
 POINT_COLUMNS = ["workers", "ps", "worker_cpu", "ps_cpu", "throughput", "duration_s", "source"]
-FILE_COLUMNS = ["workers", "ps", "worker_cpu", "ps_cpu", "batch_size", "throughput", "duration_s", "source"]
+FILE_COLUMNS = ["workers", "ps", "worker_cpu", "ps_cpu", "batch_size", "throughput", "duration_s", "source", "node_cores"]
 _REQUIRED = ["workers", "ps", "worker_cpu", "ps_cpu", "batch_size", "throughput"]
 _INTS = ("workers", "ps", "batch_size")
 
@@ -74,6 +79,7 @@ class Profile:
     batch_size: int
     points: pd.DataFrame
     prior: PerfParams = DEFAULT_PRIOR
+    cores: float | None = None  # physical cores of the machine measured on (None: no over-commit)
 
     def __post_init__(self) -> None:
         if not (isinstance(self.batch_size, (int, np.integer)) and self.batch_size > 0):
@@ -111,8 +117,14 @@ class Profile:
             raise ValueError(f"profile {self.name}: no points")
         p = self.points
         w, ps, cw, cp, thr = (p[c].to_numpy(dtype=np.float64) for c in ("workers", "ps", "worker_cpu", "ps_cpu", "throughput"))
-        t_iter = w * self.batch_size / thr
+        t_iter = w * self.batch_size / (thr * self.overcommit(w, ps, cw, cp))  # the job's speed on cores of its own
         return fit_params(features(w, ps, cw, cp, self.batch_size), t_iter, self.prior, self.weights())
+
+    def overcommit(self, w: Any, p: Any, cw: Any, cp: Any) -> np.ndarray:
+        """How much slower than on cores of its own a configuration ran here: logical
+        CPUs / physical cores when above 1 (1 without ``cores``)."""
+        cpu = np.asarray(w, dtype=np.float64) * cw + np.asarray(p, dtype=np.float64) * cp
+        return np.maximum(1.0, cpu / self.cores) if self.cores else np.ones_like(cpu)
 
     def truth(self) -> PerfParams:
         """The simulator's ground truth for a job of this profile."""
@@ -125,12 +137,12 @@ class Profile:
             w, p, cw, cp = w.workers, w.ps, w.worker_cpu, w.ps_cpu
         if p is None or cw is None or cp is None:
             raise TypeError("predict(config) or predict(workers, ps, worker_cpu, ps_cpu)")
-        out = throughput(self.truth(), w, p, cw, cp, self.batch_size)
+        out = throughput(self.truth(), w, p, cw, cp, self.batch_size) / self.overcommit(w, p, cw, cp).ravel()
         return float(out[0]) if all(np.ndim(x) == 0 for x in (w, p, cw, cp)) else out
 
     def without(self, index: int) -> Profile:
         """The profile less one point (leave-one-out)."""
-        return Profile(self.name, self.batch_size, self.points.drop(index=index), self.prior)
+        return Profile(self.name, self.batch_size, self.points.drop(index=index), self.prior, self.cores)
 
 
 # ----------------------------------------------------------------------------- storage
@@ -185,7 +197,7 @@ def load_profile(name_or_path: str | os.PathLike) -> Profile:
             if c == "source":
                 out[c].append(raw)
                 continue
-            if raw == "" and c == "duration_s":
+            if raw == "" and c in ("duration_s", "node_cores"):
                 out[c].append(math.nan)
                 continue
             try:
@@ -201,8 +213,12 @@ def load_profile(name_or_path: str | os.PathLike) -> Profile:
     for (line, _), b in zip(rows[1:], batch):
         if b != batch[0]:
             raise DataError(f"{path}:{line}: batch_size: {b:g} differs from the first point's {batch[0]:g} (one profile, one batch size)")
+    cores = out["node_cores"]
+    for (line, _), x in zip(rows[1:], cores):
+        if not (x == cores[0] or (math.isnan(x) and math.isnan(cores[0]))):
+            raise DataError(f"{path}:{line}: node_cores: {x:g} differs from the first point's {cores[0]:g} (one profile, one machine)")
     points = pd.DataFrame({c: out[c] for c in POINT_COLUMNS})
-    return Profile(path.stem, int(batch[0]), points)
+    return Profile(path.stem, int(batch[0]), points, cores=None if not cores or math.isnan(cores[0]) else cores[0])
 
 
 def save_profile(profile: Profile, path: str | os.PathLike) -> Path:
@@ -211,6 +227,7 @@ def save_profile(profile: Profile, path: str | os.PathLike) -> Path:
     p.parent.mkdir(parents=True, exist_ok=True)
     df = profile.points.copy()
     df.insert(4, "batch_size", profile.batch_size)
+    df["node_cores"] = profile.cores if profile.cores else math.nan
     df[FILE_COLUMNS].to_csv(p, index=False, float_format="%.10g")
     return p
 
