@@ -1,4 +1,4 @@
-"""``dlrover`` command line: run | submit | status | data synth | simulate | tune | bench ....
+"""``dlrover`` command line: run | submit | status | data synth | simulate | tune | report | bench ....
 
 User errors (bad spec, bad data, bad arguments) print one ``error:`` line and exit 2;
 anything else is a bug and keeps its traceback.
@@ -143,6 +143,10 @@ def build_parser() -> argparse.ArgumentParser:
     tu.add_argument("--out", default="policies/tuned.yaml", help="where the best configuration is written")
     tu.add_argument("--json", action="store_true")
 
+    rp = sub.add_parser("report", help="an HTML report of a finished run: throughput, allocation, memory, model, events")
+    rp.add_argument("run_dir")
+    rp.add_argument("--out", help="output file (default RUN_DIR/report.html)")
+
     b = sub.add_parser("bench", help="benchmarks, printed as ratios against a baseline")
     bsub = b.add_subparsers(dest="bench_cmd", required=True, parser_class=_Parser)
     tp = bsub.add_parser("throughput", help="dlrover (1 worker + 1 PS) vs single-process TorchRec")
@@ -248,6 +252,13 @@ def cmd_simulate(args) -> int:
     return run(args)
 
 
+def cmd_report(args) -> int:
+    from dlrover.report import write_report
+
+    print(f"wrote {write_report(args.run_dir, args.out)}")
+    return 0
+
+
 def cmd_tune(args) -> int:
     from dlrover.sim import ClusterSpec, read_trace, synthetic_trace
     from dlrover.sim.tune import print_tune, tune
@@ -321,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("PYTHONWARNINGS", "ignore")
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     args = build_parser().parse_args(argv)
-    handler = {"run": cmd_run, "submit": cmd_submit, "status": cmd_status, "data": cmd_data, "bench": cmd_bench, "simulate": cmd_simulate, "tune": cmd_tune}[args.cmd]
+    handler = {"run": cmd_run, "submit": cmd_submit, "status": cmd_status, "data": cmd_data, "bench": cmd_bench, "simulate": cmd_simulate, "tune": cmd_tune, "report": cmd_report}[args.cmd]
     try:
         return handler(args)
     except DLRoverError as e:

@@ -1,0 +1,242 @@
+"""``dlrover report RUN_DIR``: one self-contained HTML page of what happened to a job.
+
+Reads the run directory the master wrote (``summary.json``, ``events.jsonl``) and draws,
+with matplotlib into inline PNGs (no scripts, no network: the page opens anywhere):
+
+- throughput over time, with scale events, failures and injected faults marked;
+- the allocation timeline per role (workers, PS, their CPUs);
+- memory per actor against its limit;
+- the performance model's predicted vs the measured throughput of each configuration;
+
+plus the summary, the scale events and the failures as tables.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+from dlrover.errors import DataError
+
+MARKS = {"scale": ("#1f77b4", "scale"), "failure": ("#d62728", "failure"), "chaos": ("#ff7f0e", "fault injected")}
+
+
+def load_run(run_dir: str | Path) -> tuple[dict, list[dict]]:
+    """``(summary, events)`` of a run directory; one-line errors naming the file (and line)."""
+    d = Path(run_dir)
+    if not d.is_dir():
+        raise DataError(f"{run_dir}: not a run directory")
+    path = d / "summary.json"
+    try:
+        summary = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise DataError(f"{path}: missing (the job has not finished, or this is not a run directory)") from None
+    except (OSError, ValueError) as e:
+        raise DataError(f"{path}: cannot read: {e.__class__.__name__}: {str(e).splitlines()[0]}") from None
+    events = []
+    ev_path = d / "events.jsonl"
+    if ev_path.is_file():
+        for n, line in enumerate(ev_path.read_text().splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                e = json.loads(line)
+            except ValueError:
+                raise DataError(f"{ev_path}:{n}: not a JSON object") from None
+            if isinstance(e, dict) and "kind" in e:
+                events.append(e)
+    return summary, events
+
+
+def _png(fig: Any) -> str:
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def _marks(ax: Any, events: list[dict]) -> None:
+    """Vertical lines at scale events, failures and injected faults (one legend entry each)."""
+    seen = set()
+    for e in events:
+        kind = e["kind"]
+        if kind not in MARKS:
+            continue
+        t = e.get("job_s", e["at_s"]) if kind == "chaos" else e["at_s"]
+        color, label = MARKS[kind]
+        ax.axvline(t, color=color, linestyle="--", linewidth=1.2, label=None if kind in seen else label)
+        seen.add(kind)
+
+
+def _short(actor: str) -> str:
+    return actor.rsplit("/", 1)[-1]
+
+
+def throughput_plot(events: list[dict]) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    pts = [(e["at_s"], e["actor"], e["samples_per_s"]) for e in events if e["kind"] == "metrics" and "samples_per_s" in e]
+    fig, ax = plt.subplots(figsize=(9, 3.4))
+    if pts:
+        t = np.array([p[0] for p in pts])
+        bins = np.arange(0.0, t.max() + 1.0, 1.0)
+        latest: dict[str, float] = {}
+        total = np.zeros(len(bins))
+        j = 0
+        order = sorted(pts)
+        for i, b in enumerate(bins):  # job throughput = sum of each worker's latest report
+            while j < len(order) and order[j][0] <= b:
+                latest[order[j][1]] = order[j][2]
+                j += 1
+            total[i] = sum(latest.values())
+        ax.plot(bins, total, color="black", linewidth=1.2, label="samples/s (sum of workers)")
+    _marks(ax, events)
+    ax.set_xlabel("job time (s)")
+    ax.set_ylabel("samples/s")
+    ax.set_title("throughput")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    return _png(fig)
+
+
+def _config_steps(summary: dict, events: list[dict]) -> list[tuple[float, dict]]:
+    steps = []
+    for e in events:
+        if e["kind"] == "initial_config" and isinstance(e.get("config"), dict):
+            steps.append((e["at_s"], e["config"]))
+        elif e["kind"] == "scale" and isinstance(e.get("to"), dict):
+            steps.append((e["at_s"], e["to"]))
+    if not steps and isinstance(summary.get("final_config"), dict):
+        steps.append((0.0, summary["final_config"]))
+    return steps
+
+
+def allocation_plot(summary: dict, events: list[dict]) -> str:
+    import matplotlib.pyplot as plt
+
+    steps = _config_steps(summary, events)
+    end = float(summary.get("wall_time_s") or (steps[-1][0] + 1 if steps else 1))
+    fig, ax = plt.subplots(figsize=(9, 3.0))
+    if steps:
+        t = [s[0] for s in steps] + [end]
+        for key, label in (("workers", "workers"), ("ps", "PS")):
+            ax.step(t, [s[1][key] for s in steps] + [steps[-1][1][key]], where="post", label=label)
+        ax.step(t, [s[1]["workers"] * s[1]["worker_cpu"] + s[1]["ps"] * s[1]["ps_cpu"] for s in steps] + [None], where="post", linestyle=":", label="CPUs")
+    _marks(ax, events)
+    ax.set_xlabel("job time (s)")
+    ax.set_ylabel("actors / CPUs")
+    ax.set_title("allocation per role")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left")
+    return _png(fig)
+
+
+def memory_plot(summary: dict, events: list[dict]) -> str:
+    import matplotlib.pyplot as plt
+
+    series: dict[str, list[tuple[float, float]]] = {}
+    for e in events:
+        if e["kind"] in ("metrics", "ps_metrics") and "rss_mb" in e and "actor" in e:
+            series.setdefault(_short(e["actor"]), []).append((e["at_s"], e["rss_mb"]))
+    fig, ax = plt.subplots(figsize=(9, 3.4))
+    for name, pts in sorted(series.items()):
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], linewidth=1.0, label=name)
+    steps = _config_steps(summary, events)
+    end = float(summary.get("wall_time_s") or 1)
+    if steps:
+        t = [s[0] for s in steps] + [end]
+        for key, label in (("worker_memory_mb", "worker limit"), ("ps_memory_mb", "PS limit")):
+            if all(key in s[1] for s in steps):
+                ax.step(t, [s[1][key] for s in steps] + [steps[-1][1][key]], where="post", color="grey", linestyle="--" if "worker" in key else "-.", label=label)
+    _marks(ax, events)
+    ax.set_xlabel("job time (s)")
+    ax.set_ylabel("RSS (MB)")
+    ax.set_title("memory per actor vs its limit")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=4, loc="upper left")
+    return _png(fig)
+
+
+def model_plot(summary: dict) -> str | None:
+    import matplotlib.pyplot as plt
+
+    rows = [c for c in summary.get("configurations") or [] if c.get("measured_throughput")]
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=(9, 3.0))
+    x = range(len(rows))
+    ax.bar([i - 0.2 for i in x], [c["measured_throughput"] for c in rows], width=0.4, label="measured")
+    ax.bar([i + 0.2 for i in x], [c.get("predicted_throughput") or 0 for c in rows], width=0.4, label="model predicted")
+    ax.set_xticks(list(x), [c.get("summary", "")[:40] for c in rows], fontsize=7, rotation=10)
+    ax.set_ylabel("samples/s")
+    ax.set_title("performance model: predicted vs measured throughput per configuration")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, axis="y")
+    return _png(fig)
+
+
+def _table(rows: list[dict], cols: list[str]) -> str:
+    if not rows:
+        return "<p>none</p>"
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(r.get(c)))}</td>" for c in cols) + "</tr>" for r in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:,.3f}" if abs(v) < 100 else f"{v:,.0f}"
+    return "" if v is None else str(v)
+
+
+def render(run_dir: str | Path) -> str:
+    """The report page of ``run_dir`` as an HTML string."""
+    summary, events = load_run(run_dir)
+    s = summary
+    facts = {
+        "job": s.get("job_id"), "status": s.get("status"), "policy": s.get("policy"), "auc": s.get("auc"),
+        "throughput (samples/s)": s.get("throughput_samples_per_s"), "wall time (s)": s.get("wall_time_s"),
+        "samples trained / expected": f"{s.get('samples_trained', 0):,} / {s.get('samples_expected', 0):,}",
+        "samples lost": s.get("samples_lost"), "ETTR": s.get("ettr"), "failures": len(s.get("failures") or []),
+        "scale events": len(s.get("scale_events") or []),
+    }  # fmt: skip
+    images = [("throughput", throughput_plot(events)), ("allocation", allocation_plot(s, events)), ("memory", memory_plot(s, events))]
+    model = model_plot(s)
+    if model:
+        images.append(("model", model))
+    figs = "".join(f'<figure id="{k}"><img alt="{k}" src="data:image/png;base64,{v}"></figure>' for k, v in images)
+    scale_rows = [dict(e, at_s=round(e["at_s"], 1)) for e in s.get("scale_events") or []]
+    fail_rows = [dict(f, actor=_short(f.get("actor", ""))) for f in s.get("failures") or []]
+    style = (
+        "body{font-family:sans-serif;margin:24px;max-width:1000px}table{border-collapse:collapse;font-size:13px;margin:8px 0 20px}"
+        "td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}th{background:#f3f3f3}img{max-width:100%}figure{margin:0 0 12px}"
+    )
+    return (
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>dlrover report {html.escape(str(s.get('job_id')))}</title>"
+        f"<style>{style}</style></head><body><h1>dlrover job {html.escape(str(s.get('job_id')))}</h1>"
+        + _table([facts], list(facts))
+        + figs
+        + "<h2>Scale events</h2>" + _table(scale_rows, ["at_s", "kind", "summary", "pause_s", "duration_s"])
+        + "<h2>Failures</h2>" + _table(fail_rows, ["kind", "actor", "at_s", "detected_s", "recovered_s", "cause_class"])
+        + "</body></html>"
+    )
+
+
+def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
+    """Write the page (default ``RUN_DIR/report.html``); returns its path."""
+    path = Path(out) if out else Path(run_dir) / "report.html"
+    text = render(run_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path

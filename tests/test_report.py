@@ -1,0 +1,61 @@
+"""``dlrover report``: an HTML page from a run directory; bad run directories are one-line errors."""
+
+import base64
+import json
+import re
+
+from dlrover.cli import main
+from dlrover.report import render
+
+CONFIG = {"workers": 2, "ps": 1, "worker_cpu": 1.0, "ps_cpu": 1.0, "worker_memory_mb": 1536, "ps_memory_mb": 2048}
+
+
+def run_dir(tmp_path):
+    d = tmp_path / "run"
+    d.mkdir()
+    grown = dict(CONFIG, worker_memory_mb=2304)
+    events = [
+        {"at_s": 0.0, "kind": "initial_config", "config": CONFIG},
+        {"at_s": 0.5, "kind": "chaos", "job_s": 9.5, "action": "leak", "actor": "j/worker-0"},
+        *[{"at_s": 9.0 + i, "kind": "metrics", "actor": f"j/worker-{i % 2}", "samples_per_s": 1000.0 + i, "rss_mb": 600.0 + 20 * i} for i in range(30)],
+        *[{"at_s": 9.0 + i, "kind": "ps_metrics", "actor": "j/ps-0", "rss_mb": 400.0} for i in range(30)],
+        {"at_s": 20.0, "kind": "failure", "failure_kind": "memory_pressure", "actor": "j/worker-0"},
+        {"at_s": 20.0, "kind": "scale", "to": grown, "from": CONFIG},
+    ]
+    (d / "events.jsonl").write_text("\n".join(json.dumps(e) for e in events) + "\n")
+    summary = {
+        "job_id": "j", "status": "succeeded", "policy": "dlrover_rm", "auc": 0.77, "throughput_samples_per_s": 2000.0,
+        "wall_time_s": 40.0, "samples_trained": 10, "samples_expected": 10, "samples_lost": 0, "final_config": grown,
+        "scale_events": [{"at_s": 20.0, "kind": "resize", "summary": "worker memory 1536 -> 2304 MB", "pause_s": 0.0, "duration_s": 5.0}],
+        "failures": [{"kind": "memory_pressure", "actor": "j/worker-0", "at_s": 20.0, "detected_s": 20.0, "recovered_s": 25.0, "cause_class": "system"}],
+        "configurations": [{"summary": "2w x 1cpu + 1ps x 1cpu", "measured_throughput": 2000.0, "predicted_throughput": 2100.0}],
+    }  # fmt: skip
+    (d / "summary.json").write_text(json.dumps(summary))
+    return d
+
+
+def test_report_has_every_plot_and_the_event_tables(tmp_path, capsys):
+    d = run_dir(tmp_path)
+    page = render(d)
+    assert page.startswith("<!DOCTYPE html>") and "<script" not in page  # self-contained, nothing to run
+    images = re.findall(r'<figure id="(\w+)"><img alt="\w+" src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
+    assert [k for k, _ in images] == ["throughput", "allocation", "memory", "model"]
+    assert all(base64.b64decode(b)[:8] == b"\x89PNG\r\n\x1a\n" for _, b in images)
+    assert "memory_pressure" in page and "worker memory 1536 -&gt; 2304 MB" in page and "worker-0" in page
+    assert main(["report", str(d)]) == 0
+    assert (d / "report.html").read_text() == page and "report.html" in capsys.readouterr().out
+
+
+def test_bad_run_directories_are_one_line_errors(tmp_path, capsys):
+    assert main(["report", str(tmp_path / "nope")]) == 2
+    assert "not a run directory" in capsys.readouterr().err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["report", str(empty)]) == 2
+    assert "summary.json: missing" in capsys.readouterr().err
+    d = run_dir(tmp_path)
+    with (d / "events.jsonl").open("a") as f:
+        f.write("{not json\n")
+    assert main(["report", str(d)]) == 2
+    err = capsys.readouterr().err
+    assert "events.jsonl:" in err and "not a JSON object" in err and err.count("\n") == 1
