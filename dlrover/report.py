@@ -22,7 +22,9 @@ from typing import Any
 
 from dlrover.errors import DataError
 
-MARKS = {"scale": ("#1f77b4", "scale"), "failure": ("#d62728", "failure"), "chaos": ("#ff7f0e", "fault injected")}
+# Event markers: colour, legend label, line style (failures dotted and thicker: they often
+# coincide with the scale event that handles them).
+MARKS = {"scale": ("#1f77b4", "scale", "--"), "failure": ("#d62728", "failure", ":"), "chaos": ("#9467bd", "fault injected", "-.")}
 
 
 def load_run(run_dir: str | Path) -> tuple[dict, list[dict]]:
@@ -70,8 +72,8 @@ def _marks(ax: Any, events: list[dict]) -> None:
         if kind not in MARKS:
             continue
         t = e.get("job_s", e["at_s"]) if kind == "chaos" else e["at_s"]
-        color, label = MARKS[kind]
-        ax.axvline(t, color=color, linestyle="--", linewidth=1.2, label=None if kind in seen else label)
+        color, label, style = MARKS[kind]
+        ax.axvline(t, color=color, linestyle=style, linewidth=2.2 if kind == "failure" else 1.4, label=None if kind in seen else label)
         seen.add(kind)
 
 

@@ -127,3 +127,11 @@ def test_memory_trend_acts_before_the_limit(ray_local, synth_dir, tmp_path):
         assert s["final_config"]["worker_memory_mb"] > 1536
         (f,) = [f for f in s["failures"] if f["kind"] == "memory_pressure"]
         assert f["capacity_lost"] == 0.0 and f["at_s"] <= f["detected_s"] <= f["recovered_s"]
+        # `dlrover report` of this run renders in Chromium and shows the fault, failure and scale.
+        from dlrover.report import write_report
+        from test_report import assert_markers_drawn, chromium, render_in_chromium
+
+        page = write_report(path.parent)
+        if chromium() is not None:
+            assert "CONSOLE" not in render_in_chromium(page, tmp_path / "report.png")
+            assert_markers_drawn(tmp_path / "report.png")

@@ -59,3 +59,49 @@ def test_bad_run_directories_are_one_line_errors(tmp_path, capsys):
     assert main(["report", str(d)]) == 2
     err = capsys.readouterr().err
     assert "events.jsonl:" in err and "not a JSON object" in err and err.count("\n") == 1
+
+
+def chromium() -> str | None:
+    import shutil
+
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def render_in_chromium(page, shot) -> str:
+    """Screenshot ``page`` with headless Chromium; returns its log (console messages included)."""
+    import subprocess
+
+    args = [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--enable-logging=stderr", "--v=0",
+            "--window-size=1000,2600", f"--screenshot={shot}", page.resolve().as_uri()]  # fmt: skip
+    done = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout + done.stderr
+
+
+def assert_markers_drawn(shot) -> None:
+    """The screenshot shows the scale (blue), failure (red) and fault (purple) markers."""
+    import matplotlib.image as mpimg
+    import numpy as np
+
+    from dlrover.report import MARKS
+
+    img = (mpimg.imread(str(shot))[..., :3] * 255).astype(int)
+    for kind, (color, _, _) in MARKS.items():
+        rgb = np.array([int(color[i : i + 2], 16) for i in (1, 3, 5)])
+        hits = int((np.abs(img - rgb).sum(axis=2) < 30).sum())
+        assert hits > 200, (kind, hits)
+
+
+def test_report_renders_in_headless_chromium_without_console_errors(tmp_path):
+    import pytest
+
+    if chromium() is None:
+        pytest.skip("chromium not installed (scripts/install.sh installs the Debian package when it can)")
+    from dlrover.report import write_report
+
+    page = write_report(run_dir(tmp_path))
+    shot = tmp_path / "report.png"
+    log = render_in_chromium(page, shot)
+    assert "CONSOLE" not in log, [ln for ln in log.splitlines() if "CONSOLE" in ln]
+    assert shot.stat().st_size > 20_000
+    assert_markers_drawn(shot)
