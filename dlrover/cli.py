@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 
@@ -23,41 +24,26 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(EXIT_USER_ERROR)
 
 
-def _positive_int(v: str) -> int:
-    try:
-        n = int(v)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v!r}")
-    return n
+def _number(cast: type, low: float, strict: bool, what: str):
+    """An argparse type: ``cast(v)``, finite, above ``low`` (``strict``) or at least it."""
+
+    def parse(v: str):
+        try:
+            x = cast(v)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {v!r}") from None
+        if not math.isfinite(x) or (x <= low if strict else x < low):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {v!r}")
+        return x
+
+    return parse
 
 
-def _nonneg_int(v: str) -> int:
-    try:
-        n = int(v)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {v!r}") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {v!r}")
-    return n
-
-
-def _rate(v: str) -> float:
-    try:
-        x = float(v)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {v!r}") from None
-    if not (x >= 0 and x < float("inf")):
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {v!r}")
-    return x
-
-
-def _tick_s(v: str) -> float:
-    x = _positive_float(v)
-    if x < 1.0:
-        raise argparse.ArgumentTypeError(f"expected at least 1 second, got {v!r}")
-    return x
+_positive_int = _number(int, 0, True, "a positive integer")
+_nonneg_int = _number(int, 0, False, "an integer >= 0")
+_positive_float = _number(float, 0.0, True, "a positive number")
+_rate = _number(float, 0.0, False, "a finite number >= 0")
+_tick_s = _number(float, 1.0, False, "at least 1 second")
 
 
 def _out_dir(path: str) -> str:
@@ -69,16 +55,6 @@ def _out_dir(path: str) -> str:
     except OSError as e:
         raise DLRoverError(f"{path}: cannot create output directory: {e.strerror or e}") from None
     return path
-
-
-def _positive_float(v: str) -> float:
-    try:
-        x = float(v)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {v!r}") from None
-    if not x > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {v!r}")
-    return x
 
 
 def build_parser() -> argparse.ArgumentParser:
