@@ -56,6 +56,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from dlrover.resource.perf_model import throughput, throughput_rows
 from dlrover.resource.plan import Budget, Config, JobView, Policy, ResourcePlan
 from dlrover.resource.policy_config import DLRoverRMKnobs
 
@@ -445,7 +446,7 @@ class DLRoverRMPolicy(Policy):
         # the running config best would find it again: skip it (the simulator asks every tick).
         ps_rss = _ps_rss(view, k.oom_horizon_s)
         memo = (
-            view.model.n_points, _key(cur), cur.ps_memory_mb, round(math.log(t_now), 2), view.budget, round(ps_rss, -1),
+            view.model.n_points, _key(cur), cur.ps_memory_mb, round(math.log(t_now), 2), view.budget, round(math.log1p(ps_rss) * 20),  # RSS in 5% steps
             tuple(sorted((x, round(math.log(v), 2)) for x, v in measured.items())),
         )  # fmt: skip
         if memo == self._nothing_at:
@@ -457,7 +458,7 @@ class DLRoverRMPolicy(Policy):
         def thr_of(keys: list[Key]) -> np.ndarray:
             if not keys:
                 return np.zeros(0)
-            pred = view.model.predict_many([Config(*x) for x in keys]) * calib  # memory does not enter the model
+            pred = throughput_rows(view.model.params, np.asarray(keys), view.model.batch_size) * calib  # memory does not enter the model
             return np.array([measured.get(x, p) for x, p in zip(keys, pred)], dtype=np.float64)
 
         kappa = k.min_elasticity
@@ -515,8 +516,6 @@ class DLRoverRMPolicy(Policy):
         watermark: float = 0.9,
     ) -> Key:
         """The grid point of highest utility (vectorised: the grid may hold ~10^5 points)."""
-        from dlrover.resource.perf_model import throughput
-
         cur, b = view.config, view.budget
         axes = (np.arange(1, max_w + 1.0), np.arange(1, max_p + 1.0), np.array(wcpus, dtype=np.float64), np.array(pcpus, dtype=np.float64))
         w, p, cw, cp = (x.ravel() for x in np.meshgrid(*axes, indexing="ij"))

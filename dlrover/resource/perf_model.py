@@ -90,6 +90,17 @@ def throughput(params: PerfParams, w: Any, p: Any, cw: Any, cp: Any, batch: Any)
     return x[0] * x[4] / _t_iter(params, x)
 
 
+def throughput_rows(params: PerfParams, rows: np.ndarray, batch: int) -> np.ndarray:
+    """:func:`throughput` of configurations given as ``[N, 4]`` rows ``(w, p, cw, cp)``,
+    for the policies' searches (hot: called at every step of a search)."""
+    rows = np.asarray(rows, dtype=np.float64)
+    if not (rows > 0).all():
+        raise ValueError("workers, ps, worker_cpu and ps_cpu must be positive")
+    w, p, cw, cp = rows.T
+    t0, t1, t2, t3, t4 = params
+    return w * batch / (t0 + t1 * batch / cw + t2 * w / (p * cp) + t3 * w / p + t4 * w)
+
+
 def _positive(name: str, x: Any) -> float:
     try:
         v = float(x)

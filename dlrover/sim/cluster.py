@@ -79,6 +79,7 @@ class Cluster:
         self.changes = 0  # bumped on every take/release/node state change (cache key of free_totals)
         self._totals_at: tuple | None = None
         self._totals = (0.0, 0.0)
+        self._fits_empty: dict[tuple, bool] = {}
 
     # -- speed --------------------------------------------------------------------------
     def speed(self, nodes: np.ndarray) -> np.ndarray:
@@ -91,7 +92,7 @@ class Cluster:
         it; actors spread over several nodes pay the locality factor; with
         ``node_cores`` a node whose actors (of this job) hold more CPUs than it has cores
         runs cores / CPUs as fast."""
-        f = float(self.speed(worker_nodes).mean()) * float(self.speed(ps_nodes).min())
+        f = float(self.speed(worker_nodes).sum()) / len(worker_nodes) * float(self.speed(ps_nodes).min())
         if len(np.unique(np.concatenate([worker_nodes, ps_nodes]))) > 1:
             f *= self.spec.locality_factor
         cores = self.spec.node_cores
@@ -127,13 +128,17 @@ class Cluster:
             self.released += 1
 
     def fits_empty(self, workers: int, worker_cpu: float, worker_mem: float, ps: int, ps_cpu: float, ps_mem: float) -> bool:
-        """Whether the job fits the cluster with every node up and empty."""
-        saved = self.free_cpu, self.free_mem, self.changes
-        self.free_cpu, self.free_mem = self.cpu.copy(), self.mem.copy()
-        try:
-            return self._place_on(workers, worker_cpu, worker_mem, ps, ps_cpu, ps_mem, np.ones(len(self.cpu), dtype=bool)) is not None
-        finally:
-            self.free_cpu, self.free_mem, self.changes = saved
+        """Whether the job fits the cluster with every node up and empty (memoised: the
+        same configurations come back job after job)."""
+        key = (workers, worker_cpu, worker_mem, ps, ps_cpu, ps_mem)
+        if key not in self._fits_empty:
+            saved = self.free_cpu, self.free_mem, self.changes
+            self.free_cpu, self.free_mem = self.cpu.copy(), self.mem.copy()
+            try:
+                self._fits_empty[key] = self._place_on(workers, worker_cpu, worker_mem, ps, ps_cpu, ps_mem, np.ones(len(self.cpu), dtype=bool)) is not None
+            finally:
+                self.free_cpu, self.free_mem, self.changes = saved
+        return self._fits_empty[key]
 
     def free_totals(self) -> tuple[float, float]:
         """Free CPU and memory on live nodes (cached until capacity changes hands)."""

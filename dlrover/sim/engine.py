@@ -288,15 +288,18 @@ class Simulator:
         is tried again only once resources were released since (the hot path at scale)."""
         started = []
         released = self.cluster.released
+        failed: set[Config] = set()  # within a pass capacity only shrinks: an identical request fails again
         for i in self.queue[: self.s.backfill]:
             j = self.jobs[i]
-            if j.tried_at == released:
+            if j.tried_at == released or j.config in failed:
+                j.tried_at = released
                 continue
             if self._place(j, j.config):
                 started.append(i)
                 self._start(j)
             else:
                 j.tried_at = released
+                failed.add(j.config)
         if started:
             gone = set(started)
             self.queue = [i for i in self.queue if i not in gone]
@@ -549,17 +552,19 @@ class Simulator:
         slope = (1 - s.mem_start) / s.mem_fill * (j.rate / j.total) if j.done / j.total < s.mem_fill else 0.0
         b = int(j.row["batch_size"])
         step = t_iter(j.truth, c, b)
-        speeds = self.cluster.speed(j.worker_nodes)
+        cl = self.cluster
         out: dict[str, ActorMetrics] = {}
-        slow = np.flatnonzero(self.cluster.slow[j.worker_nodes])
-        healthy = np.flatnonzero(~self.cluster.slow[j.worker_nodes])
-        for k in [*(healthy[:2].tolist()), *slow.tolist()]:
+        on_slow = cl.slow[j.worker_nodes]
+        shown = [*np.flatnonzero(~on_slow)[:2].tolist(), *np.flatnonzero(on_slow).tolist()]
+        for k in shown:
             node = int(j.worker_nodes[k])
             since = None
-            if self.cluster.slow[node]:
-                since = max(float(self.cluster.slow_since[node]), j.last_change_s) - float(j.row["submit_s"])
+            speed = float(cl.perf[node])
+            if cl.slow[node]:
+                since = max(float(cl.slow_since[node]), j.last_change_s) - float(j.row["submit_s"])
+                speed *= self.spec.slow_factor
             out[f"worker-{k}"] = ActorMetrics(
-                f"worker-{k}", "worker", c.worker_cpu, c.worker_memory_mb, rss_mb=f * pw, step_time_s=step / float(speeds[k]),
+                f"worker-{k}", "worker", c.worker_cpu, c.worker_memory_mb, rss_mb=f * pw, step_time_s=step / speed,
                 slow_since_s=since, rss_trend_mb_per_s=slope * pw, at_s=t,
             )  # fmt: skip
         out["ps-0"] = ActorMetrics("ps-0", "ps", c.ps_cpu, c.ps_memory_mb, rss_mb=f * pp, rss_trend_mb_per_s=slope * pp, at_s=t)
