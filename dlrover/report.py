@@ -54,9 +54,35 @@ def load_run(run_dir: str | Path) -> tuple[dict, list[dict]]:
     return summary, events
 
 
-def _png(fig: Any) -> str:
+def _plt() -> Any:
+    """pyplot on the file-only backend (no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def _finish(fig: Any, ax: Any, events: list[dict], ylabel: str, title: str, **legend: Any) -> str:
+    """Event markers, axis labels, grid and legend of a job-time plot; the PNG as base64."""
+    _marks(ax, events)
+    ax.set_xlabel("job time (s)")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(**legend)
+    return _png(fig)
+
+
+def _step(ax: Any, steps: list[tuple[float, dict]], end: float, value: Any, **kw: Any) -> None:
+    """A configuration quantity (``value(config)``) as a step line from its changes to ``end``."""
+    ys = [value(c) for _, c in steps]
+    ax.step([t for t, _ in steps] + [end], ys + ys[-1:], where="post", **kw)
+
+
+def _png(fig: Any) -> str:
+    plt = _plt()
     buf = io.BytesIO()
     fig.tight_layout()
     fig.savefig(buf, format="png", dpi=100)
@@ -82,12 +108,9 @@ def _short(actor: str) -> str:
 
 
 def throughput_plot(events: list[dict]) -> str:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
 
+    plt = _plt()
     pts = [(e["at_s"], e["actor"], e["samples_per_s"]) for e in events if e["kind"] == "metrics" and "samples_per_s" in e]
     fig, ax = plt.subplots(figsize=(9, 3.4))
     if pts:
@@ -103,13 +126,7 @@ def throughput_plot(events: list[dict]) -> str:
                 j += 1
             total[i] = sum(latest.values())
         ax.plot(bins, total, color="black", linewidth=1.2, label="samples/s (sum of workers)")
-    _marks(ax, events)
-    ax.set_xlabel("job time (s)")
-    ax.set_ylabel("samples/s")
-    ax.set_title("throughput")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
-    return _png(fig)
+    return _finish(fig, ax, events, "samples/s", "throughput", fontsize=8, loc="lower right")
 
 
 def _config_steps(summary: dict, events: list[dict]) -> list[tuple[float, dict]]:
@@ -125,58 +142,37 @@ def _config_steps(summary: dict, events: list[dict]) -> list[tuple[float, dict]]
 
 
 def allocation_plot(summary: dict, events: list[dict]) -> str:
-    import matplotlib.pyplot as plt
-
     steps = _config_steps(summary, events)
     end = float(summary.get("wall_time_s") or (steps[-1][0] + 1 if steps else 1))
-    fig, ax = plt.subplots(figsize=(9, 3.0))
+    fig, ax = _plt().subplots(figsize=(9, 3.0))
     if steps:
-        t = [s[0] for s in steps] + [end]
-        for key, label in (("workers", "workers"), ("ps", "PS")):
-            ax.step(t, [s[1][key] for s in steps] + [steps[-1][1][key]], where="post", label=label)
-        ax.step(t, [s[1]["workers"] * s[1]["worker_cpu"] + s[1]["ps"] * s[1]["ps_cpu"] for s in steps] + [None], where="post", linestyle=":", label="CPUs")
-    _marks(ax, events)
-    ax.set_xlabel("job time (s)")
-    ax.set_ylabel("actors / CPUs")
-    ax.set_title("allocation per role")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left")
-    return _png(fig)
+        _step(ax, steps, end, lambda c: c["workers"], label="workers")
+        _step(ax, steps, end, lambda c: c["ps"], label="PS")
+        _step(ax, steps, end, lambda c: c["workers"] * c["worker_cpu"] + c["ps"] * c["ps_cpu"], linestyle=":", label="CPUs")
+    return _finish(fig, ax, events, "actors / CPUs", "allocation per role", fontsize=8, loc="upper left")
 
 
 def memory_plot(summary: dict, events: list[dict]) -> str:
-    import matplotlib.pyplot as plt
-
     series: dict[str, list[tuple[float, float]]] = {}
     for e in events:
         if e["kind"] in ("metrics", "ps_metrics") and "rss_mb" in e and "actor" in e:
             series.setdefault(_short(e["actor"]), []).append((e["at_s"], e["rss_mb"]))
-    fig, ax = plt.subplots(figsize=(9, 3.4))
+    fig, ax = _plt().subplots(figsize=(9, 3.4))
     for name, pts in sorted(series.items()):
         ax.plot([p[0] for p in pts], [p[1] for p in pts], linewidth=1.0, label=name)
     steps = _config_steps(summary, events)
     end = float(summary.get("wall_time_s") or 1)
-    if steps:
-        t = [s[0] for s in steps] + [end]
-        for key, label in (("worker_memory_mb", "worker limit"), ("ps_memory_mb", "PS limit")):
-            if all(key in s[1] for s in steps):
-                ax.step(t, [s[1][key] for s in steps] + [steps[-1][1][key]], where="post", color="grey", linestyle="--" if "worker" in key else "-.", label=label)
-    _marks(ax, events)
-    ax.set_xlabel("job time (s)")
-    ax.set_ylabel("RSS (MB)")
-    ax.set_title("memory per actor vs its limit")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, ncol=4, loc="upper left")
-    return _png(fig)
+    for key, label, style in (("worker_memory_mb", "worker limit", "--"), ("ps_memory_mb", "PS limit", "-.")):
+        if steps and all(key in c for _, c in steps):
+            _step(ax, steps, end, lambda c, key=key: c[key], color="grey", linestyle=style, label=label)
+    return _finish(fig, ax, events, "RSS (MB)", "memory per actor vs its limit", fontsize=7, ncol=4, loc="upper left")
 
 
 def model_plot(summary: dict) -> str | None:
-    import matplotlib.pyplot as plt
-
     rows = [c for c in summary.get("configurations") or [] if c.get("measured_throughput")]
     if not rows:
         return None
-    fig, ax = plt.subplots(figsize=(9, 3.0))
+    fig, ax = _plt().subplots(figsize=(9, 3.0))
     x = range(len(rows))
     ax.bar([i - 0.2 for i in x], [c["measured_throughput"] for c in rows], width=0.4, label="measured")
     ax.bar([i + 0.2 for i in x], [c.get("predicted_throughput") or 0 for c in rows], width=0.4, label="model predicted")

@@ -16,8 +16,6 @@ from pathlib import Path
 
 from dlrover.errors import DLRoverError
 
-JSON_NOTE = "JCT over completed jobs, queueing included; utilisation = used / allocated, time-weighted"
-
 
 @dataclasses.dataclass(frozen=True)
 class PolicyEntry:

@@ -149,7 +149,6 @@ class Simulator:
     ) -> None:
         self.spec = cluster or ClusterSpec()
         self.s = settings or SimSettings()
-        self.seed = seed
         # Independent streams: the cluster's faults do not depend on what the policy does.
         self.cluster = Cluster(self.spec, np.random.default_rng([seed, 1]))
         self.fault_rng = np.random.default_rng([seed, 2])
@@ -732,12 +731,13 @@ class Simulator:
         """A finished job leaves a history record for the next similar one (warm start)."""
         assert j.config is not None
         best = max(j.measurements, key=lambda m: m.throughput, default=None)
+        peak_worker, peak_ps = self._peaks(j)
         rec = HistoryRecord(
             signature=j.row["signature"], dataset=j.row["signature"], job_id=j.job_id, finished_at=self.now, final_config=j.config,
             best_config=best.config if best else None, best_throughput=best.throughput if best else 0.0,
             measurements=[{"config": m.config.to_dict(), "throughput": m.throughput, "duration_s": m.duration_s} for m in j.measurements],
             samples=int(j.total), wall_time_s=float(self.now - (j.start_s or self.now)),
-            peak_rss_mb={"worker": self._peaks(j)[0], "ps_total": self._peaks(j)[1] * j.config.ps},
+            peak_rss_mb={"worker": peak_worker, "ps_total": peak_ps * j.config.ps},
         )  # fmt: skip
         self.history.setdefault(j.row["signature"], []).insert(0, rec)
 
