@@ -14,10 +14,12 @@ from typing import Callable
 import ray
 
 from dlrover.errors import DLRoverError
+from dlrover.master.events import describe_event
 from dlrover.spec import JobSpec
 
 POLL_S = 0.5  # progress-bar refresh period
 LINE_EVERY_S = 5.0  # progress-line period without a bar
+LOG_PREFIX = "[dlrover]"
 
 
 MASTER_RESTARTS = 3
@@ -156,26 +158,31 @@ def run_job(
         ref = master.run.remote()
         bar = tqdm(total=None, unit="samples", unit_scale=True, disable=progress != "bar", dynamic_ncols=True, file=sys.stderr)
         last_line = time.monotonic()
+        seen_events = 0
         try:
             while not ray.wait([ref], timeout=POLL_S)[0]:
-                p = ray.get(master.progress.remote())
+                p = ray.get(master.progress.remote(since=seen_events))
+                seen_events = p["events_next"]
                 if stop_when is not None and stop_when(p):
                     master.stop.remote()
                     stop_when = None
-                loss = f"{p['loss']:.4f}" if p["loss"] is not None else "-"
-                config = p.get("config") or f"w={p['workers']} ps={p['ps']}"
-                info = f"{p['status']} {config} {p['samples_per_s']:,.0f} samples/s loss={loss}"
                 if progress == "bar":
                     if bar.total is None and p["samples_expected"]:
                         bar.total = p["samples_expected"]
                     bar.n = min(p["samples_seen"], bar.total or p["samples_seen"])
-                    bar.set_postfix_str(info, refresh=False)
+                    loss = f"{p['loss']:.4f}" if p["loss"] is not None else "-"
+                    bar.set_postfix_str(f"{p['status']} {p['config'] or '-'} {p['samples_per_s']:,.0f} samples/s loss={loss}", refresh=False)
+                    for e in p["events"]:
+                        bar.write(event_line(job_id, e), file=sys.stderr)
                     bar.refresh()
-                elif progress == "lines" and time.monotonic() - last_line >= LINE_EVERY_S:
-                    # Plain lines for logs (``ray job logs -f``), where a bar would be noise.
-                    last_line = time.monotonic()
-                    pct = 100.0 * p["samples_seen"] / max(p["samples_expected"], 1)
-                    print(f"[dlrover] {job_id} {pct:5.1f}% {p['samples_seen']:,}/{p['samples_expected']:,} samples {info}", flush=True)
+                elif progress == "lines":
+                    # Plain lines for logs (``ray job logs -f``), where a bar would be noise;
+                    # ``dlrover status`` reads the latest of them back.
+                    for e in p["events"]:
+                        print(event_line(job_id, e), flush=True)
+                    if time.monotonic() - last_line >= LINE_EVERY_S:
+                        last_line = time.monotonic()
+                        print(progress_line(job_id, p), flush=True)
             summary = _get_summary(ref)
         except KeyboardInterrupt:
             master.stop.remote()
@@ -193,6 +200,28 @@ def run_job(
     path = run_dir / "summary.json"
     path.write_text(json.dumps(summary, indent=2, default=float))
     return summary, path
+
+
+def progress_line(job_id: str, p: dict) -> str:
+    """``[dlrover] <job> progress=41.2% samples=... throughput=... config=...``: ``key=value``
+    fields, the configuration last (it has spaces); ``dlrover.status`` parses these."""
+    fields = {
+        "progress": f"{100.0 * p['progress']:.1f}%",
+        "samples": f"{p['samples_done']:,}/{p['samples_expected']:,}",
+        "throughput": f"{p['samples_per_s']:,.0f}/s",
+        "loss": f"{p['loss']:.4f}" if p["loss"] is not None else "-",
+        "auc": f"{p['auc']:.4f}" if p.get("auc") is not None else "-",
+        "ettr": f"{p['ettr']:.3f}" if p.get("ettr") is not None else "-",
+        "status": p["status"],
+        "config": p["config"] or "-",
+    }
+    return f"{LOG_PREFIX} {job_id} progress " + " ".join(f"{k}={v}" for k, v in fields.items())
+
+
+def event_line(job_id: str, e: dict) -> str:
+    """One event of the master's log as ``[dlrover] <job> event t=12.3s <kind>: <what>``."""
+    at = e.get("job_s", e["at_s"])  # chaos rows keep their own clock in at_s
+    return f"{LOG_PREFIX} {job_id} event t={at:.1f}s {describe_event(e)}"
 
 
 def _get_summary(ref) -> dict:

@@ -97,6 +97,15 @@ class Checkpointer:
         rate = failure_rate_per_s(failures, now, self.spec.prior_mttf_s, prior_weight_s=self.spec.prior_mttf_s)
         return young_daly_interval_s(write_s, rate, self.spec.min_interval_s, self.spec.max_interval_s)
 
+    def age_s(self, now: float) -> dict[str, float]:
+        """Seconds since the newest checkpoint of each tier that has one."""
+        out = {}
+        if self.latest is not None:
+            out["memory"] = now - self.latest.at_s
+        if self._last_durable_at is not None:
+            out["durable"] = now - self._last_durable_at
+        return out
+
     def due(self, now: float) -> bool:
         if self.latest is None:
             return True

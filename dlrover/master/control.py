@@ -170,6 +170,16 @@ class Controller:
         self.model.observe(meas.config, meas.throughput, weight=meas.duration_s)
         self.m.events.add("measurement", config=meas.config.to_dict(), throughput=meas.throughput, predicted=meas.predicted, duration_s=meas.duration_s)
 
+    def window_now(self) -> tuple[float | None, float | None]:
+        """The running configuration's predicted throughput and, once its window is long
+        enough to mean something, the measured one."""
+        with self._lock:
+            w = self.window
+            m = w.measurement() if w is not None else None
+        if w is None:
+            return None, None
+        return w.predicted, m.throughput if m is not None and m.duration_s >= MIN_WINDOW_S else None
+
     def window_s(self) -> float:
         """How long the running configuration has been measured so far."""
         with self._lock:

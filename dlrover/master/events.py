@@ -22,3 +22,48 @@ class EventLog:
     def rows(self) -> list[dict[str, Any]]:
         with self._lock:
             return list(self._rows)
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def since(self, index: int) -> tuple[list[dict[str, Any]], int]:
+        """Rows added after the first ``index``, and the index to ask from next time."""
+        with self._lock:
+            return self._rows[index:], len(self._rows)
+
+
+def _config(c: Any) -> str:
+    """A config dict of the event log as ``2w x 1cpu + 2ps x 1cpu``."""
+    if not isinstance(c, dict):
+        return str(c)
+    return f"{c['workers']}w x {c['worker_cpu']:g}cpu + {c['ps']}ps x {c['ps_cpu']:g}cpu"
+
+
+def _num(x: Any, fmt: str = ",.0f") -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+# What one line says about each notable kind; others list their scalar fields.
+_DESCRIBE: dict[str, Callable[[dict], str]] = {
+    "initial_config": lambda e: f"initial configuration {_config(e['config'])} ({e.get('stage')}: {e.get('reason')})",
+    "launched": lambda e: f"launched {e['config']}",
+    "scale": lambda e: f"{e.get('scale_kind', 'scale')} {e.get('summary', '')} in {_num(e.get('duration_s'), '.1f')}s ({e.get('reason')})",
+    "scale_failed": lambda e: f"scale failed: {e.get('error')} ({e.get('reason')})",
+    "plan_rejected": lambda e: f"plan rejected ({e.get('why')}): {_config(e.get('config'))}",
+    "failure": lambda e: f"{e.get('failure_kind')} {e.get('actor')}: {e.get('cause')} [{e.get('cause_class')}]",
+    "recovered": lambda e: f"recovered from {e.get('failure_kind')} of {e.get('actor')} after {_num(e.get('after_s'), '.1f')}s",
+    "oom_kill": lambda e: f"{e.get('actor')} killed over its memory limit ({_num(e.get('rss_mb'))} > {e.get('limit_mb')} MB)",
+    "chaos": lambda e: f"injected {e.get('action')} on {e.get('actor') or e.get('target')}",
+    "measurement": lambda e: f"measured {_config(e.get('config'))}: {_num(e.get('throughput'))} samples/s (model predicted {_num(e.get('predicted'))})",
+    "eval": lambda e: f"{'final' if e.get('final') else 'periodic'} evaluation auc={_num(e.get('auc'), '.4f')} logloss={_num(e.get('logloss'), '.4f')}",
+}
+
+
+def describe_event(e: dict) -> str:
+    """``<kind>: <what happened>`` for a row of the event log (a driver log line)."""
+    kind = e.get("kind", "?")
+    try:
+        what = _DESCRIBE[kind](e)
+    except KeyError:
+        what = " ".join(f"{k}={v}" for k, v in e.items() if k not in ("kind", "at_s") and isinstance(v, (str, int, float, bool)))
+    return f"{kind}: {what}"

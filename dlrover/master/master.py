@@ -33,6 +33,7 @@ from dlrover.master.control import Controller
 from dlrover.master.events import EventLog
 from dlrover.master.launcher import Launcher
 from dlrover.master.recovery import Recovery
+from dlrover.master.telemetry import Telemetry
 from dlrover.metrics.reliability import reliability_report
 from dlrover.metrics.evaluation import evaluate_scores
 from dlrover.spec import JobSpec
@@ -40,6 +41,12 @@ from dlrover.spec import JobSpec
 NEXT_SHARD_WAIT_S = 1.0
 TICK_S = 1.0  # the control loop wakes at least this often while workers train
 PERIODIC_EVAL_MAX_RANGES = 4  # periodic evaluation scores a bounded slice of the held-out rows
+PUBLISH_EVERY_S = 1.0  # metrics export (Ray's agent takes them every few seconds)
+# Events worth a line in the driver log (``ray job logs -f``) and in ``dlrover status``.
+NOTABLE_EVENTS = frozenset({
+    "initial_config", "launched", "scale", "scale_failed", "plan_rejected", "failure", "recovered", "oom_kill", "chaos",
+    "measurement", "eval", "rollback", "master_resumed", "checkpoint_corrupt", "bad_node", "job_error", "job_end",
+})
 
 
 @dataclass
@@ -100,6 +107,9 @@ class JobMaster:
         self.checkpointer: Checkpointer | None = None
         self.restarts = 0
         self._stepped: set[str] = set()  # workers that trained a step (actor up and running)
+        self._last_auc: float | None = None
+        self.telemetry = Telemetry(job_id)
+        self._published = float("-inf")
 
     # -- called by workers ------------------------------------------------------------------
     def next_shard(self, worker: str, generation: int = 0) -> Shard | None | str:
@@ -153,23 +163,77 @@ class JobMaster:
         self.events.add("metrics", actor=worker, **metrics)
 
     # -- called by the driver ----------------------------------------------------------------
-    def progress(self) -> dict:
+    def progress(self, since: int = 0) -> dict:
+        """The job as it is now: what the driver's progress lines, ``dlrover status`` and
+        the exported metrics show. ``since``: also return the notable events logged after
+        that index (``events``) and the index to ask from next (``events_next``)."""
         with self._lock:
             q = self.queue
             loss = [m["loss"] for m in self.metrics.values() if "loss" in m]
-            return {
-                "status": self.status,
-                "samples_expected": q.samples_expected if q else 0,
-                "samples_seen": self.samples_done,
-                "samples_done": q.samples_done if q else 0,
-                "samples_per_s": sum(m.get("samples_per_s", 0.0) for m in self.metrics.values()),
-                "loss": float(np.mean(loss)) if loss else None,
-                "workers": len(self.launcher.workers) if self.launcher else 0,
-                "ps": len(self.launcher.ps) if self.launcher else 0,
-                "config": self.launcher.config().short() if self.launcher and self.launcher.vmap else None,
-                "measurements": len(self.control.measurements) if self.control else 0,
-                "window_s": self.control.window_s() if self.control else 0.0,
-            }
+            samples_seen = self.samples_done
+            throughput = sum(m.get("samples_per_s", 0.0) for m in self.metrics.values())
+        lz, ctl = self.launcher, self.control
+        events, events_next = self.events.since(since)
+        predicted, measured = ctl.window_now() if ctl else (None, None)
+        return {
+            "job_id": self.job_id,
+            "status": self.status,
+            "policy": self.spec.policy.name,
+            "samples_expected": q.samples_expected if q else 0,
+            "samples_seen": samples_seen,
+            "samples_done": q.samples_done if q else 0,
+            "progress": q.samples_done / max(q.samples_expected, 1) if q else 0.0,
+            "samples_per_s": throughput,
+            "loss": float(np.mean(loss)) if loss else None,
+            "auc": self._last_auc,
+            "workers": len(lz.workers) if lz else 0,
+            "ps": len(lz.ps) if lz else 0,
+            "config": lz.config().short() if lz and lz.vmap else None,
+            "measurements": len(ctl.measurements) if ctl else 0,
+            "window_s": ctl.window_s() if ctl else 0.0,
+            "predicted": predicted,
+            "measured": measured,
+            "ettr": self._ettr_now(),
+            "checkpoint_age_s": self.checkpointer.age_s(self.clock() - self.t0) if self.checkpointer else {},
+            "actors": self._actor_rows(),
+            "scale_events": list(self.scale_events),
+            "failures": list(self.failures),
+            "events": [e for e in events if e["kind"] in NOTABLE_EVENTS],
+            "events_next": events_next,
+        }
+
+    def _actor_rows(self) -> list[dict]:
+        """Resources and latest measurements of each running worker and PS."""
+        lz = self.launcher
+        if lz is None or lz.vmap is None:
+            return []
+        with self._lock:
+            reports = {n: dict(r) for n, r in self.metrics.items()}
+        rows = []
+        for name in list(lz.workers):
+            cpu, mem = lz.resources.get(name, (1.0, 0))
+            r = reports.get(name, {})
+            rows.append({
+                "name": name, "role": "worker", "cpus": cpu, "memory_limit_mb": mem, "rss_mb": r.get("rss_mb"),
+                "cpu_util": r["cpu_percent"] / 100.0 / max(cpu, 1e-9) if "cpu_percent" in r else None,
+                "step_time_s": r.get("step_time_s"), "pull_s": r.get("pull_s"), "push_s": r.get("push_s"),
+            })
+        ps = self.control.ps_metrics() if self.control else {}
+        for k in list(lz.ps):
+            name = lz.ps_name(k)
+            cpu, mem = lz.resources.get(name, (1.0, 0))
+            m = ps.get(k)
+            rows.append({"name": name, "role": "ps", "cpus": cpu, "memory_limit_mb": mem, "rss_mb": m.rss_mb if m else None, "cpu_util": m.cpu_util if m else None})
+        return rows
+
+    def _ettr_now(self) -> float | None:
+        """ETTR of the job so far (None before training starts)."""
+        if self.train_start is None or self.queue is None:
+            return None
+        now = self.clock()
+        wall = now - self.t0
+        train = (self.train_end or now) - self.train_start
+        return self._reliability_report(wall, train, self.queue.samples_done).ettr
 
     def node_id(self) -> str:
         return ray.get_runtime_context().get_node_id()
@@ -324,6 +388,7 @@ class JobMaster:
             shutil.rmtree(self._checkpoint_root(), ignore_errors=True)
         summary.update(self._reliability(summary))
         self._export_final()
+        self._publish(force=True)
         return summary
 
     def _checkpoint_root(self) -> str:
@@ -333,14 +398,18 @@ class JobMaster:
             return self.spec.checkpoint.dir.rstrip("/") + "/" + self.job_id
         return os.path.join(self._run_dir(), "checkpoints")
 
-    def _reliability(self, summary: dict) -> dict:
+    def _reliability_report(self, wall_s: float, train_s: float, trained: int):
         replayed = self.recovery.samples_replayed
-        args = {"wall_s": summary["wall_time_s"], "train_s": summary["train_time_s"], "samples_replayed": replayed}
+        failures = list(self.failures)
+        args = {"wall_s": wall_s, "train_s": train_s, "samples_replayed": replayed}
         # Replayed samples cost time at the speed the job trains when it trains (not the
         # job's average, which already includes the outages and the replay itself).
-        stalls = reliability_report(self.failures, throughput=0.0, **args).downtime_s
-        speed = (summary["samples_trained"] + replayed) / max(summary["train_time_s"] - stalls, 1e-9)
-        rep = reliability_report(self.failures, throughput=speed, **args)
+        stalls = reliability_report(failures, throughput=0.0, **args).downtime_s
+        speed = (trained + replayed) / max(train_s - stalls, 1e-9)
+        return reliability_report(failures, throughput=speed, **args)
+
+    def _reliability(self, summary: dict) -> dict:
+        rep = self._reliability_report(summary["wall_time_s"], summary["train_time_s"], summary["samples_trained"])
         return {
             "reliability": rep.to_dict(),
             "ettr": rep.ettr,
@@ -377,6 +446,7 @@ class JobMaster:
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=min(TICK_S, self.spec.policy.interval_s))
             self._tick()
+            self._publish()
             if not self.queue.finished and self.status == "training":
                 self.recovery.tick(pending)
                 pending.update(self.control.tick(pending))
@@ -436,13 +506,28 @@ class JobMaster:
             self._draining.update(names)
             self._work.notify_all()
 
+    def _publish(self, force: bool = False) -> None:
+        """Export the job's metrics (at most every ``PUBLISH_EVERY_S``). A metrics problem
+        is logged once and never stops training."""
+        now = self.clock()
+        if self.telemetry is None or (not force and now - self._published < PUBLISH_EVERY_S):
+            return
+        self._published = now
+        try:
+            self.telemetry.publish(self.progress(since=len(self.events)))
+        except Exception as e:  # noqa: BLE001 - observability must not take the job down
+            self.events.add("telemetry_error", error=f"{type(e).__name__}: {e}"[:300])
+            self.telemetry = None
+
     def _tick(self) -> None:
         """Periodic control work; for now the optional every-N-steps evaluation."""
         if self._eval_ref is not None and ray.wait([self._eval_ref[0]], timeout=0)[0]:
             ref, step = self._eval_ref
             self._eval_ref = None
             try:
-                self.events.add("eval", step=step, periodic=True, **self._score([ray.get(ref)]))
+                scores = self._score([ray.get(ref)])
+                self._last_auc = scores.get("auc")
+                self.events.add("eval", step=step, periodic=True, **scores)
             except ray.exceptions.RayError:
                 pass  # the evaluating worker died; the next period tries again
         if self._next_eval_step is None or self.steps_done < self._next_eval_step or self._eval_ref is not None:
@@ -483,6 +568,7 @@ class JobMaster:
                     except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
                         self.launcher.forget_worker(name)
         out = self._score(results)
+        self._last_auc = out.get("auc")
         self.events.add("eval", final=True, **out)
         return out
 

@@ -403,11 +403,15 @@ class Worker:
         return remaining
 
     def _new_window(self, now: float) -> dict:
-        return {"samples": 0, "loss_sum": 0.0, "t0": now, "steps": 0, "step_s": 0.0, "wait_pull_s": self.client.timings["wait_pull_s"]}
+        return {"samples": 0, "loss_sum": 0.0, "t0": now, "steps": 0, "step_s": 0.0, **{f"at_{k}": v for k, v in self.client.timings.items()}}
 
     def _report(self, window: dict, now: float) -> None:
         dt = max(now - window["t0"], 1e-9)
         steps = max(window["steps"], 1)
+
+        def spent(timing: str) -> float:  # seconds of a PS-client timing in this window
+            return self.client.timings[timing] - window[f"at_{timing}"]
+
         self.master.report.remote(
             self.name,
             {
@@ -416,7 +420,9 @@ class Worker:
                 "samples_per_s": window["samples"] / dt,
                 "loss": window["loss_sum"] / max(window["samples"], 1),
                 "step_time_s": window["step_s"] / steps,
-                "wait_ps_s": (self.client.timings["wait_pull_s"] - window["wait_pull_s"]) / steps,
+                "wait_ps_s": spent("wait_pull_s") / steps,
+                "pull_s": (spent("issue_pull_s") + spent("wait_pull_s")) / steps,
+                "push_s": spent("push_s") / steps,
                 "queue_depth": self._queue.qsize() if self._queue is not None else 0,
                 "rss_mb": self._proc.memory_info().rss / 2**20,
                 "cpu_percent": self._proc.cpu_percent(),
