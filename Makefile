@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test bench clean
+.PHONY: install run test bench dashboards-check clean
 
 $(STAMP): pyproject.toml scripts/install.sh
 	bash scripts/install.sh
@@ -16,6 +16,10 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests
+
+# Ray head + Prometheus + a short job: every query of dashboards/dlrover.json must return data.
+dashboards-check: $(STAMP)
+	$(VENV)/bin/dlrover dashboards check
 
 bench: $(STAMP)
 	$(VENV)/bin/dlrover bench throughput

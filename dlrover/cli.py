@@ -1,4 +1,4 @@
-"""``dlrover`` command line: run | submit | status | data synth | simulate | tune | report | bench ....
+"""``dlrover`` command line: run | submit | status | dashboards | data synth | simulate | tune | report | bench ....
 
 User errors (bad spec, bad data, bad arguments) print one ``error:`` line and exit 2;
 anything else is a bug and keeps its traceback.
@@ -77,8 +77,18 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--wait", action="store_true", help="follow the logs until the job ends; exit code follows the job")
     s.add_argument("--runs-dir", default="runs")
 
-    st = sub.add_parser("status", help="list jobs on a Ray cluster")
-    st.add_argument("--address", default=DEFAULT_DASHBOARD)
+    st = sub.add_parser("status", help="jobs on a Ray cluster: configuration, throughput, last events")
+    st.add_argument("job", nargs="?", help="one job's details and last events (default: list the recent jobs)")
+    st.add_argument("--address", default=DEFAULT_DASHBOARD, help="Ray dashboard URL (as for dlrover submit)")
+    st.add_argument("--events", type=_nonneg_int, default=10, help="how many of the job's last events to show")
+
+    db = sub.add_parser("dashboards", help="the Grafana dashboard: check it against a real job, or install it next to Ray's")
+    dbsub = db.add_subparsers(dest="dash_cmd", required=True, parser_class=_Parser)
+    dc = dbsub.add_parser("check", help="Ray head + Prometheus + a short job: every dashboard query must return data")
+    dc.add_argument("--spec", default="jobs/observe.yaml")
+    dc.add_argument("--runs-dir", default="runs")
+    di = dbsub.add_parser("install", help="copy dashboards/dlrover.json next to the Grafana dashboards Ray wrote for a session")
+    di.add_argument("--session-dir", default="/tmp/ray/session_latest")
 
     d = sub.add_parser("data", help="data utilities")
     dsub = d.add_subparsers(dest="data_cmd", required=True, parser_class=_Parser)
@@ -217,9 +227,18 @@ def cmd_submit(args) -> int:
 
 
 def cmd_status(args) -> int:
-    from dlrover.submit import status
+    from dlrover.status import status
 
-    return status(args.address)
+    return status(args.address, args.job, events=args.events)
+
+
+def cmd_dashboards(args) -> int:
+    from dlrover import dashboards
+
+    if args.dash_cmd == "install":
+        dashboards.install(args.session_dir)
+        return 0
+    return dashboards.run_check(args.spec, runs_dir=args.runs_dir)
 
 
 def cmd_simulate(args) -> int:
@@ -308,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("PYTHONWARNINGS", "ignore")
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     args = build_parser().parse_args(argv)
-    handler = {"run": cmd_run, "submit": cmd_submit, "status": cmd_status, "data": cmd_data, "bench": cmd_bench, "simulate": cmd_simulate, "tune": cmd_tune, "report": cmd_report}[args.cmd]
+    handler = {"run": cmd_run, "submit": cmd_submit, "status": cmd_status, "dashboards": cmd_dashboards, "data": cmd_data, "bench": cmd_bench, "simulate": cmd_simulate, "tune": cmd_tune, "report": cmd_report}[args.cmd]
     try:
         return handler(args)
     except DLRoverError as e:

@@ -14,7 +14,7 @@ from typing import Callable
 import ray
 
 from dlrover.errors import DLRoverError
-from dlrover.master.events import describe_event
+from dlrover.master.events import config_text, describe_event
 from dlrover.spec import JobSpec
 
 POLL_S = 0.5  # progress-bar refresh period
@@ -199,6 +199,8 @@ def run_job(
             f.write(json.dumps(row, default=float) + "\n")
     path = run_dir / "summary.json"
     path.write_text(json.dumps(summary, indent=2, default=float))
+    if progress == "lines":
+        print(result_line(job_id, summary), flush=True)
     return summary, path
 
 
@@ -216,6 +218,24 @@ def progress_line(job_id: str, p: dict) -> str:
         "config": p["config"] or "-",
     }
     return f"{LOG_PREFIX} {job_id} progress " + " ".join(f"{k}={v}" for k, v in fields.items())
+
+
+def result_line(job_id: str, s: dict) -> str:
+    """The job's outcome as the last ``[dlrover]`` line of its log."""
+    def num(v, fmt):
+        return format(v, fmt) if isinstance(v, (int, float)) else "-"
+
+    fields = {
+        "status": s["status"],
+        "auc": num(s.get("auc"), ".4f"),
+        "throughput": f"{s['throughput_samples_per_s']:,.0f}/s",
+        "samples": f"{s['samples_trained']:,}/{s['samples_expected']:,}",
+        "lost": s["samples_lost"],
+        "ettr": num(s.get("ettr"), ".3f"),
+        "wall": f"{s['wall_time_s']:.1f}s",
+        "config": config_text(s["final_config"]) if s.get("final_config") else "-",
+    }
+    return f"{LOG_PREFIX} {job_id} result " + " ".join(f"{k}={v}" for k, v in fields.items())
 
 
 def event_line(job_id: str, e: dict) -> str:

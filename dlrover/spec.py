@@ -31,6 +31,13 @@ class ModelSpec(_Strict):
     dense_arch: list[int] = Field(default_factory=lambda: [512, 256, 16])
     over_arch: list[int] = Field(default_factory=lambda: [512, 256, 1])
 
+    def short(self) -> str:
+        """``DLRM 26x40000x16 dense 64-16 over 128-64-1``: tables x rows x dim, MLP widths."""
+        sizes = self.table_sizes()
+        rows = str(sizes[0]) if len(set(sizes)) == 1 else f"{min(sizes)}..{max(sizes)}"
+        mlp = lambda widths: "-".join(map(str, widths))  # noqa: E731
+        return f"DLRM {len(sizes)}x{rows}x{self.embedding_dim} dense {mlp(self.dense_arch)} over {mlp(self.over_arch)}"
+
     @field_validator("num_embeddings")
     @classmethod
     def _sizes(cls, v: int | list[int]) -> int | list[int]:

@@ -9,6 +9,7 @@ dashboard, ``dlrover status`` and ``runs/<job_id>/`` all use the same name.
 
 from __future__ import annotations
 
+import logging
 import os
 import shlex
 import sys
@@ -33,7 +34,7 @@ def _use_local_token() -> None:
         os.environ["RAY_AUTH_MODE"] = "token"
 
 
-def _client(address: str):
+def client(address: str):
     _use_local_token()
     from ray.job_submission import JobSubmissionClient
 
@@ -44,7 +45,20 @@ def _client(address: str):
 
 
 def submit(spec_path: str, address: str, overrides: list[str], wait: bool = False, runs_dir: str = "runs") -> int:
+    """``dlrover submit``: submit, then follow the logs to the end when ``wait``."""
+    job_id = submit_job(spec_path, address, overrides, runs_dir)
+    print(f"submitted {job_id} to {address}")
+    if not wait:
+        print(f"follow with: ray job logs -f {job_id} --address {address}")
+        print(f"status with: dlrover status {job_id} --address {address}")
+        return 0
+    return follow(client(address), job_id)
+
+
+def submit_job(spec_path: str, address: str, overrides: list[str], runs_dir: str = "runs") -> str:
+    """Validate the spec here and submit it to Ray Jobs; returns the job id."""
     _use_local_token()
+    logging.getLogger("ray").setLevel(logging.WARNING)  # not a line per packaged file
     from dlrover.runner import new_job_id
     from dlrover.spec import load_spec, parse_overrides
 
@@ -59,15 +73,15 @@ def submit(spec_path: str, address: str, overrides: list[str], wait: bool = Fals
     cmd = [sys.executable, "-m", "dlrover", "run", str(spec_rel), "--quiet", "--job-id", job_id, "--runs-dir", str(Path(runs_dir).resolve())]
     for item in overrides:
         cmd += ["--set", item]
-    client = _client(address)
+    jobs = client(address)
     deadline = time.monotonic() + AGENT_WAIT_S
     while True:
         try:
-            client.submit_job(
+            jobs.submit_job(
                 entrypoint=shlex.join(cmd),
                 submission_id=job_id,
                 runtime_env={"working_dir": str(workdir), "excludes": WORKING_DIR_EXCLUDES},
-                metadata={"dlrover_job": job_id, "name": spec.name, "policy": spec.policy.name, "workers": str(spec.resources.workers), "ps": str(spec.resources.ps)},
+                metadata=job_metadata(spec, job_id, runs_dir),
             )
             break
         except (RuntimeError, ValueError, OSError) as e:  # upload too large, HTTP errors, ...
@@ -76,38 +90,35 @@ def submit(spec_path: str, address: str, overrides: list[str], wait: bool = Fals
                 time.sleep(POLL_S)
                 continue
             raise DLRoverError(f"submit to {address} failed: {str(e).strip().splitlines()[0]}") from None
-    print(f"submitted {job_id} to {address}")
-    if not wait:
-        print(f"follow with: ray job logs -f {job_id} --address {address}")
-        return 0
-    return _follow(client, job_id)
+    return job_id
 
 
-def _follow(client, job_id: str) -> int:
+def job_metadata(spec, job_id: str, runs_dir: str) -> dict[str, str]:
+    """Ray Jobs metadata (strings only), shown in the Ray dashboard and by ``dlrover status``."""
+    from dlrover.resource.plan import Config
+
+    return {
+        "dlrover_job": job_id,
+        "name": spec.name,
+        "model": spec.model.short(),
+        "policy": spec.policy.name,
+        "requested": Config.from_resources(spec.resources).short(),
+        "runs_dir": str(Path(runs_dir).resolve()),
+    }
+
+
+def follow(client, job_id: str, out=sys.stdout) -> int:
+    """Print the job's log as it grows (to ``out``; None: silently) until it ends; 0 if it succeeded."""
     printed = 0
     while True:
         status = str(client.get_job_status(job_id)).split(".")[-1]
         logs = client.get_job_logs(job_id)
-        if len(logs) > printed:
-            sys.stdout.write(logs[printed:])
-            sys.stdout.flush()
+        if len(logs) > printed and out is not None:
+            out.write(logs[printed:])
+            out.flush()
             printed = len(logs)
         if status in TERMINAL:
-            print(f"job {job_id}: {status}")
+            if out is not None:
+                print(f"job {job_id}: {status}", file=out)
             return 0 if status == "SUCCEEDED" else 1
         time.sleep(POLL_S)
-
-
-def status(address: str) -> int:
-    client = _client(address)
-    jobs = sorted(client.list_jobs(), key=lambda j: j.start_time or 0, reverse=True)
-    if not jobs:
-        print("no jobs")
-        return 0
-    print(f"{'JOB':<44} {'STATUS':<10} {'STARTED':<20} {'POLICY':<10} {'W':>3} {'PS':>3}")
-    for j in jobs:
-        meta = j.metadata or {}
-        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime((j.start_time or 0) / 1000))
-        st = str(j.status).split(".")[-1]
-        print(f"{j.submission_id or j.job_id:<44} {st:<10} {started:<20} {meta.get('policy', '-'):<10} {meta.get('workers', '-'):>3} {meta.get('ps', '-'):>3}")
-    return 0

@@ -42,12 +42,18 @@ import torch, fbgemm_gpu, torchrec, ray  # noqa: F401
 from fbgemm_gpu.split_table_batched_embeddings_ops_training import SplitTableBatchedEmbeddingBagsCodegen  # noqa: F401
 print(f"[install] ok: torch {torch.__version__}, torchrec {torchrec.__version__ if hasattr(torchrec,'__version__') else '?'}, ray {ray.__version__}")
 PY
-# Optional system tool: headless Chromium renders `dlrover report` pages in a test (skipped
-# without it). Debian package, installed only where apt-get runs as root.
-if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [[ "$(id -u)" == 0 ]]; then
-  echo "[install] chromium (Debian package, for the report rendering test)"
-  export DEBIAN_FRONTEND=noninteractive
-  apt_chromium() { timeout 600 apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1; }
-  apt_chromium || { timeout 300 apt-get update -q >/dev/null 2>&1 && apt_chromium; } || echo "[install] chromium not installed: the report rendering test will be skipped"
+# Optional system tools, Debian packages installed only where apt-get runs as root:
+# headless Chromium renders `dlrover report` pages in a test, Prometheus scrapes a real
+# job for the dashboard test (`make dashboards-check`). Tests that need them skip without.
+if command -v apt-get >/dev/null 2>&1 && [[ "$(id -u)" == 0 ]]; then
+  missing=()
+  command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+  command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
+  if (( ${#missing[@]} )); then
+    echo "[install] ${missing[*]} (Debian packages, for the report and dashboard tests)"
+    export DEBIAN_FRONTEND=noninteractive
+    apt_get() { timeout 600 apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null 2>&1; }
+    apt_get || { timeout 300 apt-get update -q >/dev/null 2>&1 && apt_get; } || echo "[install] ${missing[*]} not installed: the tests that need them will be skipped"
+  fi
 fi
 touch "$VENV/.installed"

@@ -6,12 +6,8 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
-import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -92,42 +88,13 @@ def test_bad_data_line_names_file_and_line(tmp_path, synth_dir):
     assert summary["samples_lost"] == 0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
-def ray_head(tmp_path):
-    """A Ray head with the dashboard (Ray Jobs) on loopback, stopped by killing its group."""
-    ray_bin = shutil.which("ray", path=str(Path(sys.executable).parent)) or "ray"
-    port, dash = _free_port(), _free_port()
-    # Every agent port free too: the session's embedded Ray (other tests) holds the defaults,
-    # and a head whose job agent cannot bind answers "No available agent" forever.
-    agent = [f"--dashboard-agent-listen-port={_free_port()}", f"--dashboard-agent-grpc-port={_free_port()}",
-             f"--runtime-env-agent-port={_free_port()}", f"--metrics-export-port={_free_port()}"]
-    proc = subprocess.Popen(
-        [ray_bin, "start", "--head", "--block", f"--port={port}", "--node-ip-address=127.0.0.1",
-         "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", "--num-cpus=4", "--include-dashboard=true",
-         "--disable-usage-stats", *agent],
-        env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )
-    address = f"http://127.0.0.1:{dash}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if dlrover("status", "--address", address).returncode == 0:
-            break
-        time.sleep(2)
-    else:
-        os.killpg(proc.pid, signal.SIGTERM)
-        pytest.fail("ray head did not come up")
-    yield address
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+def ray_head():
+    """A Ray head with the dashboard (Ray Jobs) on loopback, stopped when the test ends."""
+    from dlrover.localhead import LocalHead
+
+    with LocalHead(num_cpus=4) as head:
+        yield head.address
 
 
 def test_submit_through_ray_jobs(ray_head, tmp_path, synth_dir):

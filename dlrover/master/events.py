@@ -32,7 +32,7 @@ class EventLog:
             return self._rows[index:], len(self._rows)
 
 
-def _config(c: Any) -> str:
+def config_text(c: Any) -> str:
     """A config dict of the event log as ``2w x 1cpu + 2ps x 1cpu``."""
     if not isinstance(c, dict):
         return str(c)
@@ -45,16 +45,16 @@ def _num(x: Any, fmt: str = ",.0f") -> str:
 
 # What one line says about each notable kind; others list their scalar fields.
 _DESCRIBE: dict[str, Callable[[dict], str]] = {
-    "initial_config": lambda e: f"initial configuration {_config(e['config'])} ({e.get('stage')}: {e.get('reason')})",
+    "initial_config": lambda e: f"initial configuration {config_text(e['config'])} ({e.get('stage')}: {e.get('reason')})",
     "launched": lambda e: f"launched {e['config']}",
     "scale": lambda e: f"{e.get('scale_kind', 'scale')} {e.get('summary', '')} in {_num(e.get('duration_s'), '.1f')}s ({e.get('reason')})",
     "scale_failed": lambda e: f"scale failed: {e.get('error')} ({e.get('reason')})",
-    "plan_rejected": lambda e: f"plan rejected ({e.get('why')}): {_config(e.get('config'))}",
+    "plan_rejected": lambda e: f"plan rejected ({e.get('why')}): {config_text(e.get('config'))}",
     "failure": lambda e: f"{e.get('failure_kind')} {e.get('actor')}: {e.get('cause')} [{e.get('cause_class')}]",
     "recovered": lambda e: f"recovered from {e.get('failure_kind')} of {e.get('actor')} after {_num(e.get('after_s'), '.1f')}s",
     "oom_kill": lambda e: f"{e.get('actor')} killed over its memory limit ({_num(e.get('rss_mb'))} > {e.get('limit_mb')} MB)",
     "chaos": lambda e: f"injected {e.get('action')} on {e.get('actor') or e.get('target')}",
-    "measurement": lambda e: f"measured {_config(e.get('config'))}: {_num(e.get('throughput'))} samples/s (model predicted {_num(e.get('predicted'))})",
+    "measurement": lambda e: f"measured {config_text(e.get('config'))}: {_num(e.get('throughput'))} samples/s (model predicted {_num(e.get('predicted'))})",
     "eval": lambda e: f"{'final' if e.get('final') else 'periodic'} evaluation auc={_num(e.get('auc'), '.4f')} logloss={_num(e.get('logloss'), '.4f')}",
 }
 

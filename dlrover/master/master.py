@@ -447,6 +447,9 @@ class JobMaster:
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=min(TICK_S, self.spec.policy.interval_s))
             self._tick()
             self._publish()
+            if self.queue.finished and pending and not any(n in self._stepped for n in pending.values()):
+                self._drop_unstarted(pending)
+                continue
             if not self.queue.finished and self.status == "training":
                 self.recovery.tick(pending)
                 pending.update(self.control.tick(pending))
@@ -483,6 +486,15 @@ class JobMaster:
                 self.recovery.worker_failed(name, e, pending)
             except ray.exceptions.RayActorError as e:
                 self.recovery.worker_failed(name, e, pending)
+
+    def _drop_unstarted(self, pending: dict) -> None:
+        """No work left, and the workers still pending never trained a step (a replacement
+        or scale-out still waiting for a CPU the cluster does not have): stop them instead
+        of waiting for ever. They hold no shards (every shard is done)."""
+        for name in list(pending.values()):
+            self.events.add("worker_unneeded", actor=name, why="no work left before it started")
+            self.launcher.forget_worker(name)
+        pending.clear()
 
     def _checkpoint(self, pending: dict) -> None:
         """Take an in-memory checkpoint when one is due (not while a rescale is under way),

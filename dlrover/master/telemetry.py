@@ -108,7 +108,7 @@ class Telemetry:
                 done[key] = n
 
     def publish(self, snap: dict[str, Any]) -> None:
-        self._set("dlrover_throughput_samples_per_s", snap["throughput"])
+        self._set("dlrover_throughput_samples_per_s", snap["samples_per_s"])
         self._set("dlrover_progress_ratio", snap["progress"])
         self._set("dlrover_ettr", snap.get("ettr"))
         self._set("dlrover_predicted_throughput_samples_per_s", snap.get("predicted"))
