@@ -105,16 +105,24 @@ def prometheus_config(sd_file: Path, scrape_interval_s: float = 1.0) -> dict:
     return cfg
 
 
-def loopback_targets(ray_temp_dir: str, out: Path, timeout_s: float = 30.0) -> Path:
+def loopback_targets(ray_temp_dir: str, out: Path, node_port: int, timeout_s: float = 60.0) -> Path:
     """Ray's discovery file with every target on 127.0.0.1 (Ray lists the host's address;
-    the metrics endpoints listen on all interfaces, and checks stay on loopback)."""
+    the metrics endpoints listen on all interfaces, and checks stay on loopback). Waits until
+    it lists the node's metrics endpoint (``node_port``): Ray adds that one after the
+    dashboard's own."""
     src = Path(ray_temp_dir) / RAY_SD_FILE
     deadline = time.monotonic() + timeout_s
-    while not src.is_file():
+    while True:
+        try:
+            groups = json.loads(src.read_text())
+        except (OSError, ValueError):
+            groups = []
+        ports = [t.rsplit(":", 1)[1] for g in groups for t in g["targets"]]
+        if str(node_port) in ports:
+            break
         if time.monotonic() > deadline:
-            raise DLRoverError(f"{src}: Ray wrote no metrics discovery file in {timeout_s:.0f}s")
+            raise DLRoverError(f"{src}: Ray listed no metrics endpoint on port {node_port} in {timeout_s:.0f}s (listed: {ports})")
         time.sleep(0.5)
-    groups = json.loads(src.read_text())
     for g in groups:
         g["targets"] = ["127.0.0.1:" + t.rsplit(":", 1)[1] for t in g["targets"]]
     out.write_text(json.dumps(groups))
@@ -221,7 +229,7 @@ def observed_job(spec: str = CHECK_JOB, runs_dir: str = "runs", quiet: bool = Fa
     say = (lambda *a: None) if quiet else (lambda *a: print("[dashboards]", *a, flush=True))
     say("starting a Ray head on loopback ...")
     with LocalHead(num_cpus=8, metrics_report_ms=1000) as head:
-        sd = loopback_targets(head.temp_dir, Path(head.temp_dir) / "loopback_sd.json")
+        sd = loopback_targets(head.temp_dir, Path(head.temp_dir) / "loopback_sd.json", head.metrics_port)
         with Prometheus(prometheus_config(sd)) as prom:
             say(f"prometheus at {prom.url}; submitting {spec} to {head.address}")
             start = time.time()

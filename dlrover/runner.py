@@ -14,12 +14,11 @@ from typing import Callable
 import ray
 
 from dlrover.errors import DLRoverError
-from dlrover.master.events import config_text, describe_event
+from dlrover.joblog import event_line, progress_line, result_line
 from dlrover.spec import JobSpec
 
 POLL_S = 0.5  # progress-bar refresh period
 LINE_EVERY_S = 5.0  # progress-line period without a bar
-LOG_PREFIX = "[dlrover]"
 
 
 MASTER_RESTARTS = 3
@@ -202,46 +201,6 @@ def run_job(
     if progress == "lines":
         print(result_line(job_id, summary), flush=True)
     return summary, path
-
-
-def progress_line(job_id: str, p: dict) -> str:
-    """``[dlrover] <job> progress=41.2% samples=... throughput=... config=...``: ``key=value``
-    fields, the configuration last (it has spaces); ``dlrover.status`` parses these."""
-    fields = {
-        "progress": f"{100.0 * p['progress']:.1f}%",
-        "samples": f"{p['samples_done']:,}/{p['samples_expected']:,}",
-        "throughput": f"{p['samples_per_s']:,.0f}/s",
-        "loss": f"{p['loss']:.4f}" if p["loss"] is not None else "-",
-        "auc": f"{p['auc']:.4f}" if p.get("auc") is not None else "-",
-        "ettr": f"{p['ettr']:.3f}" if p.get("ettr") is not None else "-",
-        "status": p["status"],
-        "config": p["config"] or "-",
-    }
-    return f"{LOG_PREFIX} {job_id} progress " + " ".join(f"{k}={v}" for k, v in fields.items())
-
-
-def result_line(job_id: str, s: dict) -> str:
-    """The job's outcome as the last ``[dlrover]`` line of its log."""
-    def num(v, fmt):
-        return format(v, fmt) if isinstance(v, (int, float)) else "-"
-
-    fields = {
-        "status": s["status"],
-        "auc": num(s.get("auc"), ".4f"),
-        "throughput": f"{s['throughput_samples_per_s']:,.0f}/s",
-        "samples": f"{s['samples_trained']:,}/{s['samples_expected']:,}",
-        "lost": s["samples_lost"],
-        "ettr": num(s.get("ettr"), ".3f"),
-        "wall": f"{s['wall_time_s']:.1f}s",
-        "config": config_text(s["final_config"]) if s.get("final_config") else "-",
-    }
-    return f"{LOG_PREFIX} {job_id} result " + " ".join(f"{k}={v}" for k, v in fields.items())
-
-
-def event_line(job_id: str, e: dict) -> str:
-    """One event of the master's log as ``[dlrover] <job> event t=12.3s <kind>: <what>``."""
-    at = e.get("job_s", e["at_s"])  # chaos rows keep their own clock in at_s
-    return f"{LOG_PREFIX} {job_id} event t={at:.1f}s {describe_event(e)}"
 
 
 def _get_summary(ref) -> dict:

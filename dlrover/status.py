@@ -9,48 +9,13 @@ dashboard, like ``ray job status``; no driver connection to the cluster is neede
 
 from __future__ import annotations
 
-import re
 import time
-from dataclasses import dataclass, field
 
 from dlrover.errors import DLRoverError
-from dlrover.runner import LOG_PREFIX
+from dlrover.joblog import parse_log
 
 RECENT_JOBS = 20  # the list shows (and reads the logs of) at most this many, newest first
 LAST_EVENTS = 10
-_LINE = re.compile(re.escape(LOG_PREFIX) + r" (\S+) (progress|event|result) (.*)$")
-_FIELD = re.compile(r"(\w+)=(.*?)(?= \w+=|$)")  # key=value, a value may have spaces
-
-
-@dataclass
-class JobLog:
-    """What a job's driver log says: the latest progress, the events, the result."""
-
-    progress: dict[str, str] = field(default_factory=dict)
-    result: dict[str, str] = field(default_factory=dict)
-    events: list[str] = field(default_factory=list)
-
-    @property
-    def latest(self) -> dict[str, str]:
-        return {**self.progress, **self.result}
-
-
-def parse_log(text: str, job_id: str | None = None) -> JobLog:
-    out = JobLog()
-    for line in text.splitlines():
-        m = _LINE.match(line.strip())
-        if m is None or (job_id is not None and m.group(1) != job_id):
-            continue
-        kind, rest = m.group(2), m.group(3)
-        if kind == "event":
-            out.events.append(rest)
-        else:
-            fields = dict(_FIELD.findall(rest))
-            if kind == "progress":
-                out.progress = fields
-            else:
-                out.result = fields
-    return out
 
 
 def _when(ms: int | None) -> str:

@@ -25,13 +25,21 @@ AGENT_WAIT_S = 60.0  # how long a submit waits for a freshly started head's job 
 
 
 def _use_local_token() -> None:
-    """Send the token of ``~/.ray/auth_token`` like the ``ray job`` CLI does.
-
-    Ray 2.60 clusters started here use token auth; the SDK client attaches the token only
-    when token mode is on in this process, which ``RAY_AUTH_MODE`` decides before Ray loads.
-    """
+    """Token mode for Ray's own clients in this process (``ray.init`` to a token-auth
+    cluster). It only counts when set before Ray loads, so HTTP clients below send the token
+    explicitly as well (``auth_headers``)."""
     if "RAY_AUTH_MODE" not in os.environ and (Path.home() / ".ray" / "auth_token").is_file():
         os.environ["RAY_AUTH_MODE"] = "token"
+
+
+def auth_headers() -> dict[str, str]:
+    """``Authorization: Bearer <token>`` for a cluster with token auth (Ray 2.60 local
+    clusters: ``~/.ray/auth_token``), the way the ``ray job`` CLI authenticates; empty without."""
+    token = os.environ.get("RAY_AUTH_TOKEN", "").strip()
+    path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
+    if not token and path.is_file():
+        token = path.read_text().strip()
+    return {"Authorization": f"Bearer {token}"} if token else {}
 
 
 def client(address: str):
@@ -39,7 +47,7 @@ def client(address: str):
     from ray.job_submission import JobSubmissionClient
 
     try:
-        return JobSubmissionClient(address)
+        return JobSubmissionClient(address, headers=auth_headers())
     except Exception as e:  # connection refused, bad URL, auth: one line for the user
         raise DLRoverError(f"cannot reach Ray Jobs at {address}: {str(e).splitlines()[0]}") from None
 

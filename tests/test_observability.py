@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import sys
+import urllib.request
 from collections import defaultdict
 from pathlib import Path
 
@@ -33,8 +34,7 @@ from dlrover.dashboards import (
 )
 from dlrover.master.events import describe_event
 from dlrover.master.telemetry import METRICS, Telemetry
-from dlrover.runner import event_line, progress_line, result_line
-from dlrover.status import parse_log
+from dlrover.joblog import event_line, parse_log, progress_line, result_line
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONWARNINGS": "ignore", "TORCH_CPP_LOG_LEVEL": "ERROR"}
@@ -194,11 +194,13 @@ def test_status_of_one_job_shows_model_throughput_and_last_events(observed):
 
 def test_ray_dashboard_names_actors_per_job_and_role_and_shows_metadata(observed):
     job, _ = observed
-    from ray.util.state import list_actors
+    from dlrover.submit import auth_headers, client
 
-    from dlrover.submit import client
-
-    names = {a.name for a in list_actors(address=job.head.address, filters=[("ray_namespace", "=", "dlrover")], limit=1000)}
+    # the Ray dashboard's state API (what its Actors page shows), over HTTP
+    req = urllib.request.Request(f"{job.head.address}/api/v0/actors?limit=1000", headers=auth_headers())
+    with urllib.request.urlopen(req, timeout=60) as r:
+        actors = json.loads(r.read())["data"]["result"]["result"]
+    names = {a.get("name") for a in actors if a.get("ray_namespace") == "dlrover"}
     roles = defaultdict(int)
     for n in names:
         if n.startswith(job.job_id + "/"):
