@@ -43,6 +43,7 @@ def result_line(job_id: str, s: dict) -> str:
         return format(v, fmt) if isinstance(v, (int, float)) else "-"
 
     fields = {
+        "progress": f"{100.0 * s['samples_trained'] / max(s['samples_expected'], 1):.1f}%",
         "status": s["status"],
         "auc": num(s.get("auc"), ".4f"),
         "throughput": f"{s['throughput_samples_per_s']:,.0f}/s",
