@@ -79,14 +79,15 @@ def _detail(jobs, job, events: int) -> int:
         ("requested", meta.get("requested", "-")),
         ("configuration", cur.get("config", "-")),
         ("progress", f"{cur.get('progress', '-')} of samples ({cur.get('samples', '-')})"),
-        ("throughput", f"{cur.get('throughput', '-')} samples/s" if cur.get("throughput") else "-"),
+        ("throughput", f"{cur['throughput'].removesuffix('/s')} samples/s" if cur.get("throughput") else "-"),
         ("loss / auc", f"{cur.get('loss', '-')} / {cur.get('auc', '-')}"),
         ("ettr", cur.get("ettr", "-")),
     ]
     if log.result:
         rows.append(("result", f"{log.result.get('status')}: auc {log.result.get('auc')}, {log.result.get('samples')} samples, lost {log.result.get('lost')}, wall {log.result.get('wall')}"))
     if meta.get("runs_dir"):
-        rows.append(("run directory", f"{meta['runs_dir']}/{_job_id(job)} (dlrover report <it>)"))
+        run_dir = f"{meta['runs_dir']}/{_job_id(job)}"
+        rows += [("run directory", run_dir), ("report", f"dlrover report {run_dir}")]
     if job.message and _status(job) != "SUCCEEDED":
         rows.append(("message", job.message.strip().splitlines()[-1][:200]))
     for k, v in rows:

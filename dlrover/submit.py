@@ -66,7 +66,8 @@ def submit(spec_path: str, address: str, overrides: list[str], wait: bool = Fals
 def submit_job(spec_path: str, address: str, overrides: list[str], runs_dir: str = "runs") -> str:
     """Validate the spec here and submit it to Ray Jobs; returns the job id."""
     _use_local_token()
-    logging.getLogger("ray").setLevel(logging.WARNING)  # not a line per packaged file
+    for name in ("ray", "ray.dashboard.modules.dashboard_sdk", "ray._private.runtime_env.packaging"):
+        logging.getLogger(name).setLevel(logging.WARNING)  # not a line per packaged file
     from dlrover.runner import new_job_id
     from dlrover.spec import load_spec, parse_overrides
 
