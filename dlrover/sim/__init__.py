@@ -23,6 +23,14 @@ CLUSTER_POLICIES = Path(__file__).resolve().parents[2] / "policies" / "cluster"
 __all__ = ["ClusterSpec", "SimResult", "SimSettings", "Simulator", "read_trace", "simulate", "synthetic_trace", "write_trace"]
 
 
+def cluster_policy_config(policy: str, given: str | None) -> str | None:
+    """The policy file a simulation uses: ``given``, else ``policies/cluster/<policy>.yaml``
+    when there is one (cluster-scale knobs), else none (built-in defaults)."""
+    if given is None and (CLUSTER_POLICIES / f"{policy}.yaml").is_file():
+        return str(CLUSTER_POLICIES / f"{policy}.yaml")
+    return given
+
+
 def simulate(
     trace: pd.DataFrame,
     policy: str,
@@ -39,8 +47,6 @@ def simulate(
     object per job as in the live system."""
     from dlrover.resource.policy_config import policy_factory
 
-    if policy_config is None and (CLUSTER_POLICIES / f"{policy}.yaml").is_file():
-        policy_config = str(CLUSTER_POLICIES / f"{policy}.yaml")
-    make = policy_factory(policy, policy_config, knobs, overrides_source="simulate")
+    make = policy_factory(policy, cluster_policy_config(policy, policy_config), knobs, overrides_source="simulate")
     label = label or (policy if settings is None or settings.placement == "packed" else f"{policy}+{settings.placement}")
     return Simulator(trace, make, cluster, settings, seed=seed, policy_name=label, progress=progress).run()

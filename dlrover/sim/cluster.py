@@ -153,7 +153,7 @@ class Cluster:
         free_cpu, free_mem = self.free_totals()
         return free_cpu >= cpu - 1e-9 and free_mem >= mem
 
-    def _fill(self, n: int, cpu: float, mem: float, allowed: np.ndarray, prefer: np.ndarray | None) -> np.ndarray | None:
+    def fill(self, n: int, cpu: float, mem: float, allowed: np.ndarray, prefer: np.ndarray | None) -> np.ndarray | None:
         """Best fit of ``n`` equal actors on ``allowed`` nodes (taken from ``self.free_*``;
         nothing taken if they do not all fit). Returns the node of each actor.
 
@@ -217,12 +217,12 @@ class Cluster:
         return best[1], best[2]
 
     def _place_on(self, workers, worker_cpu, worker_mem, ps, ps_cpu, ps_mem, allowed) -> tuple[np.ndarray, np.ndarray] | None:
-        pn = self._fill(ps, ps_cpu, ps_mem, allowed, None)
+        pn = self.fill(ps, ps_cpu, ps_mem, allowed, None)
         if pn is None:
             return None
         prefer = np.zeros(len(self.cpu), dtype=bool)
         prefer[pn] = True
-        wn = self._fill(workers, worker_cpu, worker_mem, allowed, prefer)
+        wn = self.fill(workers, worker_cpu, worker_mem, allowed, prefer)
         if wn is None:
             self.release(pn, ps_cpu, ps_mem, undo=True)
             return None

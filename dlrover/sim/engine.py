@@ -630,7 +630,7 @@ class Simulator:
             nodes = j.worker_nodes[idx]
             self.cluster.release(nodes, c.worker_cpu, c.worker_memory_mb, undo=True)
             allowed = self.cluster.alive & ~self.cluster.slow
-            got = self.cluster._fill(len(idx), c.worker_cpu, c.worker_memory_mb, allowed, None)
+            got = self.cluster.fill(len(idx), c.worker_cpu, c.worker_memory_mb, allowed, None)
             if got is None:
                 self.cluster.take(nodes, c.worker_cpu, c.worker_memory_mb)
                 return
@@ -670,9 +670,9 @@ class Simulator:
                 keep = nodes[: min(n_old, n_new)]
                 cl.take(keep, *size_new)
                 taken.append((keep, size_new))
-                more = cl._fill(n_new - len(keep), *size_new, cl.alive, prefer) if n_new > len(keep) else keep[:0]
+                more = cl.fill(n_new - len(keep), *size_new, cl.alive, prefer) if n_new > len(keep) else keep[:0]
             else:
-                keep, more = nodes[:0], cl._fill(n_new, *size_new, cl.alive, prefer)
+                keep, more = nodes[:0], cl.fill(n_new, *size_new, cl.alive, prefer)
             if more is None:
                 for got, size in taken:
                     cl.release(got, *size, undo=True)

@@ -31,7 +31,7 @@ import yaml
 
 from dlrover.errors import DLRoverError, SpecError
 from dlrover.resource.policy_config import knob_search_space, load_knobs
-from dlrover.sim import CLUSTER_POLICIES, simulate
+from dlrover.sim import cluster_policy_config, simulate
 from dlrover.sim.cluster import ClusterSpec
 from dlrover.sim.engine import SimSettings
 from dlrover.sim.report import metrics
@@ -206,8 +206,7 @@ def tune(
         raise DLRoverError(f"tune: objective listed twice in {','.join(objectives)}")
     if not isinstance(trials, int) or trials < 1:
         raise DLRoverError(f"tune: trials must be >= 1, got {trials}")
-    if base_config is None and (CLUSTER_POLICIES / f"{policy}.yaml").is_file():
-        base_config = str(CLUSTER_POLICIES / f"{policy}.yaml")
+    base_config = cluster_policy_config(policy, base_config)
     base = load_knobs(policy, base_config).model_dump()  # also rejects an unknown policy
     space = knob_search_space(policy)
     if not space:
@@ -220,8 +219,8 @@ def tune(
     verbosity = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
-        # Peek at the study's size first: a resumed study's sampler gets a fresh seed, or
-        # its random start-up trials would repeat the earlier run's.
+        # The sampler is set once the study's size is known: a resumed study's sampler gets a
+        # fresh seed, or its random start-up trials would repeat the earlier run's.
         study = optuna.create_study(storage=storage, study_name=name, load_if_exists=True, directions=["minimize"] * len(objectives))
         done_before = len(study.trials)
         if done_before:
@@ -232,10 +231,7 @@ def tune(
                 raise DLRoverError(
                     f"study {name}: earlier trials ran on another trace, cluster, base config or seed; pick another study name"
                 )
-        sampler = optuna.samplers.TPESampler(seed=seed + done_before)
-        study = optuna.create_study(
-            storage=storage, study_name=name, load_if_exists=True, directions=["minimize"] * len(objectives), sampler=sampler
-        )
+        study.sampler = optuna.samplers.TPESampler(seed=seed + done_before)
         study.set_user_attr("objectives", objectives)
         study.set_user_attr("fingerprint", fp)
         study.set_user_attr("policy", policy)
