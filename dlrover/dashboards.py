@@ -43,6 +43,7 @@ PROMETHEUS_YML = ROOT / "dashboards" / "prometheus.yml"
 CHECK_JOB = "jobs/observe.yaml"
 RAY_SD_FILE = "prom_metrics_service_discovery.json"  # Ray writes it in its temp dir
 READY_TIMEOUT_S = 60.0
+JOB_TIMEOUT_S = 600.0  # the check job takes about a minute; a hung one fails the check
 # Grafana's own variables, as Grafana would fill them for a short time range.
 GRAFANA_VARS = {"$__rate_interval": "1m", "$__interval": "5s", "$__range": "5m"}
 
@@ -149,20 +150,28 @@ class Prometheus:
         cfg.write_text(yaml.safe_dump(self.config))
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
-        self.proc = subprocess.Popen(
-            [binary, f"--config.file={cfg}", f"--storage.tsdb.path={self.dir}/data", f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-            stdout=subprocess.DEVNULL, stderr=open(Path(self.dir) / "prometheus.log", "w"), start_new_session=True,
-        )
+        try:
+            with open(Path(self.dir) / "prometheus.log", "w") as log:
+                self.proc = subprocess.Popen(
+                    [binary, f"--config.file={cfg}", f"--storage.tsdb.path={self.dir}/data", f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+                    stdout=subprocess.DEVNULL, stderr=log, start_new_session=True,
+                )
+            self._wait_ready()
+        except BaseException:  # a bad config, a timeout, Ctrl-C: no server or directory left behind
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def _wait_ready(self) -> None:
         deadline = time.monotonic() + READY_TIMEOUT_S
         while True:
             try:
                 urllib.request.urlopen(self.url + "/-/ready", timeout=2).read()
-                return self
+                return
             except OSError:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
-                    log = (Path(self.dir) / "prometheus.log").read_text()[-500:]
-                    self.__exit__(None, None, None)
-                    raise DLRoverError(f"prometheus did not start: {log.strip().splitlines()[-1] if log.strip() else 'no log'}") from None
+                    log = (Path(self.dir) / "prometheus.log").read_text()[-500:].strip()
+                    raise DLRoverError(f"prometheus did not start: {log.splitlines()[-1] if log else 'no log'}") from None
                 time.sleep(0.5)
 
     def api(self, path: str, **params: str) -> object:
@@ -234,7 +243,7 @@ def observed_job(spec: str = CHECK_JOB, runs_dir: str = "runs", quiet: bool = Fa
             say(f"prometheus at {prom.url}; submitting {spec} to {head.address}")
             start = time.time()
             job_id = submit_job(spec, head.address, [], runs_dir)
-            rc = follow(client(head.address), job_id, out=None if quiet else sys.stdout)
+            rc = follow(client(head.address), job_id, out=None if quiet else sys.stdout, timeout_s=JOB_TIMEOUT_S)
             time.sleep(3.0)  # a last scrape after the job's final values
             yield ObservedJob(head, prom, job_id, start, time.time(), rc)
 

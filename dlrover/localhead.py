@@ -64,9 +64,9 @@ class LocalHead:
             cmd.append("--system-config=" + json.dumps({"metrics_report_interval_ms": self.metrics_report_ms}))
         env = {**os.environ, "PYTHONWARNINGS": "ignore", "TORCH_CPP_LOG_LEVEL": "ERROR", "RAY_IGNORE_UNHANDLED_ERRORS": "1"}
         env.pop("RAY_ADDRESS", None)
-        self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         self.address, self.gcs = f"http://127.0.0.1:{dash}", f"127.0.0.1:{port}"
         try:
+            self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
             self._wait_for_jobs_api()
         except BaseException:
             self.__exit__(None, None, None)
@@ -89,11 +89,16 @@ class LocalHead:
                 time.sleep(1.0)
 
     def __exit__(self, *exc) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                os.killpg(self.proc.pid, signal.SIGTERM)  # `ray start --block` stops its cluster
+                try:
+                    self.proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    pass
+            try:  # whatever of the group outlived it
                 os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+            except ProcessLookupError:
+                pass
+            self.proc.wait()
         shutil.rmtree(self.temp_dir, ignore_errors=True)

@@ -157,10 +157,16 @@ def run_job(
         ref = master.run.remote()
         bar = tqdm(total=None, unit="samples", unit_scale=True, disable=progress != "bar", dynamic_ncols=True, file=sys.stderr)
         last_line = time.monotonic()
-        seen_events = 0
+        seen_events, restarts = 0, 0
         try:
             while not ray.wait([ref], timeout=POLL_S)[0]:
-                p = ray.get(master.progress.remote(since=seen_events))
+                try:
+                    p = ray.get(master.progress.remote(since=seen_events))
+                except ray.exceptions.RayTaskError:
+                    continue  # a snapshot that failed (a race with the run thread): the next one
+                if p["restarts"] != restarts:  # a restarted master has a new event log
+                    restarts, seen_events = p["restarts"], 0
+                    p = ray.get(master.progress.remote(since=0))
                 seen_events = p["events_next"]
                 if stop_when is not None and stop_when(p):
                     master.stop.remote()

@@ -116,10 +116,16 @@ def job_metadata(spec, job_id: str, runs_dir: str) -> dict[str, str]:
     }
 
 
-def follow(client, job_id: str, out=sys.stdout) -> int:
-    """Print the job's log as it grows (to ``out``; None: silently) until it ends; 0 if it succeeded."""
+def follow(client, job_id: str, out=sys.stdout, timeout_s: float | None = None) -> int:
+    """Print the job's log as it grows (to ``out``; None: silently) until it ends; 0 if it
+    succeeded. After ``timeout_s`` the job is stopped and this returns 1."""
     printed = 0
+    deadline = time.monotonic() + timeout_s if timeout_s is not None else None
     while True:
+        if deadline is not None and time.monotonic() > deadline:
+            client.stop_job(job_id)
+            print(f"job {job_id}: still running after {timeout_s:.0f}s, stopped", file=sys.stderr)
+            return 1
         status = str(client.get_job_status(job_id)).split(".")[-1]
         logs = client.get_job_logs(job_id)
         if len(logs) > printed and out is not None:

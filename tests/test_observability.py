@@ -162,8 +162,9 @@ def test_every_dashboard_query_returns_data(observed):
     empty = [r["where"] for r in rows if not r["series"]]
     assert not empty, empty
     assert len(rows) == len(dashboard_queries(load_dashboard())) + 1
-    # and the job filter works: another job id selects nothing
-    assert not job.prom.query_range(render('ray_dlrover_throughput_samples_per_s{job_id=~"$job_id"}', "no-such-job"), job.start, job.end)
+    # and the job filter works: with another job id the same panel query selects nothing
+    first = dashboard_queries(load_dashboard())[0].expr
+    assert not job.prom.query_range(render(first, "no-such-job"), job.start, job.end)
 
 
 def test_status_lists_the_job_with_its_configuration(observed):
@@ -211,5 +212,4 @@ def test_ray_dashboard_names_actors_per_job_and_role_and_shows_metadata(observed
     meta = client(job.head.address).get_job_info(job.job_id).metadata
     assert meta["model"].startswith("DLRM ") and meta["policy"] == "scripted" and meta["dlrover_job"] == job.job_id
     logs = client(job.head.address).get_job_logs(job.job_id)
-    assert json.dumps(logs)  # the driver log has progress and result lines
     assert f"[dlrover] {job.job_id} progress " in logs and f"[dlrover] {job.job_id} result progress=100.0% status=succeeded" in logs

@@ -100,10 +100,11 @@ class Checkpointer:
     def age_s(self, now: float) -> dict[str, float]:
         """Seconds since the newest checkpoint of each tier that has one."""
         out = {}
-        if self.latest is not None:
-            out["memory"] = now - self.latest.at_s
-        if self._last_durable_at is not None:
-            out["durable"] = now - self._last_durable_at
+        latest, durable = self.latest, self._last_durable_at  # read once: the run thread may reset them
+        if latest is not None:
+            out["memory"] = now - latest.at_s
+        if durable is not None:
+            out["durable"] = now - durable
         return out
 
     def due(self, now: float) -> bool:

@@ -64,6 +64,6 @@ def describe_event(e: dict) -> str:
     kind = e.get("kind", "?")
     try:
         what = _DESCRIBE[kind](e)
-    except KeyError:
+    except Exception:  # noqa: BLE001 - no template or a field missing: list the fields
         what = " ".join(f"{k}={v}" for k, v in e.items() if k not in ("kind", "at_s") and isinstance(v, (str, int, float, bool)))
     return f"{kind}: {what}"

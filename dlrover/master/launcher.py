@@ -1,6 +1,6 @@
 """Launcher: creates the job's actors on Ray with the names and resources of the spec.
 
-Names follow ``<job_id>/ps-<i>``, ``<job_id>/dense-ps``, ``<job_id>/worker-<i>`` so the Ray
+Names follow ``<job_id>/ps-<i>``, ``<job_id>/dense-ps-g<generation>``, ``<job_id>/worker-<i>`` so the Ray
 dashboard groups a job's actors. The launcher knows how to create and kill single actors
 and remembers each one's resources; ``dlrover.master.scaler`` decides what to create.
 PS ids are stable (``ps-3`` stays ``ps-3`` when ``ps-1`` retires).

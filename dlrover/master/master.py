@@ -46,6 +46,7 @@ PUBLISH_EVERY_S = 1.0  # metrics export (Ray's agent takes them every few second
 NOTABLE_EVENTS = frozenset({
     "initial_config", "launched", "scale", "scale_failed", "plan_rejected", "failure", "recovered", "oom_kill", "chaos",
     "measurement", "eval", "rollback", "master_resumed", "checkpoint_corrupt", "bad_node", "job_error", "job_end",
+    "worker_unneeded", "telemetry_error",
 })
 
 
@@ -196,8 +197,10 @@ class JobMaster:
             "ettr": self._ettr_now(),
             "checkpoint_age_s": self.checkpointer.age_s(self.clock() - self.t0) if self.checkpointer else {},
             "actors": self._actor_rows(),
-            "scale_events": list(self.scale_events),
-            "failures": list(self.failures),
+            # Copies of the fields readers use: the originals gain keys on other threads.
+            "scale_events": [{"kind": e["kind"]} for e in list(self.scale_events)],
+            "failures": [{k: f.get(k) for k in ("kind", "cause_class", "at_s", "recovered_s")} for f in list(self.failures)],
+            "restarts": self.restarts,
             "events": [e for e in events if e["kind"] in NOTABLE_EVENTS],
             "events_next": events_next,
         }

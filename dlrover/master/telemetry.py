@@ -1,6 +1,6 @@
 """Live job metrics for Prometheus/Grafana, exported through ``ray.util.metrics``.
 
-The master publishes its :meth:`~dlrover.master.master.JobMaster.snapshot` about once a
+The master publishes its :meth:`~dlrover.master.master.JobMaster.progress` snapshot about once a
 second. Ray's metrics agent on the master's node serves them with a ``ray_`` prefix
 (counters also get ``_total``), next to Ray's own metrics, so the Prometheus that scrapes
 Ray scrapes these too (``dashboards/prometheus.yml``). Ray adds no job label to custom
@@ -134,6 +134,9 @@ class Telemetry:
             if actor not in live:
                 for name in ("dlrover_actor_cpus", "dlrover_actor_cpu_util", "dlrover_actor_memory_mb", "dlrover_actor_memory_limit_mb"):
                     self._set(name, 0.0, actor=actor, role=role)
+                if role == "worker":
+                    for name in ("dlrover_step_time_s", "dlrover_pull_latency_s", "dlrover_push_latency_s"):
+                        self._set(name, 0.0, actor=actor)
         self._actors = live
         self._count("dlrover_scale_events", Tally((e["kind"],) for e in snap["scale_events"]))
         self._count("dlrover_failures", Tally((f["kind"], f.get("cause_class") or "unknown") for f in snap["failures"]))
