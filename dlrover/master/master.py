@@ -168,11 +168,13 @@ class JobMaster:
         """The job as it is now: what the driver's progress lines, ``dlrover status`` and
         the exported metrics show. ``since``: also return the notable events logged after
         that index (``events``) and the index to ask from next (``events_next``)."""
+        now = self.clock() - self.t0
+        fresh_s = max(3 * self.spec.train.log_every_s, 5.0)  # a worker silent for longer is not training
         with self._lock:
             q = self.queue
             loss = [m["loss"] for m in self.metrics.values() if "loss" in m]
             samples_seen = self.samples_done
-            throughput = sum(m.get("samples_per_s", 0.0) for m in self.metrics.values())
+            throughput = sum(m.get("samples_per_s", 0.0) for m in self.metrics.values() if now - m.get("at_s", now) <= fresh_s)
         lz, ctl = self.launcher, self.control
         events, events_next = self.events.since(since)
         predicted, measured = ctl.window_now() if ctl else (None, None)
@@ -195,7 +197,7 @@ class JobMaster:
             "predicted": predicted,
             "measured": measured,
             "ettr": self._ettr_now(),
-            "checkpoint_age_s": self.checkpointer.age_s(self.clock() - self.t0) if self.checkpointer else {},
+            "checkpoint_age_s": self.checkpointer.age_s(now) if self.checkpointer else {},
             "actors": self._actor_rows(),
             # Copies of the fields readers use: the originals gain keys on other threads.
             "scale_events": [{"kind": e["kind"]} for e in list(self.scale_events)],
