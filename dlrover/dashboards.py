@@ -163,16 +163,17 @@ class Prometheus:
         return self
 
     def _wait_ready(self) -> None:
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while True:
-            try:
-                urllib.request.urlopen(self.url + "/-/ready", timeout=2).read()
-                return
-            except OSError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    log = (Path(self.dir) / "prometheus.log").read_text()[-500:].strip()
-                    raise DLRoverError(f"prometheus did not start: {log.splitlines()[-1] if log else 'no log'}") from None
-                time.sleep(0.5)
+        from dlrover.localhead import wait_until
+
+        def failed(why: str) -> str:
+            log = (Path(self.dir) / "prometheus.log").read_text()[-500:].strip()
+            return f"prometheus {why}: {log.splitlines()[-1] if log else 'no log'}"
+
+        def ready() -> bool:
+            with urllib.request.urlopen(self.url + "/-/ready", timeout=2) as r:
+                return r.status == 200
+
+        wait_until(ready, self.proc, READY_TIMEOUT_S, failed)
 
     def api(self, path: str, **params: str) -> object:
         url = f"{self.url}/api/v1/{path}?" + urllib.parse.urlencode(params, doseq=True)

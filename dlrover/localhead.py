@@ -17,6 +17,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 from dlrover.errors import DLRoverError
 
@@ -31,6 +32,23 @@ def free_port() -> int:
             port = s.getsockname()[1]
         if not 10002 <= port <= 19999:
             return port
+
+
+def wait_until(ready: Callable[[], bool], proc: subprocess.Popen, timeout_s: float, failed: Callable[[str], str]) -> None:
+    """Poll ``ready()`` (an exception means "not yet") until it is true; a one-line error,
+    worded by ``failed(why)``, when ``proc`` exits first or ``timeout_s`` runs out."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if ready():
+                return
+        except Exception:  # noqa: BLE001 - not up yet
+            pass
+        if proc.poll() is not None:
+            raise DLRoverError(failed(f"exited with code {proc.returncode}"))
+        if time.monotonic() > deadline:
+            raise DLRoverError(failed(f"was not ready after {timeout_s:.0f}s"))
+        time.sleep(0.5)
 
 
 class LocalHead:
@@ -76,17 +94,10 @@ class LocalHead:
     def _wait_for_jobs_api(self) -> None:
         from dlrover.submit import client
 
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if self.proc.poll() is not None:
-                raise DLRoverError(f"ray start exited with {self.proc.returncode} (logs: {self.temp_dir}/session_latest/logs)")
-            try:
-                client(self.address).list_jobs()
-                return
-            except Exception:  # noqa: BLE001 - not up yet
-                if time.monotonic() > deadline:
-                    raise DLRoverError(f"the Ray head at {self.address} did not come up in {START_TIMEOUT_S:.0f}s") from None
-                time.sleep(1.0)
+        wait_until(
+            lambda: client(self.address).list_jobs() is not None, self.proc, START_TIMEOUT_S,
+            lambda why: f"the Ray head at {self.address} {why} (logs: {self.temp_dir}/session_latest/logs)",
+        )
 
     def __exit__(self, *exc) -> None:
         if self.proc is not None:

@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import urllib.request
 from collections import defaultdict
 from pathlib import Path
@@ -131,6 +132,30 @@ def test_status_of_unreachable_address_is_one_line_error():
     proc = dlrover("status", "--address", "http://127.0.0.1:9", timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")], proc.stderr[-1000:]
+
+
+def test_a_server_that_exits_or_never_gets_ready_is_a_one_line_error(tmp_path):
+    from dlrover.errors import DLRoverError
+    from dlrover.localhead import wait_until
+
+    proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    with pytest.raises(DLRoverError, match="^server exited with code 3$"):
+        wait_until(lambda: False, proc, 30, lambda why: f"server {why}")
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        with pytest.raises(DLRoverError, match="was not ready after 1s"):
+            wait_until(lambda: 1 / 0, sleeper, 1, lambda why: f"server {why}")
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    if shutil.which("prometheus"):  # a config Prometheus rejects: its own reason, nothing left behind
+        from dlrover.dashboards import Prometheus
+
+        before = set(Path(tempfile.gettempdir()).glob("dlrover-prometheus-*"))
+        with pytest.raises(DLRoverError, match=r"^prometheus exited with code \d+: .*Error loading config"):
+            with Prometheus({"scrape_configs": [{"job_name": "x", "static_configs": "not a list"}]}):
+                pass
+        assert set(Path(tempfile.gettempdir()).glob("dlrover-prometheus-*")) == before
 
 
 # -- against a live head --------------------------------------------------------------------

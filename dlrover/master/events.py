@@ -45,7 +45,7 @@ def _num(x: Any, fmt: str = ",.0f") -> str:
 
 # What one line says about each notable kind; others list their scalar fields.
 _DESCRIBE: dict[str, Callable[[dict], str]] = {
-    "initial_config": lambda e: f"initial configuration {config_text(e['config'])} ({e.get('stage')}: {e.get('reason')})",
+    "initial_config": lambda e: f"initial configuration {config_text(e['config'])} ({e.get('reason')})",
     "launched": lambda e: f"launched {e['config']}",
     "scale": lambda e: f"{e.get('scale_kind', 'scale')} {e.get('summary', '')} in {_num(e.get('duration_s'), '.1f')}s ({e.get('reason')})",
     "scale_failed": lambda e: f"scale failed: {e.get('error')} ({e.get('reason')})",
