@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from dlrover.errors import DataError
+from dlrover.master.events import read_events
 
 # Event markers: colour, legend label, line style (failures dotted and thicker: they often
 # coincide with the scale event that handles them).
@@ -39,19 +40,7 @@ def load_run(run_dir: str | Path) -> tuple[dict, list[dict]]:
         raise DataError(f"{path}: missing (the job has not finished, or this is not a run directory)") from None
     except (OSError, ValueError) as e:
         raise DataError(f"{path}: cannot read: {e.__class__.__name__}: {str(e).splitlines()[0]}") from None
-    events = []
-    ev_path = d / "events.jsonl"
-    if ev_path.is_file():
-        for n, line in enumerate(ev_path.read_text().splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                e = json.loads(line)
-            except ValueError:
-                raise DataError(f"{ev_path}:{n}: not a JSON object") from None
-            if isinstance(e, dict) and "kind" in e:
-                events.append(e)
-    return summary, events
+    return summary, [row for _, row in read_events(d / "events.jsonl")]
 
 
 def _plt() -> Any:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
-from typing import Any, Callable
+from pathlib import Path
+from typing import Any, Callable, Iterator
 
 
 class EventLog:
@@ -30,6 +32,26 @@ class EventLog:
         """Rows added after the first ``index``, and the index to ask from next time."""
         with self._lock:
             return self._rows[index:], len(self._rows)
+
+
+def read_events(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(line number, row)`` of a run's ``events.jsonl`` (nothing if the file is absent);
+    a line that is not JSON is a one-line DataError naming ``file:line``."""
+    from dlrover.errors import DataError
+
+    path = Path(path)
+    if not path.is_file():
+        return
+    with open(path) as f:
+        for n, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError:
+                raise DataError(f"{path}:{n}: not a JSON object") from None
+            if isinstance(row, dict) and "kind" in row:
+                yield n, row
 
 
 def config_text(c: Any) -> str:

@@ -56,6 +56,7 @@ import numpy as np
 import pandas as pd
 
 from dlrover.errors import DataError
+from dlrover.master.events import read_events
 from dlrover.resource.perf_model import DEFAULT_PRIOR, PerfParams, features, fit_params, throughput
 
 PROFILES_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "profiles"
@@ -281,17 +282,9 @@ def _run_points(run_dir: Path) -> tuple[int, str, list[tuple]]:
     run_id = str((summary or {}).get("job_id") or run_dir.name)
     points: list[tuple] = []
     ev = run_dir / "events.jsonl"
-    if ev.is_file():
-        with open(ev) as f:
-            for n, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except ValueError:
-                    raise DataError(f"{ev}:{n}: not a JSON object") from None
-                if isinstance(row, dict) and row.get("kind") == "measurement":
-                    points.append(_point(row.get("config"), row.get("throughput"), row.get("duration_s"), f"{ev}:{n}"))
+    for n, row in read_events(ev):
+        if row["kind"] == "measurement":
+            points.append(_point(row.get("config"), row.get("throughput"), row.get("duration_s"), f"{ev}:{n}"))
     # The window open when the job ends is closed after the event log is taken: it is
     # only in summary.json's ``configurations`` (which lists every window).
     for i, c in enumerate((summary or {}).get("configurations") or []):
