@@ -16,7 +16,7 @@ import torchrec.optim as trec_optim
 from torchrec.modules.fused_embedding_modules import FusedEmbeddingBagCollection
 
 from dlrover.data.criteo import Batch, FileReader
-from dlrover.master.master import DataPlan
+from dlrover.data.plan import DataPlan
 from dlrover.metrics.evaluation import evaluate_scores
 from dlrover.model.dlrm import build_dense_dlrm, dense_parameters, make_kjt, table_configs
 from dlrover.ps.dense_ps import make_dense_optimizer

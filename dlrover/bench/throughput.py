@@ -44,7 +44,7 @@ def measure_baseline(spec: JobSpec, max_steps: int, threads: int) -> float:
     """Samples/s of the single-process TorchRec loop (after 3 warm-up steps)."""
     from dlrover.baseline import build_local_model, train_step
     from dlrover.data.criteo import FileReader
-    from dlrover.master.master import DataPlan
+    from dlrover.data.plan import DataPlan
 
     torch.set_num_threads(threads)
     plan = DataPlan.build(spec)
