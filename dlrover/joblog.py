@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from dlrover.master.events import config_text, describe_event
+from dlrover.runlog import config_text, describe_event
 
 LOG_PREFIX = "[dlrover]"
 _LINE = re.compile(re.escape(LOG_PREFIX) + r" (\S+) (progress|event|result) (.*)$")

@@ -33,7 +33,7 @@ from dlrover.dashboards import (
     render,
     variable_query,
 )
-from dlrover.master.events import describe_event
+from dlrover.runlog import describe_event
 from dlrover.master.telemetry import METRICS, Telemetry
 from dlrover.joblog import event_line, parse_log, progress_line, result_line
 

@@ -56,7 +56,7 @@ import numpy as np
 import pandas as pd
 
 from dlrover.errors import DataError
-from dlrover.master.events import read_events
+from dlrover.runlog import read_events
 from dlrover.resource.perf_model import DEFAULT_PRIOR, PerfParams, features, fit_params, throughput
 
 PROFILES_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "profiles"
