@@ -60,11 +60,6 @@ def init_rows(seed: int, table: int, num_rows: int, dim: int, rows: np.ndarray) 
     return out
 
 
-def init_table(seed: int, table: int, num_rows: int, dim: int) -> torch.Tensor:
-    """The whole initial table (tests and tools; a PS uses :func:`init_rows`)."""
-    return init_rows(seed, table, num_rows, dim, np.arange(num_rows))
-
-
 class EmbeddingPS:
     """Serves pooled partial embeddings of the vshards it owns (see ``dlrover.ps.vshard``)."""
 

@@ -39,10 +39,6 @@ class DenseClient:
         name = f"{shm_prefix(owner)}{uuid.uuid4().hex[:8]}"
         self._shm = ShmArray(name, size, create=True) if same_node else None
 
-    @property
-    def transport(self) -> str:
-        return "shm" if self._shm is not None else "object-store"
-
     def pull(self) -> None:
         """Load the current parameters (start of training, evaluation)."""
         self._load(self._get(self.dense_ps.pull.remote())[1])
