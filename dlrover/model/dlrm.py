@@ -18,7 +18,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 from torch import nn
-from torchrec.models.dlrm import DLRM
+from torchrec.models.dlrm import DLRM, DenseArch, OverArch, choose
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
@@ -54,6 +54,22 @@ def build_dense_dlrm(model: ModelSpec, ebc: nn.Module, seed: int) -> DLRM:
 def dense_parameters(dlrm: DLRM) -> list[nn.Parameter]:
     """The MLP parameters (everything but the embedding collection), in a fixed order."""
     return [p for n, p in dlrm.named_parameters() if not n.startswith("sparse_arch.")]
+
+
+def initial_dense_vector(model: ModelSpec, seed: int) -> torch.Tensor:
+    """The flat initial MLP parameters of ``build_dense_dlrm(model, ebc, seed)``, in
+    :func:`dense_parameters` order, without building a DLRM or an embedding collection
+    (the master needs only this vector to start the dense PS).
+
+    Bit-identical because DLRM draws its initial values only in ``DenseArch`` then
+    ``OverArch``, built here in that order from the same seed; the caller's random state
+    is left as it was."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        dense = DenseArch(in_features=NUM_DENSE, layer_sizes=list(model.dense_arch))
+        over_in = model.embedding_dim + choose(len(FEATURES), 2) + len(FEATURES)
+        over = OverArch(in_features=over_in, layer_sizes=list(model.over_arch))
+    return torch.nn.utils.parameters_to_vector([*dense.parameters(), *over.parameters()]).detach()
 
 
 def make_kjt(sparse: np.ndarray) -> KeyedJaggedTensor:
