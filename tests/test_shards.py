@@ -92,20 +92,31 @@ def test_requeue_owner_returns_shards_to_front_and_they_are_redone():
     assert q.requeue_owner("nobody") == []
 
 
-def test_requeue_single_shard_and_doing_since():
+def test_a_lease_renewed_by_progress_does_not_expire():
     clock = FakeClock()
     q = ShardQueue(FILES, shard_rows=500, epochs=1, clock=clock)
-    s1 = q.next("w")
-    clock.t = 105.0
-    s2 = q.next("w")
-    assert q.doing_since() == {s1.shard_id: 100.0, s2.shard_id: 105.0}
-    q.requeue(s1.shard_id)
-    assert q.doing_since() == {s2.shard_id: 105.0}
-    q.requeue(s1.shard_id)  # not leased any more: no-op, not a double entry
-    assert q.next("x").shard_id == s1.shard_id
-    assert q.next("x").shard_id not in (s1.shard_id, s2.shard_id)
-    with pytest.raises(ValueError):
-        q.requeue(10_000)
+    q.next("busy")
+    q.next("frozen")
+    clock.t = 108.0
+    q.renew("busy")
+    clock.t = 111.0
+    assert q.expired(timeout_s=10.0) == ["frozen"]
+    assert q.expired(timeout_s=20.0) == []
+
+
+def test_expired_owners_come_oldest_lease_first_and_requeue_gives_their_shards_back():
+    clock = FakeClock()
+    q = ShardQueue(FILES, shard_rows=500, epochs=1, clock=clock)
+    clock.t = 101.0
+    later = q.next("later")
+    clock.t = 100.5
+    first = q.next("first")
+    clock.t = 200.0
+    assert q.expired(timeout_s=10.0) == ["first", "later"]
+    assert [s.shard_id for s in q.requeue_owner("later")] == [later.shard_id]
+    assert q.expired(timeout_s=10.0) == ["first"]
+    assert q.next("x").shard_id == later.shard_id
+    assert first.shard_id in q.doing_owners()
 
 
 def test_done_is_idempotent_and_rejects_wrong_owner():
@@ -165,9 +176,7 @@ def test_state_dict_round_trip_continues_identically():
     assert r.samples_done == q.samples_done
     assert r.doing_owners() == q.doing_owners()
     # lease ages survive the move to a different clock
-    assert {i: 130.0 - t for i, t in q.doing_since().items()} == {
-        i: 5.0 - t for i, t in r.doing_since().items()
-    }
+    assert r.lease_ages() == q.lease_ages() and q.lease_ages()
     rest_q = [(s.shard_id, s.path, s.start) for s in drain(q, "z")]
     rest_r = [(s.shard_id, s.path, s.start) for s in drain(r, "z")]
     assert rest_q == rest_r and rest_q

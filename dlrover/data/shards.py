@@ -42,7 +42,9 @@ class ShardQueue:
     """Hands out shards epoch by epoch and tracks who is working on what.
 
     ``next`` moves a shard todo -> doing (leased to an owner); ``done`` moves it to
-    done; ``requeue``/``requeue_owner`` put leased shards back at the front of todo.
+    done; ``requeue_owner`` puts an owner's leased shards back at the front of todo.
+    A lease is renewed by its owner's progress (``renew``); one not renewed within the
+    liveness timeout is ``expired``: its owner is hung and the master takes it back.
     Epoch ``e + 1`` is opened only when every epoch-``e`` shard has been handed out,
     so epochs never interleave except for requeued stragglers, which go first.
     """
@@ -76,7 +78,7 @@ class ShardQueue:
         ]
         self._opened = 0  # epochs whose shards have been put in todo
         self._todo: deque[int] = deque()
-        self._doing: dict[int, tuple[str, float]] = {}  # id -> (owner, lease start)
+        self._doing: dict[int, tuple[str, float]] = {}  # id -> (owner, lease start or last renewal)
         self._done: dict[int, tuple[str, int]] = {}  # id -> (owner, rows trained)
         # Shards whose first rows are already in the model (a checkpoint was cut while they
         # were half trained): id -> (lines, rows) trained. Leasing one hands out the rest.
@@ -153,13 +155,22 @@ class ShardQueue:
             self._todo.appendleft(shard_id)
         return [self.shard(i) for i in ids]
 
-    def requeue(self, shard_id: int) -> None:
-        """Return one leased shard (e.g. a timed-out lease) to the front of todo. A shard
-        that is not leased (already done or requeued) is left alone, since a timeout can
-        race with the completion report."""
-        self.shard(shard_id)  # validates the id
-        if self._doing.pop(shard_id, None) is not None:
-            self._todo.appendleft(shard_id)
+    def renew(self, owner: str) -> None:
+        """``owner`` showed progress: its leases start counting again from now."""
+        now = self.clock()
+        for shard_id, (o, _) in self._doing.items():
+            if o == owner:
+                self._doing[shard_id] = (o, now)
+
+    def expired(self, timeout_s: float) -> list[str]:
+        """Owners holding a lease not renewed for ``timeout_s`` (hung or frozen workers),
+        oldest lease first. The caller decides what to do with them (``requeue_owner``)."""
+        now = self.clock()
+        stale: dict[str, float] = {}
+        for owner, since in self._doing.values():
+            if now - since > timeout_s:
+                stale[owner] = min(since, stale.get(owner, since))
+        return sorted(stale, key=stale.__getitem__)
 
     # -- progress ----------------------------------------------------------------
 
@@ -193,9 +204,10 @@ class ShardQueue:
     def samples_done(self) -> int:
         return self._samples_done
 
-    def doing_since(self) -> dict[int, float]:
-        """Lease start (clock time) per leased shard, for lease timeouts."""
-        return {i: since for i, (_, since) in self._doing.items()}
+    def lease_ages(self) -> dict[int, float]:
+        """Seconds since each leased shard's lease was taken or last renewed."""
+        now = self.clock()
+        return {i: now - since for i, (_, since) in self._doing.items()}
 
     def doing_owners(self) -> dict[int, str]:
         """Owner per leased shard."""
