@@ -29,6 +29,7 @@ _KIND_CAUSE: dict[str, str | None] = {
     "straggler": "infrastructure",  # slow hardware / noisy host, not the code
     "oom_kill": "system",  # allocation sized too small for the workload
     "memory_pressure": "system",
+    "worker_hang": "system",  # alive but silent: a deadlock, a frozen process, a hung read
     "worker_death": None,
     "ps_death": None,
     "master_death": None,
