@@ -6,19 +6,11 @@ import numpy as np
 import pytest
 from sklearn.metrics import roc_auc_score
 
-from dlrover.data.criteo import (
-    NUM_DENSE,
-    NUM_SPARSE,
-    Batch,
-    FileReader,
-    detect_format,
-    expand_paths,
-    hex_to_int,
-    index_file,
-    parse_tsv_lines,
-    tsv_to_parquet,
-)
+from dlrover.data.criteo import NUM_DENSE, NUM_SPARSE, Batch, detect_format, expand_paths, index_file
+from dlrover.data.parquet import tsv_to_parquet
+from dlrover.data.reader import FileReader
 from dlrover.data.synth import Oracle, SynthConfig, best_auc, generate
+from dlrover.data.tsv import hex_to_int, parse_tsv_lines
 from dlrover.errors import DataError
 
 
@@ -355,7 +347,7 @@ def test_parquet_bad_rows_name_file_and_row(tmp_path):
 
 
 def test_big_buffers_parse_in_pieces_with_correct_line_numbers(monkeypatch):
-    from dlrover.data import criteo
+    from dlrover.data import tsv
 
     lines = [make_line(str(i % 2), dense=[str(i)] * NUM_DENSE) for i in range(60)]
     lines[7] = ""
@@ -363,7 +355,7 @@ def test_big_buffers_parse_in_pieces_with_correct_line_numbers(monkeypatch):
     lines[58] = "short"
     data = ("\n".join(lines) + "\n").encode()
     whole, skipped_whole = parse_tsv_lines(data, "f", 1, "skip")
-    monkeypatch.setattr(criteo, "_PIECE", 700)  # a few lines per piece
+    monkeypatch.setattr(tsv, "_PIECE", 700)  # a few lines per piece
     pieces, skipped = parse_tsv_lines(data, "f", 1, "skip")
     assert skipped == skipped_whole == 2
     assert_batches_equal(pieces, whole)

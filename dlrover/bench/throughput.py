@@ -43,7 +43,7 @@ def bench_spec(data_dir: str, rows: int, batch_size: int, workers_cpu: float = 1
 def measure_baseline(spec: JobSpec, max_steps: int, threads: int) -> float:
     """Samples/s of the single-process TorchRec loop (after 3 warm-up steps)."""
     from dlrover.baseline import build_local_model, train_step
-    from dlrover.data.criteo import FileReader
+    from dlrover.data.reader import FileReader
     from dlrover.data.plan import DataPlan
 
     torch.set_num_threads(threads)
