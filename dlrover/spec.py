@@ -201,6 +201,9 @@ class TrainSpec(_Strict):
     vshards: int = Field(64, ge=1, le=65536)
     threads_per_worker: int | None = Field(None, ge=1)
     log_every_s: float = Field(2.0, gt=0)
+    # An actor silent this long (no probe answer, or a worker's shard leases not renewed
+    # by progress) is declared hung, killed and replaced. Default: sized for the step time.
+    liveness_timeout_s: float | None = Field(None, gt=0)
     # One shard in flight across all workers, each started from the latest dense
     # parameters: the run is a pure function of the data order, however many workers
     # and PS come and go (slow; for reproducibility checks).

@@ -26,6 +26,7 @@ import torch
 from dlrover.data.plan import DataPlan
 from dlrover.data.shards import Shard, ShardQueue
 from dlrover.errors import DLRoverError
+from dlrover.ids import ProcessInfo
 from dlrover.checkpoint.store import CheckpointStore
 from dlrover.master.checkpoint import Checkpointer
 from dlrover.master.control import Controller
@@ -101,6 +102,7 @@ class JobMaster:
                 # Deterministic mode: one shard at a time across the job.
                 busy = self.spec.train.deterministic and self.queue.doing_count > 0
                 shard = None if busy else self.queue.next(worker)
+                self.queue.renew(worker)
                 if shard is not None:
                     return shard
                 left = deadline - self.clock()
@@ -113,6 +115,7 @@ class JobMaster:
             if worker in self._retired or generation != self.launcher.generation:
                 return  # requeued when it was retired, or rolled back since
             self.queue.done(shard_id, worker, rows)
+            self.queue.renew(worker)
             self.bad_lines += bad_lines
             if self.queue.finished:
                 self.train_end = self.clock()
@@ -128,6 +131,8 @@ class JobMaster:
                 self.control.first_step(worker, now)
             return
         with self._lock:
+            if self.queue is not None:
+                self.queue.renew(worker)  # progress: its leases live on
             self.samples_done += metrics.get("samples", 0)
             self.steps_done += metrics.get("steps", 0)
             metrics = dict(metrics, at_s=now)
@@ -216,6 +221,9 @@ class JobMaster:
 
     def node_id(self) -> str:
         return ray.get_runtime_context().get_node_id()
+
+    def ping(self) -> ProcessInfo:
+        return ProcessInfo(os.getpid(), ray.get_runtime_context().get_node_id())
 
     def stop(self) -> None:
         with self._work:
@@ -431,8 +439,9 @@ class JobMaster:
                 continue
             if not self.queue.finished and self.status == "training":
                 self.recovery.tick(pending)
-                pending.update(self.control.tick(pending))
-                self._checkpoint(pending)
+                if not self.recovery.suspects():  # no pause waits on an actor that may be frozen
+                    pending.update(self.control.tick(pending))
+                    self._checkpoint(pending)
             ready = [r for r in ready if r in pending]  # a restart may have taken some
             if not ready:
                 continue

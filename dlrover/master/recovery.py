@@ -2,11 +2,11 @@
 outgrows its memory.
 
 Deaths arrive as events: a worker's ``run`` ObjectRef fails (the worker died, or it hit
-a dead PS). The master also enforces its own timeouts, because an actor on a dead node
-can stay "alive but unreachable" for as long as Ray's health checks take: every actor
-is probed every ``PROBE_EVERY_S`` and one that does not answer within
-``PROBE_TIMEOUT_S`` is killed and handled as dead. Memory limits are enforced the same
-way a container's would be: an actor whose RSS goes over its limit is killed.
+a dead PS). The master also enforces liveness itself (``dlrover.master.liveness``),
+because an actor can be alive to Ray and useless to the job: one whose probe or whose
+shard leases go unanswered past the liveness timeout is declared hung, its process is
+killed and it is handled as dead. Memory limits are enforced the way a container's
+would be: an actor whose RSS goes over its limit is killed.
 
 Handling, by what was lost:
 
@@ -34,14 +34,16 @@ from typing import TYPE_CHECKING, Any
 import ray
 
 from dlrover.data.shards import ShardQueue
+from dlrover.ids import ProcessInfo
+from dlrover.master.liveness import Prober, kill_process, liveness_timeout_s
 from dlrover.metrics.reliability import cause_class
 from dlrover.ps.vshard import VShardMap
 
 if TYPE_CHECKING:
     from dlrover.master.master import JobMaster
 
-PROBE_EVERY_S = 1.0
-PROBE_TIMEOUT_S = 30.0
+MASTER_GAP_S = 2.0  # a longer gap between the master's own ticks renews every lease
+DENSE_PS = "dense-ps"  # the dense PS's key among probe targets
 ABORT_TIMEOUT_S = 30.0
 BAD_NODE_STRIKES = 2  # failures or stragglers on one node before new actors avoid it
 
@@ -53,8 +55,9 @@ class JobFailed(RuntimeError):
 class Recovery:
     def __init__(self, master: "JobMaster") -> None:
         self.m = master
-        self._probes: dict[str, tuple[Any, float]] = {}
-        self._next_probe = 0.0
+        self.prober = Prober()
+        self.processes: dict[str, ProcessInfo] = {}  # actor -> its process, once a probe answered
+        self._last_tick = float("inf")
         self.injected: dict[str, float] = {}  # actor -> job time a fault was injected (chaos)
         self.injected_kind: dict[str, str] = {}  # actor -> kind, when chaos says better than the error (node loss)
         self.oom_killed: dict[str, float] = {}  # actor -> job time the master killed it
@@ -67,49 +70,78 @@ class Recovery:
         return self.m.clock() - self.m.t0
 
     # -- detection ----------------------------------------------------------------------
+    def timeout_s(self) -> float:
+        """The liveness timeout: the spec's, or sized for the workers' step times."""
+        with self.m._lock:
+            steps = [float(r["step_time_s"]) for r in self.m.metrics.values() if r.get("step_time_s")]
+        return liveness_timeout_s(self.m.spec.train.liveness_timeout_s, steps, self.m.spec.train.log_every_s)
+
+    def suspects(self) -> list[str]:
+        """Actors whose liveness probe is overdue (a pause must not wait on them)."""
+        return self.prober.suspects(self.now())
+
     def tick(self, pending: dict[Any, str]) -> None:
-        """Probes, timeouts and memory limits; handles what they find."""
+        """Probes, lease expiry and memory limits; handles what they find."""
         now = self.now()
         lz = self.m.launcher
+        timeout = self.timeout_s()
+        if now - self._last_tick > MASTER_GAP_S:
+            self._renew_all()  # the master was busy elsewhere: its blind time counts against nobody
+        self._last_tick = now
         self._enforce_memory(now)
-        dead_ps, dense_dead, hung = [], False, []
-        for name, (ref, issued) in list(self._probes.items()):
-            done, _ = ray.wait([ref], timeout=0)
-            if not done:
-                if now - issued > PROBE_TIMEOUT_S:
-                    del self._probes[name]
-                    self.m.events.add("probe_timeout", actor=name, after_s=round(now - issued, 1))
-                    hung.append(name)
-                continue
-            del self._probes[name]
-            try:
-                reply = ray.get(ref)
-            except ray.exceptions.RayActorError:
-                hung.append(name)
-                continue
-            except ray.exceptions.RayError:
-                continue
-            node = reply.get("node_id") if isinstance(reply, dict) else reply if isinstance(reply, str) else None
-            if node:
-                lz.nodes[name] = node
-        for name in hung:
-            if name == "dense-ps":
+        targets = {lz.ps_name(k): h.stats.remote for k, h in lz.ps.items()}
+        targets.update({n: h.ping.remote for n, h in lz.workers.items()})
+        targets[DENSE_PS] = lz.dense_ps.ping.remote
+        found = self.prober.poll(now, timeout, targets)
+        for name, reply in found.replies.items():
+            info = ProcessInfo(int(reply["pid"]), str(reply["node_id"])) if isinstance(reply, dict) else reply
+            if isinstance(info, ProcessInfo):
+                self.processes[name] = info
+                lz.nodes[name] = info.node_id
+        hung = {n: since for n, since in found.silent.items()}
+        with self.m._lock:
+            expired = self.m.queue.expired(timeout)
+            ages, owners = self.m.queue.lease_ages(), self.m.queue.doing_owners()
+        for name in expired:
+            if name in lz.workers and name not in hung:
+                hung[name] = now - max(a for i, a in ages.items() if owners[i] == name)
+                self.m.events.add("lease_expired", actor=name, after_s=round(timeout, 1))
+        dead_ps, dense_dead = [], False
+        for name, since in hung.items():
+            if name not in found.dead:
+                self.m.events.add("hung", actor=name, silent_s=round(now - since, 1), timeout_s=round(timeout, 1))
+            self.kill_hung(name, since)
+            if name == DENSE_PS:
                 dense_dead = True
             elif (k := self._ps_id(name)) is not None:
                 dead_ps.append(k)
-            elif name in lz.workers:
-                self._kill(lz.workers[name])  # unreachable: make it dead for real
+        for name in found.dead:
+            if name == DENSE_PS:
+                dense_dead = True
+            elif (k := self._ps_id(name)) is not None:
+                dead_ps.append(k)
         if dead_ps or dense_dead:
-            self.ps_failed(pending, dead_ps, dense_dead, "probe")
-            return
-        if now >= self._next_probe:
-            self._next_probe = now + PROBE_EVERY_S
-            targets = {lz.ps_name(k): (h, "stats") for k, h in lz.ps.items()}
-            targets.update({n: (h, "node_id") for n, h in lz.workers.items() if n not in lz.nodes})
-            targets["dense-ps"] = (lz.dense_ps, "node_id")
-            for name, (h, method) in targets.items():
-                if name not in self._probes:
-                    self._probes[name] = (getattr(h, method).remote(), now)
+            self.ps_failed(pending, sorted(set(dead_ps)), dense_dead, "probe")
+
+    def kill_hung(self, name: str, since: float) -> None:
+        """Declare ``name`` hung since job time ``since`` and kill its process for real; a
+        worker's death then reaches the master through its ``run`` like any other."""
+        lz = self.m.launcher
+        if name in lz.workers:
+            self.injected.setdefault(name, since)
+            self.injected_kind.setdefault(name, "worker_hang")
+        handle = lz.dense_ps if name == DENSE_PS else lz.handle(name)
+        if handle is not None:
+            self._kill(handle)
+        info = self.processes.pop(name, None)
+        if info is not None:
+            kill_process(info.node_id, info.pid)
+        self.prober.forget(name)
+
+    def _renew_all(self) -> None:
+        with self.m._lock:
+            for name in list(self.m.launcher.workers):
+                self.m.queue.renew(name)
 
     def _ps_id(self, name: str) -> int | None:
         lz = self.m.launcher
@@ -142,7 +174,7 @@ class Recovery:
     def dead_ps_now(self, timeout_s: float = 10.0) -> tuple[list[int], bool]:
         """Ask every PS and the dense PS now (a worker's run failed on a remote call)."""
         lz = self.m.launcher
-        items = [(k, h.stats.remote()) for k, h in lz.ps.items()] + [(None, lz.dense_ps.node_id.remote())]
+        items = [(k, h.stats.remote()) for k, h in lz.ps.items()] + [(None, lz.dense_ps.ping.remote())]
         dead, dense = [], False
         for k, ref in items:
             try:

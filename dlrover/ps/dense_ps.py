@@ -8,12 +8,14 @@ optimizer over the flat vector is the same as one per parameter tensor.
 
 from __future__ import annotations
 
+import os
 import threading
 
 import numpy as np
 import ray
 import torch
 
+from dlrover.ids import ProcessInfo
 from dlrover.ps.shm import ShmArray
 
 
@@ -92,3 +94,7 @@ class DenseParamServer:
 
     def node_id(self) -> str:
         return ray.get_runtime_context().get_node_id()
+
+    def ping(self) -> ProcessInfo:
+        """The liveness probe."""
+        return ProcessInfo(os.getpid(), ray.get_runtime_context().get_node_id())

@@ -28,8 +28,10 @@ import ray
 import torch
 
 from dlrover.chaos import ChaosState
-from dlrover.data.criteo import Batch, FileIndex, FileReader
+from dlrover.data.criteo import Batch, FileIndex
+from dlrover.data.reader import FileReader
 from dlrover.data.shards import Shard
+from dlrover.ids import ProcessInfo
 from dlrover.model.dlrm import (
     PSClient,
     PSEmbeddingBagCollection,
@@ -458,11 +460,9 @@ class Worker:
             "oracle": _oracle_scores(batches),
         }
 
-    def ping(self) -> int:
-        return os.getpid()
-
-    def node_id(self) -> str:
-        return ray.get_runtime_context().get_node_id()
+    def ping(self) -> ProcessInfo:
+        """The liveness probe (served on another thread than ``run``)."""
+        return ProcessInfo(os.getpid(), ray.get_runtime_context().get_node_id())
 
 
 def _oracle_scores(batches: list[tuple[str, Batch]]) -> np.ndarray | None:

@@ -1,0 +1,122 @@
+"""Liveness with real signals to real processes: a frozen worker (SIGSTOP) and OS-level
+SIGKILLs of a worker's, a PS's and the master's process.
+
+A thread of the test waits until the job trains, asks the victim actor for its pid and
+sends the signal; the job must then finish with every sample trained once by the books,
+none lost, and the failure in its summary with detection and recovery times.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from conftest import small_spec
+
+
+def liveness_spec(data_dir, tmp_path, **over):
+    over.setdefault("data__epochs", 3)
+    return small_spec(
+        data_dir,
+        train__log_every_s=0.5,
+        checkpoint__memory_interval_s=2.0,
+        checkpoint__interval_s=3.0,
+        checkpoint__min_interval_s=3.0,
+        checkpoint__dir=str(tmp_path / "ckpt"),
+        **over,
+    )
+
+
+def signal_when_training(job_id: str, actor: str, sig: int, out: dict, min_samples: int = 20_000) -> threading.Thread:
+    """Background thread: once the job has trained ``min_samples``, send ``sig`` to the
+    process of ``<job_id>/<actor>`` (its pid from the actor's own liveness probe)."""
+    import ray
+
+    def pid_of(handle) -> int:
+        if actor.startswith("ps-"):
+            return int(ray.get(handle.stats.remote())["pid"])
+        return int(ray.get(handle.ping.remote()).pid)
+
+    def go() -> None:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            time.sleep(0.3)
+            try:
+                master = ray.get_actor(f"{job_id}/master", namespace="dlrover")
+                if ray.get(master.progress.remote(), timeout=10)["samples_done"] < min_samples:
+                    continue
+                pid = pid_of(ray.get_actor(f"{job_id}/{actor}", namespace="dlrover"))
+            except (ValueError, ray.exceptions.RayError):
+                continue  # not started yet
+            os.kill(pid, sig)
+            out["pid"] = pid
+            return
+
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    return t
+
+
+def run_with_signal(spec, tmp_path, actor: str, sig: int) -> tuple[dict, dict]:
+    from dlrover.runner import run_job
+
+    job_id = f"sig-{actor}-{sig}"
+    out: dict = {}
+    t = signal_when_training(job_id, actor, sig, out)
+    s, _ = run_job(spec, runs_dir=str(tmp_path / "runs"), progress="none", job_id=job_id)
+    t.join(timeout=5)
+    assert "pid" in out, "the signal was never sent"
+    return s, out
+
+
+def check_survived(s: dict, kind: str) -> dict:
+    assert s["status"] == "succeeded", s.get("status")
+    assert s["samples_lost"] == 0 and s["samples_trained"] == s["samples_expected"]
+    failures = [f for f in s["failures"] if f["kind"] == kind]
+    assert failures, s["failures"]
+    f = failures[0]
+    assert f["at_s"] <= f["detected_s"] <= f["recovered_s"], f
+    return f
+
+
+def gone(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_a_frozen_worker_is_declared_hung_killed_and_replaced(ray_local, synth_dir_large, tmp_path):
+    spec = liveness_spec(synth_dir_large, tmp_path, train__liveness_timeout_s=6.0)
+    s, out = run_with_signal(spec, tmp_path, "worker-0", signal.SIGSTOP)
+    f = check_survived(s, "worker_hang")
+    assert f["actor"].endswith("/worker-0") and f["replacement"] and f["shards_requeued"] >= 1
+    assert f["detected_s"] - f["at_s"] >= 6.0  # silent for the whole timeout first
+    assert gone(out["pid"])  # its process was killed, not left stopped
+
+
+def test_a_sigkilled_worker_process_is_replaced(ray_local, synth_dir_large, tmp_path):
+    s, out = run_with_signal(liveness_spec(synth_dir_large, tmp_path), tmp_path, "worker-1", signal.SIGKILL)
+    f = check_survived(s, "worker_death")
+    assert f["actor"].endswith("/worker-1") and f["replacement"]
+    assert s["samples_replayed"] == 0  # the PS kept their state: no rollback
+
+
+def test_a_sigkilled_ps_process_is_recovered_from_a_checkpoint(ray_local, synth_dir_large, tmp_path):
+    s, out = run_with_signal(liveness_spec(synth_dir_large, tmp_path), tmp_path, "ps-0", signal.SIGKILL)
+    f = check_survived(s, "ps_death")
+    assert f["actor"].endswith("/ps-0") and f["checkpoint"]["at_s"] <= f["at_s"]
+    assert s["samples_replayed"] == f["samples_replayed"] >= 0
+
+
+@pytest.mark.timeout(600)
+def test_a_sigkilled_master_process_resumes_from_its_durable_checkpoint(ray_local, synth_dir_large, tmp_path):
+    s, out = run_with_signal(liveness_spec(synth_dir_large, tmp_path, data__epochs=4), tmp_path, "master", signal.SIGKILL)
+    f = check_survived(s, "master_death")
+    assert f["checkpoint"]["source"] == "durable" and f["restarts"] == 1
