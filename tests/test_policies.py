@@ -15,7 +15,8 @@ import pytest
 import yaml
 
 from dlrover.errors import SpecError
-from dlrover.resource.dlrover_rm import DLRoverRMPolicy, clip_to_budget
+from dlrover.resource.configs import clip_to_budget
+from dlrover.resource.dlrover_rm import DLRoverRMPolicy
 from dlrover.resource.history import HistoryRecord, HistoryStore, dataset_signature, job_signature
 from dlrover.resource.perf_model import PerfModel, PerfParams
 from dlrover.resource.plan import ActorMetrics, Budget, Config, JobView, Measurement

@@ -21,7 +21,7 @@ import numpy as np
 import ray
 
 from dlrover.master.scaler import MigrationAborted, Scaler, scale_plan
-from dlrover.resource.dlrover_rm import describe_change
+from dlrover.resource.configs import describe_change
 from dlrover.resource.history import HistoryRecord, HistoryStore, dataset_signature, job_signature
 from dlrover.resource.perf_model import PerfModel
 from dlrover.resource.plan import ActorMetrics, Budget, Config, JobView, Measurement, ResourcePlan

@@ -47,6 +47,9 @@ are merged into one plan.
 ``max_changes`` bounds model-driven changes (and, separately, reverts) per job against
 oscillation; ``max_corrections`` bounds corrections. A budget that shrank below what runs
 is always obeyed at once. Every plan fits ``view.budget``.
+
+Stage 2's search is :mod:`dlrover.resource.rm_search`, stage 3's checks are
+:mod:`dlrover.resource.rm_correction`; this module holds the policy's decisions and counts.
 """
 
 from __future__ import annotations
@@ -56,79 +59,16 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from dlrover.resource.perf_model import throughput, throughput_rows
-from dlrover.resource.plan import Budget, Config, JobView, Policy, ResourcePlan
+from dlrover.resource.configs import clip_to_budget, describe_change
+from dlrover.resource.perf_model import throughput_rows
+from dlrover.resource.plan import Config, JobView, Policy, ResourcePlan
 from dlrover.resource.policy_config import DLRoverRMKnobs
-
-Key = tuple[int, int, float, float]
-
-
-def _key(c: Config) -> Key:
-    return (c.workers, c.ps, float(c.worker_cpu), float(c.ps_cpu))
-
-
-def describe_change(old: Config, new: Config) -> str:
-    """``2w x 1cpu + 1ps x 1cpu -> 4w x 1cpu + 1ps x 1cpu``, with memory when it changes."""
-
-    def mem(c: Config) -> str:
-        return f" (worker {c.worker_memory_mb} MB, PS {c.ps_memory_mb} MB)"
-
-    same_mem = (old.worker_memory_mb, old.ps_memory_mb) == (new.worker_memory_mb, new.ps_memory_mb)
-    return f"{old.short()}{'' if same_mem else mem(old)} -> {new.short()}{'' if same_mem else mem(new)}"
-
-
-def clip_to_budget(config: Config, budget: Budget) -> Config:
-    """The largest-looking configuration like ``config`` that fits ``budget``.
-
-    Counts are first capped by ``max_workers`` / ``max_ps``; then, while over budget, one
-    actor of the role holding the larger share of the violated resource is dropped (at
-    least one worker and one PS stay); if one worker and one PS still do not fit, their
-    sizes shrink proportionally.
-    """
-    c = config.replace(workers=max(1, min(config.workers, budget.max_workers)), ps=max(1, min(config.ps, budget.max_ps)))
-    while not c.fits(budget):
-        cpu_over = c.cpu / budget.cpu if budget.cpu > 0 else math.inf
-        mem_over = c.memory_mb / budget.memory_mb if budget.memory_mb > 0 else math.inf
-        if cpu_over >= mem_over:
-            worker_share, ps_share = c.workers * c.worker_cpu, c.ps * c.ps_cpu
-        else:
-            worker_share, ps_share = c.workers * c.worker_memory_mb, c.ps * c.ps_memory_mb
-        if c.workers > 1 and (worker_share >= ps_share or c.ps == 1):
-            c = c.replace(workers=c.workers - 1)
-        elif c.ps > 1:
-            c = c.replace(ps=c.ps - 1)
-        else:
-            break
-    if c.cpu > budget.cpu + 1e-9 and budget.cpu > 0:
-        f = budget.cpu / c.cpu * (1 - 1e-9)
-        c = c.replace(worker_cpu=c.worker_cpu * f, ps_cpu=c.ps_cpu * f)
-    if c.memory_mb > budget.memory_mb and budget.memory_mb > 0:
-        f = budget.memory_mb / c.memory_mb
-        c = c.replace(worker_memory_mb=int(c.worker_memory_mb * f), ps_memory_mb=int(c.ps_memory_mb * f))
-    return c
+from dlrover.resource.rm_correction import find_correction
+from dlrover.resource.rm_search import Key, config_key, grid_best, hill_climb, ps_rss, with_memory
 
 
 def _round_mb(mb: float) -> int:
     return max(256, int(math.ceil(mb / 64.0) * 64))
-
-
-def _with_memory(key: Key, like: Config, ps_rss_mb: float = 0.0, watermark: float = 0.9) -> Config:
-    """``key`` with ``like``'s memory sizes; except that with fewer PS, when the tables the
-    PS hold now (``ps_rss_mb`` each) spread over fewer would pass ``watermark`` of their
-    memory, each PS gets enough. (Keeping the size otherwise lets the scaler keep the PS
-    it has: a PS of another size is a new actor and a vshard migration.)"""
-    ps_mem = like.ps_memory_mb
-    if key[1] < like.ps and ps_rss_mb > 0:
-        need = ps_rss_mb * like.ps / key[1] / watermark
-        if need > ps_mem:
-            ps_mem = int(math.ceil(need / 64) * 64)
-    return Config(key[0], key[1], key[2], key[3], like.worker_memory_mb, ps_mem)
-
-
-def _ps_rss(view: JobView, horizon_s: float) -> float:
-    """The largest PS RSS the job reports, extrapolated along its trend over ``horizon_s``
-    as the memory correction does (MB; 0 when unknown)."""
-    return max((a.rss_mb + max(0.0, a.rss_trend_mb_per_s) * horizon_s for a in view.actors.values() if a.role == "ps"), default=0.0)
 
 
 class DLRoverRMPolicy(Policy):
@@ -263,126 +203,30 @@ class DLRoverRMPolicy(Policy):
 
     # ------------------------------------------------------------------ stage 3
 
-    def _ready(self, key: str, now: float) -> bool:
-        last = self._last_correction.get(key)
-        return last is None or now - last >= self.knobs.correction_cooldown_s
-
     def _correct(self, view: JobView) -> ResourcePlan | None:
+        """:func:`~dlrover.resource.rm_correction.find_correction`, counted against
+        ``max_corrections``, each kind of correction with its own cooldown."""
         k = self.knobs
         if self.corrections >= k.max_corrections or not view.actors:
             return None
         now = view.now_s
-        config = view.config
-        reasons: list[str] = []
-        replace: list[str] = []
-        rebalance = False
-        marks: list[str] = []
 
-        # Memory pressure first: an OOM kill costs the most.
-        for name, a in sorted(view.actors.items()):
-            if a.memory_limit_mb <= 0 or a.role not in ("worker", "ps"):
-                continue
-            trend = max(0.0, a.rss_trend_mb_per_s)
-            high = a.memory_limit_mb * k.mem_high_watermark
-            if a.rss_mb + trend * k.oom_horizon_s < high or not self._ready(f"mem:{name}", now):
-                continue
-            field = "worker_memory_mb" if a.role == "worker" else "ps_memory_mb"
-            crossing = 0.0 if a.rss_mb >= high else (high - a.rss_mb) / trend
-            pressure = (
-                f"memory: {name} RSS {a.rss_mb:.0f} MB"
-                + (f" rising {trend:.1f} MB/s" if trend > 0 else "")
-                + (f" reaches {k.mem_high_watermark:.0%} of its {a.memory_limit_mb} MB limit in ~{crossing:.0f}s" if crossing > 0 else f" is over {k.mem_high_watermark:.0%} of its {a.memory_limit_mb} MB limit")
-            )
-            role_mem = getattr(config, field)
-            if role_mem > a.memory_limit_mb:  # the role already got more memory; this actor still has the old size
-                replace.append(name)
-                reasons.append(f"{pressure}: move it to the planned {role_mem} MB")
-                marks.append(f"mem:{name}")
-                continue
-            target = min(math.ceil(a.memory_limit_mb * k.mem_growth_factor), a.memory_limit_mb + k.mem_max_step_mb)
-            target = int(math.ceil(target / 64) * 64)
-            grown = config.replace(**{field: max(role_mem, target)})
-            if not grown.fits(view.budget):
-                count = config.workers if a.role == "worker" else config.ps
-                others = config.memory_mb - count * role_mem
-                affordable = int((view.budget.memory_mb - others) // count // 64 * 64)
-                grown = config.replace(**{field: affordable}) if affordable > a.memory_limit_mb else None
-            if grown is not None and grown.fits(view.budget):
-                config = grown
-                replace.append(name)
-                new_mem = getattr(grown, field)
-                reasons.append(f"{pressure}: {a.role} memory {role_mem} -> {new_mem} MB" + (" (budget cap)" if new_mem < target else ""))
-                marks.append(f"mem:{name}")
-                continue
-            more_ps = config.replace(ps=config.ps + 1)
-            if a.role == "ps" and more_ps.fits(view.budget):
-                config = more_ps
-                reasons.append(f"{pressure}: no budget for more PS memory, add a PS to spread the embeddings")
-                marks.append(f"mem:{name}")
+        def ready(key: str) -> bool:
+            last = self._last_correction.get(key)
+            return last is None or now - last >= k.correction_cooldown_s
 
-        # Stragglers: the one slow the longest, if there is a healthy median to compare with.
-        workers = [a for a in view.actors.values() if a.role == "worker"]
-        if max(config.workers, len(workers)) >= 2:
-            slow = [
-                a
-                for a in workers
-                if a.slow_since_s is not None
-                and now - a.slow_since_s >= k.straggler_window_s
-                and a.name not in replace
-                and self._ready(f"straggler:{a.name}", now)
-            ]
-            if slow and len(slow) < len(workers):
-                a = min(slow, key=lambda x: (x.slow_since_s, x.name))
-                times = [w.step_time_s for w in workers if w.step_time_s > 0]
-                median = float(np.median(times)) if times else 0.0
-                detail = f" (step {a.step_time_s:.3f}s vs median {median:.3f}s)" if a.step_time_s > 0 and median > 0 else ""
-                replace.append(a.name)
-                reasons.append(f"straggler: {a.name} slow for {now - a.slow_since_s:.0f}s{detail}: replace it")
-                marks.append(f"straggler:{a.name}")
-
-        # Hot PS.
-        ps = [a for a in view.actors.values() if a.role == "ps"]
-        if ps:
-            hot = max(ps, key=lambda x: x.busy)
-            mean = float(np.mean([a.busy for a in ps]))
-            if hot.busy >= k.hot_ps_busy:
-                if len(ps) > 1 and mean > 0 and hot.busy / mean >= k.hot_ps_imbalance:
-                    if self._ready("ps:rebalance", now):
-                        rebalance = True
-                        reasons.append(f"hot PS: {hot.name} busy {hot.busy:.0%} vs mean {mean:.0%}: rebalance vshards by load")
-                        marks.append("ps:rebalance")
-                elif self._ready("ps:scale", now):
-                    grown_ps = self._bigger_ps(view, config)
-                    why = "the only PS" if len(ps) == 1 else f"all PS hot (mean {mean:.0%})"
-                    if grown_ps is not None:
-                        reasons.append(f"hot PS: {hot.name} busy {hot.busy:.0%}, {why}: {describe_change(config, grown_ps)}")
-                        config = grown_ps
-                        marks.append("ps:scale")
-
-        if not reasons:
+        fix = find_correction(view, k, ready)
+        if fix is None:
             return None
         self.corrections += 1
         self._counted = "corrections"
-        for m in marks:
+        for m in fix.marks:
             self._last_correction[m] = now
-        predicted = self._predict_one(view, config) if _key(config) != _key(view.config) else None
-        return ResourcePlan(config, "; ".join(reasons), stage="correction", predicted_throughput=predicted, replace=replace, rebalance_ps=rebalance)
-
-    def _bigger_ps(self, view: JobView, config: Config) -> Config | None:
-        """One more PS, or the next PS CPU size, whichever the model predicts faster."""
-        k = self.knobs
-        max_ps = min(view.budget.max_ps, k.max_ps or view.budget.max_ps)
-        options = []
-        if config.ps + 1 <= max_ps:
-            options.append(config.replace(ps=config.ps + 1))
-        bigger = [c for c in k.ps_cpu_choices if c > config.ps_cpu + 1e-9]
-        if bigger:
-            options.append(config.replace(ps_cpu=bigger[0]))
-        options = [c for c in options if c.fits(view.budget)]
-        if not options:
-            return None
-        pred = view.model.predict_many(options)
-        return options[int(np.argmax(pred))]  # ties: the first, i.e. one more PS
+        config = fix.config
+        predicted = self._predict_one(view, config) if config_key(config) != config_key(view.config) else None
+        return ResourcePlan(
+            config, "; ".join(fix.reasons), stage="correction", predicted_throughput=predicted, replace=fix.replace, rebalance_ps=fix.rebalance_ps
+        )
 
     # ------------------------------------------------------------------ stage 2
 
@@ -401,7 +245,7 @@ class DLRoverRMPolicy(Policy):
             if m.throughput <= 0:
                 continue
             w = max(m.duration_s, 1e-3)
-            s = acc.setdefault(_key(m.config), [0.0, 0.0])
+            s = acc.setdefault(config_key(m.config), [0.0, 0.0])
             s[0] += w * m.throughput
             s[1] += w
         return {key: s[0] / s[1] for key, s in acc.items()}
@@ -417,13 +261,13 @@ class DLRoverRMPolicy(Policy):
             return None
         cur = view.config
         measured = self._measured(view)
-        t_now = measured.get(_key(cur), cur_win.throughput)
+        t_now = measured.get(config_key(cur), cur_win.throughput)
         best_key = max(measured, key=lambda x: measured[x])
         best_thr = measured[best_key]
 
         # Runtime correction "revert": the running config measures clearly worse than one we ran.
-        if best_key != _key(cur) and best_thr > t_now * (1 + k.min_gain) and self.reverts < k.max_changes:
-            back = _with_memory(best_key, cur, _ps_rss(view, k.oom_horizon_s), k.mem_high_watermark)
+        if best_key != config_key(cur) and best_thr > t_now * (1 + k.min_gain) and self.reverts < k.max_changes:
+            back = with_memory(best_key, cur, ps_rss(view, k.oom_horizon_s), k.mem_high_watermark)
             if back.fits(view.budget):
                 self.reverts += 1
                 self._counted = "reverts"
@@ -444,9 +288,9 @@ class DLRoverRMPolicy(Policy):
         k = self.knobs
         # A search over the same model, measurements, memory and budget as one that found
         # the running config best would find it again: skip it (the simulator asks every tick).
-        ps_rss = _ps_rss(view, k.oom_horizon_s)
+        rss_mb = ps_rss(view, k.oom_horizon_s)
         memo = (
-            view.model.n_points, _key(cur), cur.ps_memory_mb, round(math.log(t_now), 2), view.budget, round(math.log1p(ps_rss) * 20),  # RSS in 5% steps
+            view.model.n_points, config_key(cur), cur.ps_memory_mb, round(math.log(t_now), 2), view.budget, round(math.log1p(rss_mb) * 20),  # RSS in 5% steps
             tuple(sorted((x, round(math.log(v), 2)) for x, v in measured.items())),
         )  # fmt: skip
         if memo == self._nothing_at:
@@ -473,18 +317,18 @@ class DLRoverRMPolicy(Policy):
         pcpus = sorted(set(k.ps_cpu_choices) | {float(cur.ps_cpu)})
 
         def ok(x: Key) -> bool:
-            return 1 <= x[0] <= max_w and 1 <= x[1] <= max_p and _with_memory(x, cur, ps_rss, k.mem_high_watermark).fits(view.budget)
+            return 1 <= x[0] <= max_w and 1 <= x[1] <= max_p and with_memory(x, cur, rss_mb, k.mem_high_watermark).fits(view.budget)
 
-        start = _key(cur)
+        start = config_key(cur)
         if k.search == "grid":
-            target = self._grid_best(view, start, max_w, max_p, wcpus, pcpus, measured, calib, t_now, bar, kappa, ps_rss, k.mem_high_watermark)
+            target = grid_best(view, start, max_w, max_p, wcpus, pcpus, measured, calib, t_now, bar, kappa, rss_mb, k.mem_high_watermark)
         else:
-            target = self._hill_climb(start, ok, utility, wcpus, pcpus)
+            target = hill_climb(start, ok, utility, wcpus, pcpus)
         if target == start:
             self._nothing_at = memo
             return None
 
-        new = _with_memory(target, cur, ps_rss, k.mem_high_watermark)
+        new = with_memory(target, cur, rss_mb, k.mem_high_watermark)
         t_new = float(thr_of([target])[0])
         gain = t_new / t_now - 1
         d_cpu = new.cpu - cur.cpu
@@ -508,65 +352,3 @@ class DLRoverRMPolicy(Policy):
         self.changes += 1
         self._counted = "changes"
         return ResourcePlan(new, reason, stage="model", predicted_throughput=t_new)
-
-    @staticmethod
-    def _grid_best(
-        view: JobView, start: Key, max_w: int, max_p: int, wcpus: list[float], pcpus: list[float],
-        measured: dict[Key, float], calib: float, t_now: float, bar: float, kappa: float = 0.0, ps_rss: float = 0.0,
-        watermark: float = 0.9,
-    ) -> Key:
-        """The grid point of highest utility (vectorised: the grid may hold ~10^5 points)."""
-        cur, b = view.config, view.budget
-        axes = (np.arange(1, max_w + 1.0), np.arange(1, max_p + 1.0), np.array(wcpus, dtype=np.float64), np.array(pcpus, dtype=np.float64))
-        w, p, cw, cp = (x.ravel() for x in np.meshgrid(*axes, indexing="ij"))
-        cpu = w * cw + p * cp
-        need = ps_rss * cur.ps / p / watermark
-        ps_mem = np.where((p < cur.ps) & (need > cur.ps_memory_mb), np.ceil(need / 64) * 64, cur.ps_memory_mb)  # as _with_memory
-        fit = (cpu <= b.cpu + 1e-9) & (w * cur.worker_memory_mb + p * ps_mem <= b.memory_mb)
-        w, p, cw, cp, cpu = w[fit], p[fit], cw[fit], cp[fit], cpu[fit]
-        if len(w) == 0:
-            return start
-        batch = getattr(view.model, "batch_size", view.batch_size)
-        thr = np.asarray(throughput(view.model.params, w, p, cw, cp, batch), dtype=np.float64).ravel() * calib
-        u = np.log(np.maximum(thr, 1e-12)) - bar * cpu - kappa * np.log(cpu)
-        for x, thr_x in measured.items():  # a handful of points
-            at = (w == x[0]) & (p == x[1]) & (cw == x[2]) & (cp == x[3])
-            x_cpu = x[0] * x[2] + x[1] * x[3]
-            u[at] = math.log(thr_x) - bar * x_cpu - kappa * math.log(x_cpu)
-        i = int(np.argmax(u))
-        start_cpu = start[0] * start[2] + start[1] * start[3]
-        u_start = math.log(measured.get(start, t_now)) - bar * start_cpu - kappa * math.log(start_cpu)
-        if u[i] <= u_start + 1e-12:
-            return start
-        return (int(w[i]), int(p[i]), float(cw[i]), float(cp[i]))
-
-    @staticmethod
-    def _hill_climb(start: Key, ok, utility, wcpus: list[float], pcpus: list[float]) -> Key:
-        """Greedy marginal gain: take the best one-step move while it raises the utility."""
-
-        def step(values: list[float], v: float, d: int) -> float | None:
-            i = values.index(v) + d
-            return values[i] if 0 <= i < len(values) else None
-
-        x, ux = start, float(utility([start])[0])
-        seen = {start}
-        for _ in range(1000):
-            moves: list[Key] = []
-            w, p, cw, cp = x
-            moves += [(w + 1, p, cw, cp), (w - 1, p, cw, cp), (w, p + 1, cw, cp), (w, p - 1, cw, cp)]
-            for d in (1, -1):
-                ncw, ncp = step(wcpus, cw, d), step(pcpus, cp, d)
-                if ncw is not None:
-                    moves.append((w, p, ncw, cp))
-                if ncp is not None:
-                    moves.append((w, p, cw, ncp))
-            moves = [m for m in moves if m not in seen and ok(m)]
-            if not moves:
-                break
-            u = utility(moves)
-            i = int(np.argmax(u))
-            if u[i] <= ux + 1e-12:
-                break
-            x, ux = moves[i], float(u[i])
-            seen.add(x)
-        return x

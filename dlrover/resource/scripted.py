@@ -26,7 +26,7 @@ class ScriptedPolicy(Policy):
         return ResourcePlan(config=config, reason=f"scripted: start with the requested {config.short()}", stage="scripted")
 
     def decide(self, view: JobView) -> ResourcePlan | None:
-        from dlrover.resource.dlrover_rm import clip_to_budget, describe_change
+        from dlrover.resource.configs import clip_to_budget, describe_change
 
         if self.next_step >= len(self.knobs.steps):
             return None

@@ -1,0 +1,49 @@
+"""Operations on a :class:`Config` that the policies and the master's control loop share:
+fitting one into a budget, and saying in one line what a change does."""
+
+from __future__ import annotations
+
+import math
+
+from dlrover.resource.plan import Budget, Config
+
+
+def describe_change(old: Config, new: Config) -> str:
+    """``2w x 1cpu + 1ps x 1cpu -> 4w x 1cpu + 1ps x 1cpu``, with memory when it changes."""
+
+    def mem(c: Config) -> str:
+        return f" (worker {c.worker_memory_mb} MB, PS {c.ps_memory_mb} MB)"
+
+    same_mem = (old.worker_memory_mb, old.ps_memory_mb) == (new.worker_memory_mb, new.ps_memory_mb)
+    return f"{old.short()}{'' if same_mem else mem(old)} -> {new.short()}{'' if same_mem else mem(new)}"
+
+
+def clip_to_budget(config: Config, budget: Budget) -> Config:
+    """The largest-looking configuration like ``config`` that fits ``budget``.
+
+    Counts are first capped by ``max_workers`` / ``max_ps``; then, while over budget, one
+    actor of the role holding the larger share of the violated resource is dropped (at
+    least one worker and one PS stay); if one worker and one PS still do not fit, their
+    sizes shrink proportionally.
+    """
+    c = config.replace(workers=max(1, min(config.workers, budget.max_workers)), ps=max(1, min(config.ps, budget.max_ps)))
+    while not c.fits(budget):
+        cpu_over = c.cpu / budget.cpu if budget.cpu > 0 else math.inf
+        mem_over = c.memory_mb / budget.memory_mb if budget.memory_mb > 0 else math.inf
+        if cpu_over >= mem_over:
+            worker_share, ps_share = c.workers * c.worker_cpu, c.ps * c.ps_cpu
+        else:
+            worker_share, ps_share = c.workers * c.worker_memory_mb, c.ps * c.ps_memory_mb
+        if c.workers > 1 and (worker_share >= ps_share or c.ps == 1):
+            c = c.replace(workers=c.workers - 1)
+        elif c.ps > 1:
+            c = c.replace(ps=c.ps - 1)
+        else:
+            break
+    if c.cpu > budget.cpu + 1e-9 and budget.cpu > 0:
+        f = budget.cpu / c.cpu * (1 - 1e-9)
+        c = c.replace(worker_cpu=c.worker_cpu * f, ps_cpu=c.ps_cpu * f)
+    if c.memory_mb > budget.memory_mb and budget.memory_mb > 0:
+        f = budget.memory_mb / c.memory_mb
+        c = c.replace(worker_memory_mb=int(c.worker_memory_mb * f), ps_memory_mb=int(c.ps_memory_mb * f))
+    return c

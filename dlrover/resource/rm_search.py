@@ -1,0 +1,105 @@
+"""Stage 2 of ``dlrover_rm`` (:mod:`dlrover.resource.dlrover_rm`): the search over
+configurations for the utility's maximum, greedy (hill climbing) or over the whole grid.
+
+A point of the search space is a :data:`Key` (counts and CPU sizes); memory does not
+enter the performance model, so :func:`with_memory` gives a point its memory sizes.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import numpy as np
+
+from dlrover.resource.perf_model import throughput
+from dlrover.resource.plan import Config, JobView
+
+Key = tuple[int, int, float, float]  # (workers, ps, worker_cpu, ps_cpu)
+
+
+def config_key(c: Config) -> Key:
+    return (c.workers, c.ps, float(c.worker_cpu), float(c.ps_cpu))
+
+
+def with_memory(key: Key, like: Config, ps_rss_mb: float = 0.0, watermark: float = 0.9) -> Config:
+    """``key`` with ``like``'s memory sizes; except that with fewer PS, when the tables the
+    PS hold now (``ps_rss_mb`` each) spread over fewer would pass ``watermark`` of their
+    memory, each PS gets enough. (Keeping the size otherwise lets the scaler keep the PS
+    it has: a PS of another size is a new actor and a vshard migration.)"""
+    ps_mem = like.ps_memory_mb
+    if key[1] < like.ps and ps_rss_mb > 0:
+        need = ps_rss_mb * like.ps / key[1] / watermark
+        if need > ps_mem:
+            ps_mem = int(math.ceil(need / 64) * 64)
+    return Config(key[0], key[1], key[2], key[3], like.worker_memory_mb, ps_mem)
+
+
+def ps_rss(view: JobView, horizon_s: float) -> float:
+    """The largest PS RSS the job reports, extrapolated along its trend over ``horizon_s``
+    as the memory correction does (MB; 0 when unknown)."""
+    return max((a.rss_mb + max(0.0, a.rss_trend_mb_per_s) * horizon_s for a in view.actors.values() if a.role == "ps"), default=0.0)
+
+
+def grid_best(
+    view: JobView, start: Key, max_w: int, max_p: int, wcpus: list[float], pcpus: list[float],
+    measured: dict[Key, float], calib: float, t_now: float, bar: float, kappa: float = 0.0, ps_rss_mb: float = 0.0,
+    watermark: float = 0.9,
+) -> Key:
+    """The grid point of highest utility (vectorised: the grid may hold ~10^5 points)."""
+    cur, b = view.config, view.budget
+    axes = (np.arange(1, max_w + 1.0), np.arange(1, max_p + 1.0), np.array(wcpus, dtype=np.float64), np.array(pcpus, dtype=np.float64))
+    w, p, cw, cp = (x.ravel() for x in np.meshgrid(*axes, indexing="ij"))
+    cpu = w * cw + p * cp
+    need = ps_rss_mb * cur.ps / p / watermark
+    ps_mem = np.where((p < cur.ps) & (need > cur.ps_memory_mb), np.ceil(need / 64) * 64, cur.ps_memory_mb)  # as with_memory
+    fit = (cpu <= b.cpu + 1e-9) & (w * cur.worker_memory_mb + p * ps_mem <= b.memory_mb)
+    w, p, cw, cp, cpu = w[fit], p[fit], cw[fit], cp[fit], cpu[fit]
+    if len(w) == 0:
+        return start
+    batch = getattr(view.model, "batch_size", view.batch_size)
+    thr = np.asarray(throughput(view.model.params, w, p, cw, cp, batch), dtype=np.float64).ravel() * calib
+    u = np.log(np.maximum(thr, 1e-12)) - bar * cpu - kappa * np.log(cpu)
+    for x, thr_x in measured.items():  # a handful of points
+        at = (w == x[0]) & (p == x[1]) & (cw == x[2]) & (cp == x[3])
+        x_cpu = x[0] * x[2] + x[1] * x[3]
+        u[at] = math.log(thr_x) - bar * x_cpu - kappa * math.log(x_cpu)
+    i = int(np.argmax(u))
+    start_cpu = start[0] * start[2] + start[1] * start[3]
+    u_start = math.log(measured.get(start, t_now)) - bar * start_cpu - kappa * math.log(start_cpu)
+    if u[i] <= u_start + 1e-12:
+        return start
+    return (int(w[i]), int(p[i]), float(cw[i]), float(cp[i]))
+
+@staticmethod
+def hill_climb(
+    start: Key, ok: Callable[[Key], bool], utility: Callable[[list[Key]], np.ndarray], wcpus: list[float], pcpus: list[float]
+) -> Key:
+    """Greedy marginal gain: take the best one-step move while it raises the utility."""
+
+    def step(values: list[float], v: float, d: int) -> float | None:
+        i = values.index(v) + d
+        return values[i] if 0 <= i < len(values) else None
+
+    x, ux = start, float(utility([start])[0])
+    seen = {start}
+    for _ in range(1000):
+        moves: list[Key] = []
+        w, p, cw, cp = x
+        moves += [(w + 1, p, cw, cp), (w - 1, p, cw, cp), (w, p + 1, cw, cp), (w, p - 1, cw, cp)]
+        for d in (1, -1):
+            ncw, ncp = step(wcpus, cw, d), step(pcpus, cp, d)
+            if ncw is not None:
+                moves.append((w, p, ncw, cp))
+            if ncp is not None:
+                moves.append((w, p, cw, ncp))
+        moves = [m for m in moves if m not in seen and ok(m)]
+        if not moves:
+            break
+        u = utility(moves)
+        i = int(np.argmax(u))
+        if u[i] <= ux + 1e-12:
+            break
+        x, ux = moves[i], float(u[i])
+        seen.add(x)
+    return x
