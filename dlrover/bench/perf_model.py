@@ -59,7 +59,7 @@ def sweep_spec(data_dir: str, window_s: float, history_dir: str) -> JobSpec:
     )
 
 
-class _Sweep:
+class StopAfterSweep:
     """Stops the job once the last configuration has been measured for ``window_s`` (its
     window closes into the summary when the job ends); a progress line on stderr whenever
     the sweep moves on (stdout stays clean for ``--json``)."""
@@ -112,7 +112,7 @@ def run_perf_model_bench(window_s: float = 12.0) -> dict:
         spec = sweep_spec(os.path.join(cache, "perf-model-500k"), window_s, os.path.join(tmp, "history"))
         ensure_data(spec)
         print(f"[bench] sweeping {len(SWEEP)} configurations, {window_s:g}s measured each (live rescales)", file=sys.stderr)
-        summary, _ = run_job(spec, runs_dir=os.path.join(tmp, "runs"), progress="none", stop_when=_Sweep(len(SWEEP), window_s))
+        summary, _ = run_job(spec, runs_dir=os.path.join(tmp, "runs"), progress="none", stop_when=StopAfterSweep(len(SWEEP), window_s))
     points = [
         (Config(**c["config"]), c["measured_throughput"], c["duration_s"])
         for c in summary["configurations"]

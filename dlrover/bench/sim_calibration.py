@@ -47,7 +47,7 @@ SIM_SAMPLES_S = 3600.0  # a simulated job trains this long at the measured rate
 
 def measure_profile(configs: list[tuple[int, int, float, float]], window_s: float, name: str) -> tuple[Profile, dict]:
     """Run the live sweep over ``configs`` and return its profile and run facts."""
-    from dlrover.bench.perf_model import _Sweep, sweep_spec
+    from dlrover.bench.perf_model import StopAfterSweep, sweep_spec
     from dlrover.runner import ensure_data, run_job
     from dlrover.spec import spec_from_dict
 
@@ -63,7 +63,7 @@ def measure_profile(configs: list[tuple[int, int, float, float]], window_s: floa
         spec = spec_from_dict(doc, source="sim-calibration sweep")
         ensure_data(spec)
         print(f"[bench] sweeping {len(configs)} configurations, {window_s:g}s measured each (live rescales)", file=sys.stderr)
-        summary, path = run_job(spec, runs_dir=os.path.join(tmp, "runs"), progress="none", stop_when=_Sweep(len(configs), window_s))
+        summary, path = run_job(spec, runs_dir=os.path.join(tmp, "runs"), progress="none", stop_when=StopAfterSweep(len(configs), window_s))
         profile = profile_from_runs([path.parent], name, min_duration_s=window_s * 0.5)
         profile.cores = float(len(os.sched_getaffinity(0)))  # every actor of the sweep shares this machine's cores
     facts = {
