@@ -8,41 +8,13 @@ import numpy as np
 import pytest
 
 from dlrover.metrics.reliability import (
-    CAUSE_CLASSES,
     ReliabilityReport,
-    cause_class,
     expected_ettr,
     failure_rate_per_s,
     observed_mttf_s,
     reliability_report,
     young_daly_interval_s,
 )
-
-
-@pytest.mark.parametrize(
-    "kind,error,expected",
-    [
-        ("user_error", None, "user_code"),
-        ("node_loss", None, "infrastructure"),
-        ("straggler", None, "infrastructure"),
-        ("oom_kill", None, "system"),
-        ("memory_pressure", "rss 95%", "system"),
-        ("worker_death", None, "system"),
-        ("worker_death", "actor exited: SIGKILL", "system"),
-        ("ps_death", "The node with id abc has DIED", "infrastructure"),
-        ("master_death", "node dead after heartbeat timeout", "infrastructure"),
-        ("worker_death", "Node removed from cluster", "infrastructure"),
-        ("worker_death", "worker died unexpectedly", "system"),  # no "node": process, not host
-    ],
-)
-def test_cause_class(kind: str, error: str | None, expected: str) -> None:
-    assert cause_class(kind, error) == expected
-    assert expected in CAUSE_CLASSES
-
-
-def test_cause_class_unknown_kind_names_it() -> None:
-    with pytest.raises(ValueError, match="cosmic_ray"):
-        cause_class("cosmic_ray")
 
 
 def test_young_daly_hand_computation_and_clipping() -> None:

@@ -24,7 +24,8 @@ from dlrover.master.scaler import MigrationAborted, Scaler, scale_plan
 from dlrover.resource.configs import describe_change
 from dlrover.resource.history import HistoryRecord, HistoryStore, dataset_signature, job_signature
 from dlrover.resource.perf_model import PerfModel
-from dlrover.resource.plan import ActorMetrics, Budget, Config, JobView, Measurement, ResourcePlan
+from dlrover.failures import FailureKind
+from dlrover.resource.plan import ActorMetrics, Budget, Config, CorrectionKind, JobView, Measurement, ResourcePlan
 from dlrover.resource.policy_config import load_policy
 
 if TYPE_CHECKING:
@@ -412,14 +413,13 @@ class Controller:
         """A straggler replaced, or memory raised before an OOM kill: recorded as failures
         handled before they hurt (at: slow since / plan; detected: the plan)."""
         rec = self.m.recovery
-        memory = "memory" in plan.reason and ("reaches" in plan.reason or "limit" in plan.reason)
-        for name in plan.replace or (["workers" if "worker" in plan.reason else "ps"] if memory else []):
-            kind = "memory_pressure" if memory and ("straggler" not in plan.reason or name not in plan.reason.split("straggler")[-1]) else "straggler"
-            f = rec.new_failure(kind, name, plan.reason, t0)
-            f["at_s"] = round(min(self._slow_since.get(name, t0), t0), 3)
-            f["replacement"] = op.new_workers[0] if op.new_workers else None
+        for fix in plan.corrections:
+            memory = fix.kind == CorrectionKind.MEMORY_PRESSURE
+            f = rec.new_failure(FailureKind.MEMORY_PRESSURE if memory else FailureKind.STRAGGLER, fix.actor, plan.reason, t0)
+            f.at_s = round(min(self._slow_since.get(fix.actor, t0), t0), 3)
+            f.replacement = op.new_workers[0] if op.new_workers else None
             # a straggler's slowness costs its share of the job; memory raised in time, nothing
-            f["capacity_lost"] = 0.0 if kind == "memory_pressure" else round(1.0 / max(len(self.m.launcher.workers), 1), 4)
+            f.capacity_lost = 0.0 if memory else round(1.0 / max(len(self.m.launcher.workers), 1), 4)
             rec.record(f)
 
     def _restart(self, plan: ResourcePlan, old: Config) -> dict[Any, str]:

@@ -26,6 +26,7 @@ import torch
 from dlrover.data.plan import DataPlan
 from dlrover.data.shards import Shard, ShardQueue
 from dlrover.errors import DLRoverError
+from dlrover.failures import CheckpointRef, Failure, FailureKind
 from dlrover.ids import ProcessInfo
 from dlrover.checkpoint.store import CheckpointStore
 from dlrover.master.checkpoint import Checkpointer
@@ -71,7 +72,7 @@ class JobMaster:
         self._eval_ref: tuple[Any, int] | None = None
         self.train_start: float | None = None
         self.train_end: float | None = None
-        self.failures: list[dict] = []
+        self.failures: list[Failure] = []
         self.scale_events: list[dict] = []
         self.status = "starting"
         # Workers that died or were removed: a call of theirs still running in this actor
@@ -180,7 +181,7 @@ class JobMaster:
             "actors": self._actor_rows(),
             # Copies of the fields readers use: the originals gain keys on other threads.
             "scale_events": [{"kind": e["kind"]} for e in list(self.scale_events)],
-            "failures": [{k: f.get(k) for k in ("kind", "cause_class", "at_s", "recovered_s")} for f in list(self.failures)],
+            "failures": [{k: f.to_dict()[k] for k in ("kind", "cause_class", "at_s", "recovered_s")} for f in list(self.failures)],
             "restarts": self.restarts,
             "events": [e for e in events if e["kind"] in NOTABLE_EVENTS],
             "events_next": events_next,
@@ -274,7 +275,7 @@ class JobMaster:
             "samples_done": self.queue.samples_done if self.queue else 0,
             "train_start_s": None if self.train_start is None else self.train_start - self.t0,
             "samples_replayed": self.recovery.samples_replayed,
-            "failures": self.failures,
+            "failures": [f.to_dict() for f in self.failures],
             "scale_events": self.scale_events,
             "chaos_fired": self.control.chaos_fired if self.control else [],
             "chaos_s": self.control.chaos_s() if self.control else 0.0,
@@ -295,7 +296,7 @@ class JobMaster:
         if state.get("job_id") != self.job_id:
             return None
         self.t0 = self.clock() - (time.time() - float(state["started_wall"]))
-        self.failures = list(state["failures"])
+        self.failures = [Failure.from_dict(f) for f in state["failures"]]
         self.scale_events = list(state["scale_events"])
         self.restarts = int(state["restarts"]) + 1
         if state.get("train_start_s") is not None:
@@ -327,9 +328,9 @@ class JobMaster:
             self.bad_lines, self.steps_done = ckpt.bad_lines, ckpt.steps
         replayed = max(0, int(state["samples_done"]) - ckpt.samples)
         self.recovery.samples_replayed += replayed
-        failure = self.recovery.new_failure("master_death", f"{self.job_id}/master", "master process exited", detected)
-        failure["at_s"] = round(float(state["crash_at_s"]), 3)
-        failure.update(checkpoint={"seq": ckpt.seq, "at_s": round(ckpt.at_s, 3), "source": source}, samples_replayed=replayed, restarts=self.restarts)
+        failure = self.recovery.new_failure(FailureKind.MASTER_DEATH, f"{self.job_id}/master", "master process exited", detected)
+        failure.at_s = round(float(state["crash_at_s"]), 3)
+        failure.checkpoint, failure.samples_replayed, failure.restarts = CheckpointRef(ckpt.seq, round(ckpt.at_s, 3), source), replayed, self.restarts
         self.recovery.record(failure, list(lz.workers))
         self.events.add("master_resumed", restarts=self.restarts, checkpoint_seq=ckpt.seq, samples_replayed=replayed)
         return config
@@ -387,7 +388,7 @@ class JobMaster:
 
     def _reliability_report(self, wall_s: float, train_s: float, trained: int):
         replayed = self.recovery.samples_replayed
-        failures = list(self.failures)
+        failures = [f.to_dict() for f in self.failures]
         args = {"wall_s": wall_s, "train_s": train_s, "samples_replayed": replayed}
         # Replayed samples cost time at the speed the job trains when it trains (not the
         # job's average, which already includes the outages and the replay itself).
@@ -402,7 +403,7 @@ class JobMaster:
             "ettr": rep.ettr,
             "mttf_s": rep.mttf_s,
             "samples_replayed": int(self.recovery.samples_replayed),
-            "oom_kills": sum(f["kind"] == "oom_kill" for f in self.failures),
+            "oom_kills": sum(f.kind == FailureKind.OOM_KILL for f in self.failures),
             "bad_nodes": sorted(self.launcher.avoid),
             "checkpoints": self.checkpointer.summary(),
         }
@@ -601,6 +602,6 @@ class JobMaster:
                 "vshards": self.spec.train.vshards,
             },
             "scale_events": self.scale_events,
-            "failures": self.failures,
+            "failures": [f.to_dict() for f in self.failures],
             "events": self.events.rows(),
         }

@@ -29,14 +29,15 @@ straggling are avoided for new actors (bad-node detection).
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 import ray
 
 from dlrover.data.shards import ShardQueue
+from dlrover.failures import CheckpointRef, Failure, FailureKind
 from dlrover.ids import ProcessInfo
 from dlrover.master.liveness import Prober, kill_process, liveness_timeout_s
-from dlrover.metrics.reliability import cause_class
 from dlrover.ps.vshard import VShardMap
 
 if TYPE_CHECKING:
@@ -46,6 +47,23 @@ MASTER_GAP_S = 2.0  # a longer gap between the master's own ticks renews every l
 DENSE_PS = "dense-ps"  # the dense PS's key among probe targets
 ABORT_TIMEOUT_S = 30.0
 BAD_NODE_STRIKES = 2  # failures or stragglers on one node before new actors avoid it
+
+
+def node_alive(node_id: str) -> bool:
+    """Whether Ray still counts ``node_id`` among its live nodes."""
+    return any(n["NodeID"] == node_id and n["Alive"] for n in ray.nodes())
+
+
+@dataclass(frozen=True)
+class Rollback:
+    """Where a rollback went back to and what it cost."""
+
+    checkpoint: CheckpointRef
+    samples_replayed: int
+    rollback_s: float
+
+    def apply_to(self, failure: Failure) -> None:
+        failure.checkpoint, failure.samples_replayed, failure.rollback_s = self.checkpoint, self.samples_replayed, self.rollback_s
 
 
 class JobFailed(RuntimeError):
@@ -59,12 +77,12 @@ class Recovery:
         self.processes: dict[str, ProcessInfo] = {}  # actor -> its process, once a probe answered
         self._last_tick = float("inf")
         self.injected: dict[str, float] = {}  # actor -> job time a fault was injected (chaos)
-        self.injected_kind: dict[str, str] = {}  # actor -> kind, when chaos says better than the error (node loss)
+        self.injected_kind: dict[str, FailureKind] = {}  # actor -> kind, when the fault's source says better (node loss, hang)
         self.oom_killed: dict[str, float] = {}  # actor -> job time the master killed it
         self.strikes: Counter = Counter()  # node -> failures + stragglers
         self.samples_replayed = 0
         self.rollbacks = 0
-        self._awaiting: dict[str, list[dict]] = {}  # worker -> failures its first step ends
+        self._awaiting: dict[str, list[Failure]] = {}  # worker -> failures its first step ends
 
     def now(self) -> float:
         return self.m.clock() - self.m.t0
@@ -129,7 +147,7 @@ class Recovery:
         lz = self.m.launcher
         if name in lz.workers:
             self.injected.setdefault(name, since)
-            self.injected_kind.setdefault(name, "worker_hang")
+            self.injected_kind.setdefault(name, FailureKind.WORKER_HANG)
         handle = lz.dense_ps if name == DENSE_PS else lz.handle(name)
         if handle is not None:
             self._kill(handle)
@@ -187,55 +205,51 @@ class Recovery:
         return dead, dense
 
     # -- handling -----------------------------------------------------------------------
-    def new_failure(self, kind: str, actor: str, err: str, detected: float) -> dict:
+    def new_failure(self, kind: FailureKind, actor: str, err: Exception | str | None, detected: float) -> Failure:
+        """A failure of ``actor`` detected now. Its kind is the master's own (an OOM kill,
+        a hang), the injected fault's, a lost node's (Ray says the actor's node is dead
+        or was preempted), else ``kind``."""
         kind = self.injected_kind.pop(actor, kind)
         at = self.injected.pop(actor, None)
         if at is None:
             at = self.oom_killed.get(actor, detected)
-        if actor in self.oom_killed:
-            kind = "oom_kill"
         node = self.m.launcher.nodes.get(actor)
-        if "node" in err.lower() and ("died" in err.lower() or "dead" in err.lower()):
-            kind = "node_loss" if kind != "oom_kill" else kind
-        return {
-            "kind": kind,
-            "actor": actor,
-            "node": node,
-            "at_s": round(min(at, detected), 3),
-            "detected_s": round(detected, 3),
-            "cause": err.strip().splitlines()[0][:200] if err else "",
-            "cause_class": cause_class(kind, err),
-        }
+        if actor in self.oom_killed:
+            kind = FailureKind.OOM_KILL
+        elif getattr(err, "preempted", False) or (kind != FailureKind.WORKER_HANG and node is not None and not node_alive(node)):
+            kind = FailureKind.NODE_LOSS
+        text = str(err or "").strip()
+        return Failure(kind, actor, round(min(at, detected), 3), round(detected, 3), cause=text.splitlines()[0][:200] if text else "", node=node)
 
-    def record(self, failure: dict, resumes: list[str] | None = None) -> None:
+    def record(self, failure: Failure, resumes: list[str] | None = None) -> None:
         """Add a failure. ``resumes``: workers whose first step means training goes on again
         (``recovered_s``); without, it counts as recovered now."""
-        failure["handled_s"] = round(self.now(), 3)
-        failure["recovered_s"] = None if resumes else failure["handled_s"]
+        failure.handled_s = round(self.now(), 3)
+        failure.recovered_s = None if resumes else failure.handled_s
         for w in resumes or []:
             self._awaiting.setdefault(w, []).append(failure)
         self.m.failures.append(failure)
-        self.m.events.add("failure", **{("failure_kind" if k == "kind" else k): v for k, v in failure.items()})
-        if failure.get("node"):
-            self.note_bad(failure["node"])
+        self.m.events.add("failure", **{("failure_kind" if k == "kind" else k): v for k, v in failure.to_dict().items()})
+        if failure.node:
+            self.note_bad(failure.node)
         limit = self.m.spec.checkpoint.max_failures
         if len(self.m.failures) > limit:
             self.m.stop()
-            raise JobFailed(f"{len(self.m.failures)} failures (checkpoint.max_failures: {limit}); last: {failure['kind']} of {failure['actor']}: {failure['cause']}")
+            raise JobFailed(f"{len(self.m.failures)} failures (checkpoint.max_failures: {limit}); last: {failure.kind.value} of {failure.actor}: {failure.cause}")
 
     def first_step(self, worker: str) -> None:
         """A worker trained its first step of a run: failures waiting on it are recovered."""
         now = round(self.now(), 3)
         for f in self._awaiting.pop(worker, []):
-            if f["recovered_s"] is None:
-                f["recovered_s"] = now
-                self.m.events.add("recovered", actor=f["actor"], failure_kind=f["kind"], after_s=round(now - f["at_s"], 3))
+            if f.recovered_s is None:
+                f.recovered_s = now
+                self.m.events.add("recovered", actor=f.actor, failure_kind=f.kind.value, after_s=round(now - f.at_s, 3))
 
     def finish(self) -> None:
         """End of job: a failure whose replacement never trained counts as recovered when handled."""
         for f in self.m.failures:
-            if f.get("recovered_s") is None:
-                f["recovered_s"] = f.get("handled_s")
+            if f.recovered_s is None:
+                f.recovered_s = f.handled_s
         self._awaiting.clear()
 
     def note_bad(self, node: str) -> None:
@@ -248,7 +262,7 @@ class Recovery:
     def worker_failed(self, name: str, err: Exception, pending: dict[Any, str]) -> None:
         """A worker died: requeue its shards, start a replacement (or restart the job)."""
         detected = self.now()
-        failure = self.new_failure("worker_death", name, str(err), detected)
+        failure = self.new_failure(FailureKind.WORKER_DEATH, name, err, detected)
         if self.m.spec.checkpoint.on_failure == "restart":
             self.restart_all(pending, failure)
             return
@@ -264,12 +278,12 @@ class Recovery:
         lz.forget_worker(name)
         if m.control is not None:
             m.control.forget(name)
-        failure["shards_requeued"] = len(requeued)
-        failure["capacity_lost"] = round(1.0 / max(len(lz.workers) + 1, 1), 4)  # the others train on
+        failure.shards_requeued = len(requeued)
+        failure.capacity_lost = round(1.0 / max(len(lz.workers) + 1, 1), 4)  # the others train on
         resumes = None
         if not m.queue.finished and name not in m._draining:
             new = lz.add_worker(*size)
-            failure["replacement"] = new
+            failure.replacement = new
             pending[lz.start(new)] = new
             resumes = [new]
         self.record(failure, resumes)
@@ -278,13 +292,13 @@ class Recovery:
         lz = self.m.launcher
         detected = self.now()
         names = [lz.ps_name(k) for k in dead_ps] + (["dense-ps"] if dense_dead else [])
-        failures = [self.new_failure("ps_death", n, f"{n} unreachable ({how})", detected) for n in names]
+        failures = [self.new_failure(FailureKind.PS_DEATH, n, f"{n} unreachable ({how})", detected) for n in names]
         if self.m.spec.checkpoint.on_failure == "restart":
             self.restart_all(pending, failures[0], more=failures[1:])
             return
-        info = self.rollback(pending, dead_ps, dense_dead)
+        back = self.rollback(pending, dead_ps, dense_dead)
         for f in failures:
-            f.update(info)
+            back.apply_to(f)
             self.record(f, list(pending.values()))
 
     # -- rollback -------------------------------------------------------------------------
@@ -371,22 +385,19 @@ class Recovery:
             pending[lz.start(name)] = name
         if m.control is not None:
             m.control.after_rollback()
-        info = {
-            "checkpoint": {"seq": ckpt.seq, "at_s": round(ckpt.at_s, 3), "source": source},
-            "samples_replayed": int(replayed),
-            "rollback_s": round(self.now() - t0, 3),
-        }
-        m.events.add("rollback", **info, generation=lz.generation, dead_ps=[int(k) for k in dead_ps], dense=dense_dead)
-        return info
+        back = Rollback(CheckpointRef(ckpt.seq, round(ckpt.at_s, 3), source), int(replayed), round(self.now() - t0, 3))
+        m.events.add("rollback", checkpoint=asdict(back.checkpoint), samples_replayed=back.samples_replayed, rollback_s=back.rollback_s,
+                     generation=lz.generation, dead_ps=[int(k) for k in dead_ps], dense=dense_dead)
+        return back
 
-    def restart_all(self, pending: dict[Any, str], failure: dict, more: list[dict] | None = None) -> None:
+    def restart_all(self, pending: dict[Any, str], failure: Failure, more: list[Failure] | None = None) -> None:
         """Baseline handling: every actor restarts from the last durable checkpoint."""
         m = self.m
         with m._work:  # the failed worker's late calls must not count
-            m._retired.add(failure["actor"])
+            m._retired.add(failure.actor)
         m.checkpointer.latest = None  # only what is on disk survives a whole-job restart
-        info = self.rollback(pending, [], False, replace_all=True)
+        back = self.rollback(pending, [], False, replace_all=True)
         for f in [failure, *(more or [])]:
-            f.update(info)
+            back.apply_to(f)
             self.record(f, list(pending.values()))
 

@@ -1,4 +1,5 @@
-"""Reliability metrics for elastic training: ETTR, MTTF, failure causes, checkpoint interval.
+"""Reliability metrics for elastic training: ETTR, MTTF, checkpoint interval (failure causes:
+:mod:`dlrover.failures`).
 
 The definitions follow Kokolis et al., "Revisiting Reliability in Large-Scale ML Research
 Clusters" (arXiv 2410.21680):
@@ -18,41 +19,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-
-CAUSE_CLASSES = ("user_code", "system", "infrastructure")
-
-# Fixed classification per fault kind; ``None`` means "look at the error text" (a process
-# death is our/the runtime's fault unless the node underneath it went away).
-_KIND_CAUSE: dict[str, str | None] = {
-    "user_error": "user_code",
-    "node_loss": "infrastructure",
-    "straggler": "infrastructure",  # slow hardware / noisy host, not the code
-    "oom_kill": "system",  # allocation sized too small for the workload
-    "memory_pressure": "system",
-    "worker_hang": "system",  # alive but silent: a deadlock, a frozen process, a hung read
-    "worker_death": None,
-    "ps_death": None,
-    "master_death": None,
-}
-
-
-def cause_class(kind: str, error: str | None = None) -> str:
-    """Map a fault kind (plus its error text) to one of ``CAUSE_CLASSES``.
-
-    The paper separates user-code failures from system/infrastructure ones because only the
-    latter count against the cluster's reliability (and only those drive the MTTF used for
-    checkpoint planning). A process death is "system" unless its error says the node itself
-    died or was removed, in which case the hardware/host is to blame ("infrastructure").
-    """
-    if kind not in _KIND_CAUSE:
-        raise ValueError(f"unknown fault kind {kind!r}; expected one of {sorted(_KIND_CAUSE)}")
-    fixed = _KIND_CAUSE[kind]
-    if fixed is not None:
-        return fixed
-    text = (error or "").lower()
-    if "node" in text and any(w in text for w in ("died", "dead", "removed")):
-        return "infrastructure"
-    return "system"
 
 
 def young_daly_interval_s(write_s: float, failure_rate_per_s: float, lo: float, hi: float) -> float:

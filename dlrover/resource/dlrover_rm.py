@@ -225,7 +225,8 @@ class DLRoverRMPolicy(Policy):
         config = fix.config
         predicted = self._predict_one(view, config) if config_key(config) != config_key(view.config) else None
         return ResourcePlan(
-            config, "; ".join(fix.reasons), stage="correction", predicted_throughput=predicted, replace=fix.replace, rebalance_ps=fix.rebalance_ps
+            config, "; ".join(fix.reasons), stage="correction", predicted_throughput=predicted, replace=fix.replace, rebalance_ps=fix.rebalance_ps,
+            corrections=fix.fixes,
         )
 
     # ------------------------------------------------------------------ stage 2

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -122,13 +123,29 @@ class JobView:
     requested: Config | None = None  # what the user asked for in the spec
 
 
+class CorrectionKind(str, Enum):
+    """Why a policy replaces an actor (or resizes a role) before it fails."""
+
+    STRAGGLER = "straggler"
+    MEMORY_PRESSURE = "memory_pressure"
+
+
+@dataclass(frozen=True)
+class Correction:
+    """One proactive fix in a plan: ``actor`` is the actor's name as the JobView shows it."""
+
+    kind: CorrectionKind
+    actor: str
+
+
 @dataclass
 class ResourcePlan:
     """A policy's decision: the configuration to run, and targeted corrections.
 
     ``replace`` names actors to be swapped for fresh ones of the plan's size (straggler,
     a hot PS moved to a bigger one, memory pressure); ``rebalance_ps`` asks for vshards
-    to be spread by measured PS load.
+    to be spread by measured PS load; ``corrections`` say which of the changes fix a
+    straggler or memory pressure (the master records those as failures handled early).
     """
 
     config: Config
@@ -137,6 +154,7 @@ class ResourcePlan:
     predicted_throughput: float | None = None
     replace: list[str] = field(default_factory=list)
     rebalance_ps: bool = False
+    corrections: list[Correction] = field(default_factory=list)  # failures handled before they hurt
 
     def changes(self, current: Config) -> bool:
         return self.config != current or bool(self.replace) or self.rebalance_ps

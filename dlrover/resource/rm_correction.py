@@ -3,7 +3,7 @@
 Checked every tick, before any model-driven change: memory pressure (RSS plus trend over
 ``oom_horizon_s`` reaches ``mem_high_watermark`` of the limit), stragglers (slow for
 ``straggler_window_s``) and hot PS. Whatever is found at one tick is merged into one
-:class:`Correction`; the policy counts it and keeps the cooldowns.
+:class:`Fix`; the policy counts it and keeps the cooldowns.
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from typing import Callable
 import numpy as np
 
 from dlrover.resource.configs import describe_change
-from dlrover.resource.plan import Config, JobView
+from dlrover.resource.plan import Config, Correction, CorrectionKind, JobView
 from dlrover.resource.policy_config import DLRoverRMKnobs
 
 
 @dataclass
-class Correction:
+class Fix:
     """The configuration that fixes what was found, and what else the runtime must do."""
 
     config: Config
@@ -28,9 +28,10 @@ class Correction:
     replace: list[str]  # actors to replace (a straggler, an actor below its role's new memory)
     rebalance_ps: bool  # move vshards by load between the PS
     marks: list[str]  # cooldown keys of the corrections made
+    fixes: list[Correction]  # the stragglers and memory pressure it handles
 
 
-def find_correction(view: JobView, knobs: DLRoverRMKnobs, ready: Callable[[str], bool]) -> Correction | None:
+def find_correction(view: JobView, knobs: DLRoverRMKnobs, ready: Callable[[str], bool]) -> Fix | None:
     """What the running job needs fixed now, merged into one target configuration; None
     when nothing is. ``ready(key)``: whether correction ``key`` (``mem:<actor>``,
     ``straggler:<actor>``, ``ps:rebalance``, ``ps:scale``) is out of its cooldown."""
@@ -41,6 +42,7 @@ def find_correction(view: JobView, knobs: DLRoverRMKnobs, ready: Callable[[str],
     replace: list[str] = []
     rebalance = False
     marks: list[str] = []
+    fixes: list[Correction] = []
 
     # Memory pressure first: an OOM kill costs the most.
     for name, a in sorted(view.actors.items()):
@@ -62,6 +64,7 @@ def find_correction(view: JobView, knobs: DLRoverRMKnobs, ready: Callable[[str],
             replace.append(name)
             reasons.append(f"{pressure}: move it to the planned {role_mem} MB")
             marks.append(f"mem:{name}")
+            fixes.append(Correction(CorrectionKind.MEMORY_PRESSURE, name))
             continue
         target = min(math.ceil(a.memory_limit_mb * k.mem_growth_factor), a.memory_limit_mb + k.mem_max_step_mb)
         target = int(math.ceil(target / 64) * 64)
@@ -77,12 +80,14 @@ def find_correction(view: JobView, knobs: DLRoverRMKnobs, ready: Callable[[str],
             new_mem = getattr(grown, field)
             reasons.append(f"{pressure}: {a.role} memory {role_mem} -> {new_mem} MB" + (" (budget cap)" if new_mem < target else ""))
             marks.append(f"mem:{name}")
+            fixes.append(Correction(CorrectionKind.MEMORY_PRESSURE, name))
             continue
         more_ps = config.replace(ps=config.ps + 1)
         if a.role == "ps" and more_ps.fits(view.budget):
             config = more_ps
             reasons.append(f"{pressure}: no budget for more PS memory, add a PS to spread the embeddings")
             marks.append(f"mem:{name}")
+            fixes.append(Correction(CorrectionKind.MEMORY_PRESSURE, name))
 
     # Stragglers: the one slow the longest, if there is a healthy median to compare with.
     workers = [a for a in view.actors.values() if a.role == "worker"]
@@ -103,6 +108,7 @@ def find_correction(view: JobView, knobs: DLRoverRMKnobs, ready: Callable[[str],
             replace.append(a.name)
             reasons.append(f"straggler: {a.name} slow for {now - a.slow_since_s:.0f}s{detail}: replace it")
             marks.append(f"straggler:{a.name}")
+            fixes.append(Correction(CorrectionKind.STRAGGLER, a.name))
 
     # Hot PS.
     ps = [a for a in view.actors.values() if a.role == "ps"]
@@ -125,7 +131,7 @@ def find_correction(view: JobView, knobs: DLRoverRMKnobs, ready: Callable[[str],
 
     if not reasons:
         return None
-    return Correction(config, reasons, replace, rebalance, marks)
+    return Fix(config, reasons, replace, rebalance, marks, fixes)
 
 
 def bigger_ps(view: JobView, config: Config, knobs: DLRoverRMKnobs) -> Config | None:
