@@ -16,11 +16,10 @@ from collections import Counter
 from typing import Any
 
 import ray
-import torch
 
 from dlrover.data.criteo import FileIndex
 from dlrover.errors import DLRoverError
-from dlrover.model.dlrm import PSEmbeddingBagCollection, build_dense_dlrm, dense_parameters, table_configs
+from dlrover.model.dlrm import initial_dense_vector
 from dlrover.ps.dense_ps import DenseParamServer
 from dlrover.ps.embedding_ps import EmbeddingPS
 from dlrover.ps.vshard import VShardMap
@@ -31,11 +30,6 @@ from dlrover.worker.worker import Worker, worker_threads
 
 MB = 2**20
 ACTOR_START_TIMEOUT_S = 180.0
-
-
-def initial_dense_params(spec: JobSpec) -> torch.Tensor:
-    model = build_dense_dlrm(spec.model, PSEmbeddingBagCollection(table_configs(spec.model)), spec.seed)
-    return torch.nn.utils.parameters_to_vector(dense_parameters(model)).detach()
 
 
 class Launcher:
@@ -85,7 +79,7 @@ class Launcher:
         self.dense_ps = (
             ray.remote(DenseParamServer)
             .options(name=self._name(f"dense-ps-g{self.generation}"), num_cpus=0, max_concurrency=1, scheduling_strategy=here)
-            .remote(initial_dense_params(self.spec).numpy(), self.spec.optimizer.dense.model_dump())
+            .remote(initial_dense_vector(self.spec.model, self.spec.seed).numpy(), self.spec.optimizer.dense.model_dump())
         )
 
     def _placement(self) -> dict:

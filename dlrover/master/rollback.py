@@ -1,0 +1,123 @@
+"""Rolling the whole job back to a checkpoint: what a lost PS (or, with
+``checkpoint.on_failure: restart``, any failure) costs.
+
+Every worker stops, the lost PS (and anything else found dead meanwhile) are replaced,
+every PS and the dense PS load the checkpoint, the shard queue goes back to the
+checkpoint's cut, and the shards completed since are trained again (``samples_replayed``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+import ray
+
+from dlrover.data.shards import ShardQueue
+from dlrover.failures import CheckpointRef, Failure
+from dlrover.ps.vshard import VShardMap
+
+if TYPE_CHECKING:
+    from dlrover.master.master import JobMaster
+
+ABORT_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class Rollback:
+    """Where a rollback went back to and what it cost."""
+
+    checkpoint: CheckpointRef
+    samples_replayed: int
+    rollback_s: float
+
+    def apply_to(self, failure: Failure) -> None:
+        failure.checkpoint, failure.samples_replayed, failure.rollback_s = self.checkpoint, self.samples_replayed, self.rollback_s
+
+
+
+def stop_workers(m: "JobMaster", pending: dict[Any, str]) -> list[str]:
+    """Abort every worker's run and wait for it; returns workers that are gone or hung."""
+    lz = m.launcher
+    for h in lz.workers.values():
+        h.abort.remote()
+    refs = list(pending)
+    done, hung = ray.wait(refs, num_returns=len(refs), timeout=ABORT_TIMEOUT_S) if refs else ([], [])
+    lost = [pending[r] for r in hung]
+    for r in done:
+        try:
+            ray.get(r)
+        except ray.exceptions.RayActorError:
+            lost.append(pending[r])  # the worker itself died
+        except ray.exceptions.RayError:
+            pass  # its run failed on a dead PS: the worker is fine
+    pending.clear()
+    return lost
+
+def roll_back(m: "JobMaster", pending: dict[Any, str], dead_ps: list[int], dense_dead: bool, replace_all: bool = False) -> Rollback:
+    """Roll the whole job back to the newest usable checkpoint (see module doc)."""
+    lz = m.launcher
+    t0 = m.clock() - m.t0
+    if m.control is not None:
+        m.control.abort_pending()
+    lost = stop_workers(m, pending)
+    # Anything else that died or hangs meanwhile is replaced in the same rollback.
+    survivors = [n for n in lz.workers if n not in lost]
+    answers = {n: lz.workers[n].ping.remote() for n in survivors}
+    ready, _ = ray.wait(list(answers.values()), num_returns=len(answers), timeout=10.0) if answers else ([], [])
+    for n, ref in answers.items():
+        try:
+            if ref not in ready:
+                raise ray.exceptions.GetTimeoutError()
+            ray.get(ref)
+        except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
+            lost.append(n)
+    more, dense_more = m.recovery.dead_ps_now()
+    dead_ps = sorted(set(dead_ps) | set(more))
+    dense_dead = dense_dead or dense_more
+    if replace_all:
+        lost = list(lz.workers)
+        dead_ps = list(lz.ps)
+        dense_dead = True
+    for name in set(lost) | set(m._draining):
+        if name in lz.workers:
+            size = lz.resources.get(name, (None, None))
+            lz.forget_worker(name)
+            if m.control is not None:
+                m.control.forget(name)
+            if name not in m._draining:
+                lz.add_worker(*size)
+    m._draining.clear()
+    # Replace lost PS; the new ones take over exactly their vshards.
+    owner = lz.vmap.owner.copy()
+    for k in dead_ps:
+        size = lz.resources.get(lz.ps_name(k), (lz.spec.resources.ps_cpu, lz.spec.resources.ps_memory_mb))
+        if lz.ps_name(k) in m.recovery.oom_killed and m.control is not None:
+            size = (size[0], m.control.memory_after_oom(size[1]))
+        lz.remove_ps(k)
+        owner[owner == k] = lz.add_ps(*size)
+    if dense_dead:
+        lz.new_dense_ps()
+    lz.wait_started()
+    ckpt, payloads, source = m.checkpointer.payloads()
+    refs = [p if isinstance(p, ray.ObjectRef) else ray.put(p) for p in payloads]
+    vmap = VShardMap(lz.vmap.table_sizes, lz.vmap.num_vshards, owner, lz.vmap.version + 1)
+    ray.get([h.restore.remote(vmap, refs) for h in lz.ps.values()])
+    ray.get(lz.dense_ps.set_state.remote(ckpt.dense))
+    lz.vmap = vmap
+    with m._work:
+        replayed = max(0, m.queue.samples_done - ckpt.samples)
+        m.queue = ShardQueue.from_state_dict(ckpt.queue, clock=m.clock)
+        m.bad_lines, m.steps_done = ckpt.bad_lines, ckpt.steps
+        m.train_end = None
+        lz.generation += 1
+        m._work.notify_all()
+    ray.get([h.set_routing.remote(dict(lz.ps), vmap, lz.dense_ps) for h in lz.workers.values()])
+    for name in lz.workers:
+        pending[lz.start(name)] = name
+    if m.control is not None:
+        m.control.after_rollback()
+    back = Rollback(CheckpointRef(ckpt.seq, round(ckpt.at_s, 3), source), int(replayed), round((m.clock() - m.t0) - t0, 3))
+    m.events.add("rollback", checkpoint=asdict(back.checkpoint), samples_replayed=back.samples_replayed, rollback_s=back.rollback_s,
+                 generation=lz.generation, dead_ps=[int(k) for k in dead_ps], dense=dense_dead)
+    return back
