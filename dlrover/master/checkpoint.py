@@ -18,7 +18,6 @@ newest in-memory checkpoint and falls back to the durable one when its objects a
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +27,6 @@ import ray
 from dlrover.checkpoint.store import CheckpointError, CheckpointStore
 from dlrover.master.scaler import get_alive
 from dlrover.metrics.reliability import failure_rate_per_s, young_daly_interval_s
-from dlrover.ps.vshard import VShardMap
 
 if TYPE_CHECKING:
     from dlrover.master.master import JobMaster
@@ -123,7 +121,7 @@ class Checkpointer:
         """Cut now. ``workers``: the training workers' handles. None (and nothing changed)
         when a worker does not park in time or a PS does not answer."""
         m, lz = self.m, self.m.launcher
-        t0 = time.monotonic()
+        t0 = m.clock()
         names = list(workers)
         try:
             parked = get_alive([workers[n].pause.remote(PAUSE_TIMEOUT_S) for n in names], PAUSE_TIMEOUT_S + 5)
@@ -145,7 +143,7 @@ class Checkpointer:
             return None
         finally:
             get_alive([workers[n].resume.remote() for n in names], PAUSE_TIMEOUT_S + 5)
-        pause = time.monotonic() - t0
+        pause = m.clock() - t0
         refs = [h.snapshot_payload.remote() for h in ps.values()]
         self._seq += 1
         ckpt = Checkpoint(self._seq, now, queue, held_samples(queue), bad, steps, dense, refs, pause, extra=dict(extra or {}))
@@ -230,9 +228,3 @@ class Checkpointer:
             "durable_interval_s": self.durable_interval_s(self.m.clock() - self.m.t0, len(self.m.failures)) if self.store else None,
             "write_error": self._write_error,
         }
-
-
-def vmap_from(extra: dict) -> VShardMap:
-    v = extra["vmap"]
-    return VShardMap(list(v["table_sizes"]), int(v["num_vshards"]), np.asarray(v["owner"]), int(v["version"]))
-

@@ -11,7 +11,6 @@ reload those, so this baseline errs on the fast side.
 from __future__ import annotations
 
 import tempfile
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -45,7 +44,7 @@ def select(payload: dict, vshards: np.ndarray, rows_per_vshard: list[int]) -> di
 
 def stop_checkpoint_restart(master: "JobMaster", config: Config, pending: dict[Any, str]) -> dict:
     lz = master.launcher
-    t0 = time.monotonic()
+    t0 = master.clock()
     # 1. Stop: no more shards for anyone; each worker finishes what it holds and exits.
     names = list(lz.workers)
     master.drain(names)
@@ -53,7 +52,7 @@ def stop_checkpoint_restart(master: "JobMaster", config: Config, pending: dict[A
     get_alive(refs)  # a worker dying now: its shards were requeued when it died
     for r in refs:
         pending.pop(r)
-    t_stopped = time.monotonic()
+    t_stopped = master.clock()
     # 2. Checkpoint every PS to disk.
     ckpt = Path(tempfile.mkdtemp(prefix=f"dlrover-restart-{master.job_id.replace('/', '_')}-"))
     files, nbytes = [], 0
@@ -63,7 +62,7 @@ def stop_checkpoint_restart(master: "JobMaster", config: Config, pending: dict[A
         path = ckpt / f"ps-{k}.pt"
         torch.save(_to_torch(payload), path)
         files.append(path)
-    t_saved = time.monotonic()
+    t_saved = master.clock()
     # 3. Everything goes away.
     retired = ray.get([h.stats.remote() for h in lz.ps.values()])
     for n in names:
@@ -74,7 +73,7 @@ def stop_checkpoint_restart(master: "JobMaster", config: Config, pending: dict[A
     new_ps = [lz.add_ps(config.ps_cpu, config.ps_memory_mb) for _ in range(config.ps)]
     workers = [lz.add_worker(config.worker_cpu, config.worker_memory_mb) for _ in range(config.workers)]
     lz.wait_started([lz.ps_name(k) for k in new_ps] + workers)
-    t_launched = time.monotonic()
+    t_launched = master.clock()
     # 5. Restore: each new PS gets the blocks of the vshards it now owns, read from disk.
     vmap = lz.vmap.reassigned(new_ps)
     payloads = [_to_numpy(torch.load(f, weights_only=True)) for f in files]
@@ -86,7 +85,7 @@ def stop_checkpoint_restart(master: "JobMaster", config: Config, pending: dict[A
         f.unlink()
     ckpt.rmdir()
     started = {lz.start(w): w for w in workers}
-    done = time.monotonic()
+    done = master.clock()
     return {
         "started": started,
         "retired_ps_stats": retired,
