@@ -34,6 +34,7 @@ from dlrover.master.control import Controller
 from dlrover.master.events import EventLog
 from dlrover.master.launcher import Launcher
 from dlrover.master.recovery import Recovery
+from dlrover.master.states import TERMINAL, JobLoop, JobStatus, RunGroup
 from dlrover.master.telemetry import Telemetry
 from dlrover.metrics.reliability import reliability_report
 from dlrover.metrics.evaluation import evaluate_scores
@@ -74,7 +75,11 @@ class JobMaster:
         self.train_end: float | None = None
         self.failures: list[Failure] = []
         self.scale_events: list[dict] = []
-        self.status = "starting"
+        self.status = JobStatus.STARTING
+        self._stop_requested = False  # stop(): workers get no more shards, the job ends "stopped"
+        self._user_error: DLRoverError | None = None  # bad input a worker hit: raised to the driver
+        self._lost_ps: tuple[list[int], bool] = ([], False)  # what ps_unreachable found
+        self.runs = RunGroup()
         # Workers that died or were removed: a call of theirs still running in this actor
         # (Ray does not cancel it) must not lease a shard to a name nobody trains under.
         self._retired: set[str] = set()
@@ -98,7 +103,7 @@ class JobMaster:
             deadline = self.clock() + NEXT_SHARD_WAIT_S
             while True:
                 stale = generation != self.launcher.generation
-                if stale or self.queue.finished or self.status == "stopping" or worker in self._retired or worker in self._draining:
+                if stale or self.queue.finished or self._stop_requested or worker in self._retired or worker in self._draining:
                     return "stop"
                 # Deterministic mode: one shard at a time across the job.
                 busy = self.spec.train.deterministic and self.queue.doing_count > 0
@@ -160,7 +165,7 @@ class JobMaster:
         predicted, measured = ctl.window_now() if ctl else (None, None)
         return {
             "job_id": self.job_id,
-            "status": self.status,
+            "status": (JobStatus.STOPPING if self._stop_requested and self.status not in TERMINAL else self.status).value,
             "policy": self.spec.policy.name,
             "samples_expected": q.samples_expected if q else 0,
             "samples_seen": samples_seen,
@@ -228,7 +233,7 @@ class JobMaster:
 
     def stop(self) -> None:
         with self._work:
-            self.status = "stopping"
+            self._stop_requested = True
             self._work.notify_all()
 
     def run(self) -> dict:
@@ -348,10 +353,11 @@ class JobMaster:
         if first is not None:
             self.checkpointer.write_durable(first, first.at_s)
             self._persist()
-        with self._lock:
-            if self.status != "stopping":
-                self.status = "training"
-        self._watch_workers()
+        self.runs.add({self.launcher.start(name): name for name in list(self.launcher.workers)})
+        loop = JobLoop(self, self.runs, tick_s=min(TICK_S, self.spec.policy.interval_s))
+        loop.run()
+        if self._user_error is not None:
+            raise type(self._user_error)(str(self._user_error)) from None
         self.control.abort_pending()
         if self._eval_ref is not None:  # a periodic evaluation still running: keep its result
             ray.wait([self._eval_ref[0]])
@@ -359,19 +365,18 @@ class JobMaster:
             self._tick()
         if self.train_end is None:
             self.train_end = self.clock()
-        stopped = self.status == "stopping"
-        self.status = "evaluating"
+        self.entered(JobStatus.EVALUATING)
         metrics = self._evaluate()
-        self.status = "succeeded" if self.queue.finished else "stopped" if stopped else "failed"
-        self.events.add("job_end", status=self.status)
+        self.entered(JobStatus.SUCCEEDED if self.queue.finished else JobStatus.STOPPED if self._stop_requested else JobStatus.FAILED)
+        self.events.add("job_end", status=self.status.value)
+        self.recovery.finish()
         summary = self._summary(metrics)
         ps_stats = ray.get([ps.stats.remote() for ps in self.launcher.ps.values()]) + self.control.retired_ps_stats
         # Each (sample, feature) bag is pushed to exactly one PS: this counts applied updates.
         summary["ps_bags_updated"] = int(sum(s["rows_updated"] for s in ps_stats))
         summary.update(self.control.finish(summary))
         self.checkpointer.flush()
-        self.recovery.finish()
-        if self.status == "succeeded" and not self.spec.checkpoint.dir:
+        if self.status == JobStatus.SUCCEEDED and not self.spec.checkpoint.dir:
             # recovery checkpoints in the run directory served their purpose
             shutil.rmtree(self._checkpoint_root(), ignore_errors=True)
         summary.update(self._reliability(summary))
@@ -428,62 +433,72 @@ class JobMaster:
         self.events.add("model_saved", path=os.path.join(out, "final.pt"))
 
     # -- internals --------------------------------------------------------------------------------
-    def _watch_workers(self) -> None:
-        """Wait for every worker's ``run`` to return; a worker that dies is replaced."""
-        pending = {self.launcher.start(name): name for name in list(self.launcher.workers)}
-        while pending:
-            ready, _ = ray.wait(list(pending), num_returns=1, timeout=min(TICK_S, self.spec.policy.interval_s))
-            self._tick()
-            self._publish()
-            if self.queue.finished and pending and not any(n in self._stepped for n in pending.values()):
-                self._drop_unstarted(pending)
-                continue
-            if not self.queue.finished and self.status == "training":
-                self.recovery.tick(pending)
-                if not self.recovery.suspects():  # no pause waits on an actor that may be frozen
-                    pending.update(self.control.tick(pending))
-                    self._checkpoint(pending)
-            ready = [r for r in ready if r in pending]  # a restart may have taken some
-            if not ready:
-                continue
-            ref = ready[0]
-            name = pending.pop(ref)
-            try:
-                stats = ray.get(ref)
-                if stats.get("aborted"):
-                    continue
-                self.events.add("worker_exit", actor=name, **{k: v for k, v in stats.items() if np.isscalar(v)})
-                with self._lock:
-                    self.metrics.pop(name, None)
-                if name in self._draining:  # removed by a scale-in: its work is done
-                    self.launcher.forget_worker(name)
-                    self.control.forget(name)
-            except ray.exceptions.RayTaskError as e:
-                cause = getattr(e, "cause", None)
-                if isinstance(cause, DLRoverError):
-                    # Bad input (a malformed data line): replacing the worker would only
-                    # hit it again. Stop the job and hand the one-line error to the user.
-                    self.events.add("job_error", actor=name, error=str(cause))
-                    self.stop()
-                    raise type(cause)(str(cause)) from None
-                if isinstance(cause, ray.exceptions.RayActorError):  # a call to a PS failed
-                    dead, dense = self.recovery.dead_ps_now()
-                    if dead or dense:
-                        pending[ref] = name  # the rollback stops and restarts it
-                        self.recovery.ps_failed(pending, dead, dense, f"{name}: {str(cause).strip().splitlines()[0][:120]}")
-                        continue
-                self.recovery.worker_failed(name, e, pending)
-            except ray.exceptions.RayActorError as e:
-                self.recovery.worker_failed(name, e, pending)
+    # -- the job loop's context (dlrover.master.states.JobContext) ----------------------
+    def entered(self, status: JobStatus) -> None:
+        with self._lock:
+            self.status = status
 
-    def _drop_unstarted(self, pending: dict) -> None:
+    def tick(self) -> None:
+        self._tick()
+        self._publish()
+
+    def finished(self) -> bool:
+        return self.queue.finished
+
+    def stopping(self) -> bool:
+        return self._stop_requested
+
+    def unstarted(self, workers: list[str]) -> bool:
+        return not any(n in self._stepped for n in workers)
+
+    def drop_unstarted(self) -> None:
         """No work left, and the workers still pending never trained a step (a replacement
         or scale-out still waiting for a CPU the cluster does not have): stop them instead
         of waiting for ever. They hold no shards (every shard is done)."""
-        for name in list(pending.values()):
+        for name in self.runs.workers():
             self.events.add("worker_unneeded", actor=name, why="no work left before it started")
             self.launcher.forget_worker(name)
-        pending.clear()
+        self.runs.pending.clear()
+
+    def watch(self) -> None:
+        pending = self.runs.pending
+        self.recovery.tick(pending)
+        if not self.recovery.suspects():  # no pause waits on an actor that may be frozen
+            pending.update(self.control.tick(pending))
+            self._checkpoint(pending)
+
+    def rescaling(self) -> bool:
+        return self.control.busy()
+
+    def running(self) -> list[str]:
+        return self.runs.workers()
+
+    def worker_exited(self, worker: str, stats: dict) -> None:
+        self.events.add("worker_exit", actor=worker, **{k: v for k, v in stats.items() if np.isscalar(v)})
+        with self._lock:
+            self.metrics.pop(worker, None)
+        if worker in self._draining:  # removed by a scale-in: its work is done
+            self.launcher.forget_worker(worker)
+            self.control.forget(worker)
+
+    def worker_died(self, worker: str, error: Exception) -> None:
+        self.recovery.worker_failed(worker, error, self.runs.pending)
+
+    def ps_unreachable(self, worker: str, error: Exception) -> bool:
+        self._lost_ps = self.recovery.dead_ps_now()
+        return bool(self._lost_ps[0] or self._lost_ps[1])
+
+    def recover(self, worker: str, error: Exception) -> None:
+        dead, dense = self._lost_ps
+        cause = str(getattr(error, "cause", error)).strip().splitlines()[0][:120]
+        self.recovery.ps_failed(self.runs.pending, dead, dense, f"{worker}: {cause}")
+
+    def bad_input(self, worker: str, error: DLRoverError) -> None:
+        """Bad input (a malformed data line): replacing the worker would only hit it again.
+        The job stops and the one-line error goes to the user."""
+        self.events.add("job_error", actor=worker, error=str(error))
+        self.stop()
+        self._user_error = error
 
     def _checkpoint(self, pending: dict) -> None:
         """Take an in-memory checkpoint when one is due (not while a rescale is under way),
@@ -580,7 +595,7 @@ class JobMaster:
         trained = q.samples_done
         return {
             "job_id": self.job_id,
-            "status": self.status,
+            "status": self.status.value,
             "samples_expected": int(expected),
             "samples_trained": int(trained),
             "samples_lost": int(max(expected - trained, 0)),

@@ -1,0 +1,278 @@
+"""The job's life as explicit states, driven by typed events.
+
+::
+
+    Launching -> Running <-> Rescaling
+                    |  ^
+                    v  |
+                 Recovering
+                    |
+    Running -> Evaluating -> Succeeded | Failed | Stopped
+
+The loop (:class:`JobLoop`) takes the events a :class:`RunGroup` reports (a worker's
+``run`` returned, failed on its own, failed on a PS, hit bad input) plus a tick on the
+clock, and hands each to the current state, which returns the next one. A state decides;
+the master (:class:`JobContext`) carries the decisions out on Ray. Tests drive the loop
+with a fake group and a fake context, one event at a time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Protocol
+
+import ray
+
+from dlrover.errors import DLRoverError
+
+
+class JobStatus(str, Enum):
+    STARTING = "starting"
+    TRAINING = "training"
+    RESCALING = "rescaling"
+    RECOVERING = "recovering"
+    STOPPING = "stopping"  # asked to stop: the workers get no more shards
+    EVALUATING = "evaluating"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+
+TERMINAL = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED})
+
+
+# -- events ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Tick:
+    """The clock moved on (at least every tick period, also between worker events)."""
+
+
+@dataclass(frozen=True)
+class WorkerExited:
+    """A worker's ``run`` returned: it ran out of shards or was drained."""
+
+    worker: str
+    stats: dict
+
+
+@dataclass(frozen=True)
+class WorkerAborted:
+    """A worker's ``run`` returned because a rollback aborted it."""
+
+    worker: str
+
+
+@dataclass(frozen=True)
+class WorkerDied:
+    """The worker's process is gone (or its run failed in its own code)."""
+
+    worker: str
+    error: Exception
+
+
+@dataclass(frozen=True)
+class PsUnreachable:
+    """A worker's ``run`` failed on a call to a PS or the dense PS."""
+
+    worker: str
+    error: Exception
+
+
+@dataclass(frozen=True)
+class BadInput:
+    """A worker hit input the user must fix (a malformed data line): no replacement helps."""
+
+    worker: str
+    error: DLRoverError
+
+
+Event = Tick | WorkerExited | WorkerAborted | WorkerDied | PsUnreachable | BadInput
+
+
+class RunGroup:
+    """The ``run`` calls of the training workers: started here, reported as events.
+
+    ``pending`` maps each run's ObjectRef to its worker; the recovery and control code
+    that start or stop runs go through :meth:`start` / :meth:`add` / :meth:`clear`.
+    """
+
+    def __init__(self) -> None:
+        self.pending: dict[Any, str] = {}
+
+    def add(self, runs: dict[Any, str]) -> None:
+        self.pending.update(runs)
+
+    def workers(self) -> list[str]:
+        return list(self.pending.values())
+
+    def poll(self, timeout_s: float) -> list[Event]:
+        """Wait up to ``timeout_s`` for one run to end; its event (if any), then a tick."""
+        ready, _ = ray.wait(list(self.pending), num_returns=1, timeout=timeout_s) if self.pending else ([], [])
+        events: list[Event] = []
+        for ref in ready:
+            name = self.pending.pop(ref, None)
+            if name is not None:
+                events.append(self._outcome(ref, name))
+        events.append(Tick())
+        return events
+
+    @staticmethod
+    def _outcome(ref: Any, name: str) -> Event:
+        try:
+            stats = ray.get(ref)
+        except ray.exceptions.RayTaskError as e:
+            cause = getattr(e, "cause", None)
+            if isinstance(cause, DLRoverError):
+                return BadInput(name, cause)
+            if isinstance(cause, ray.exceptions.RayActorError):
+                return PsUnreachable(name, e)
+            return WorkerDied(name, e)
+        except ray.exceptions.RayActorError as e:
+            return WorkerDied(name, e)
+        return WorkerAborted(name) if stats.get("aborted") else WorkerExited(name, stats)
+
+
+class JobContext(Protocol):
+    """What the states ask of the job (the master implements it on Ray)."""
+
+    def entered(self, status: JobStatus) -> None:
+        """The loop moved to a state with this status."""
+
+    def tick(self) -> None:
+        """Work due on every tick, whatever the state (periodic evaluation, metrics)."""
+
+    def finished(self) -> bool:
+        """Every shard is trained."""
+
+    def stopping(self) -> bool:
+        """The user asked the job to stop."""
+
+    def unstarted(self, workers: list[str]) -> bool:
+        """None of ``workers`` has trained a step yet."""
+
+    def drop_unstarted(self) -> None:
+        """Stop the pending workers that never trained (nothing is left for them)."""
+
+    def watch(self) -> None:
+        """One round of liveness, memory limits, policy and checkpoint work."""
+
+    def rescaling(self) -> bool:
+        """A rescale is under way."""
+
+    def worker_exited(self, worker: str, stats: dict) -> None: ...
+
+    def worker_died(self, worker: str, error: Exception) -> None: ...
+
+    def ps_unreachable(self, worker: str, error: Exception) -> bool:
+        """A run failed on a PS: True when a PS is really gone (the job must recover)."""
+
+    def recover(self, worker: str, error: Exception) -> None:
+        """Roll back to a checkpoint with the lost PS replaced; runs restart."""
+
+    def bad_input(self, worker: str, error: DLRoverError) -> None: ...
+
+    def running(self) -> list[str]:
+        """Workers whose ``run`` is pending."""
+
+
+# -- states ------------------------------------------------------------------------------
+class State:
+    status: JobStatus
+    immediate = False  # stepped with a tick as soon as it is entered
+
+    def on(self, event: Event, job: JobContext) -> "State":
+        return self
+
+
+class Running(State):
+    """Workers train; failures are handled in place, a lost PS moves to Recovering."""
+
+    status = JobStatus.TRAINING
+
+    def on(self, event: Event, job: JobContext) -> State:
+        if isinstance(event, Tick):
+            job.tick()
+            if job.finished() and job.running() and job.unstarted(job.running()):
+                job.drop_unstarted()
+            if not job.running():
+                return Evaluating()
+            if job.finished() or job.stopping():
+                return self
+            job.watch()
+            return Rescaling() if job.rescaling() else self
+        if isinstance(event, WorkerExited):
+            job.worker_exited(event.worker, event.stats)
+        elif isinstance(event, WorkerDied):
+            job.worker_died(event.worker, event.error)
+        elif isinstance(event, PsUnreachable):
+            if job.ps_unreachable(event.worker, event.error):
+                return Recovering(event.worker, event.error)
+            job.worker_died(event.worker, event.error)
+        elif isinstance(event, BadInput):
+            job.bad_input(event.worker, event.error)
+            return Failed()
+        return self
+
+
+class Rescaling(Running):
+    """A rescale is under way: the same handling as Running, back to it once done."""
+
+    status = JobStatus.RESCALING
+
+    def on(self, event: Event, job: JobContext) -> State:
+        nxt = super().on(event, job)
+        if isinstance(nxt, Rescaling):
+            return self if job.rescaling() else Running()
+        return nxt
+
+
+class Recovering(State):
+    """A PS is gone: the whole job goes back to a checkpoint, then trains again. The loop
+    steps it at once (``immediate``): the rollback is one synchronous operation."""
+
+    status = JobStatus.RECOVERING
+    immediate = True
+
+    def __init__(self, worker: str, error: Exception) -> None:
+        self.worker, self.error = worker, error
+
+    def on(self, event: Event, job: JobContext) -> State:
+        job.recover(self.worker, self.error)
+        return Running()
+
+
+class Evaluating(State):
+    status = JobStatus.EVALUATING
+
+
+class Failed(State):
+    status = JobStatus.FAILED
+
+
+class JobLoop:
+    """Steps the current state with each event until training ends (Evaluating or Failed)."""
+
+    def __init__(self, job: JobContext, group: RunGroup, tick_s: float) -> None:
+        self.job, self.group, self.tick_s = job, group, tick_s
+        self.state: State = Running()
+        job.entered(self.state.status)
+
+    def step(self, events: list[Event]) -> State:
+        for event in events:
+            self._move(self.state.on(event, self.job))
+            while self.state.immediate:
+                self._move(self.state.on(Tick(), self.job))
+            if isinstance(self.state, (Evaluating, Failed)):
+                break
+        return self.state
+
+    def _move(self, nxt: State) -> None:
+        if nxt is not self.state:
+            self.state = nxt
+            self.job.entered(nxt.status)
+
+    def run(self) -> State:
+        while not isinstance(self.state, (Evaluating, Failed)):
+            self.step(self.group.poll(self.tick_s))
+        return self.state
