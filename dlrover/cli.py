@@ -13,6 +13,7 @@ import os
 import sys
 
 from dlrover.errors import DLRoverError
+from dlrover.paths import out_dir
 
 EXIT_USER_ERROR = 2
 DEFAULT_DASHBOARD = "http://127.0.0.1:8265"
@@ -44,17 +45,6 @@ _nonneg_int = _number(int, 0, False, "an integer >= 0")
 _positive_float = _number(float, 0.0, True, "a positive number")
 _rate = _number(float, 0.0, False, "a finite number >= 0")
 _tick_s = _number(float, 1.0, False, "at least 1 second")
-
-
-def _out_dir(path: str) -> str:
-    """A directory we can write into, checked before hours of work (one-line error)."""
-    from pathlib import Path
-
-    try:
-        Path(path).mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise DLRoverError(f"{path}: cannot create output directory: {e.strerror or e}") from None
-    return path
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -261,7 +251,7 @@ def cmd_tune(args) -> int:
     def trace_of(what: str, seed: int):
         return synthetic_trace(args.jobs, seed, nodes=args.nodes) if what == "synthetic" else read_trace(what)
 
-    _out_dir(os.path.dirname(os.path.abspath(args.out)))
+    out_dir(os.path.dirname(os.path.abspath(args.out)))
     if args.storage and not args.storage.startswith(("sqlite:///", "postgresql", "mysql")):
         raise DLRoverError(f"--storage {args.storage}: expected an Optuna storage URL such as sqlite:///tune.db")
     trace = trace_of(args.trace, args.seed)

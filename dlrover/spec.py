@@ -7,6 +7,7 @@ multi-line report into one line: ``<file>: <dotted.field>: <problem>``.
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -15,8 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from dlrover.data.criteo import NUM_SPARSE
-from dlrover.errors import SpecError
-
+from dlrover.errors import SpecError, format_validation_error
 
 
 class _Strict(BaseModel):
@@ -225,7 +225,8 @@ class ChaosEvent(_Strict):
     the i-th running worker (launch order), ``ps:i`` the i-th PS, ``master`` the job
     master (its process exits; Ray restarts it), ``node:i`` the i-th node of the cluster
     (by node id) with every actor of the job on it (all but the master's node's master
-    and dense PS: a node loss as the job sees it).
+    and dense PS: a node loss as the job sees it). A worker or PS the job can never have
+    (:meth:`JobSpec.max_actors`) is an error, not a fault that silently never fires.
     """
 
     at_s: float = Field(ge=0)
@@ -257,16 +258,28 @@ class JobSpec(_Strict):
     train: TrainSpec = Field(default_factory=TrainSpec)
     chaos: list[ChaosEvent] = Field(default_factory=list)
 
+    def max_actors(self, role: Literal["worker", "ps"]) -> int:
+        """The most workers (or PS) the job can ever run at once: the request under the
+        static policy; otherwise as many of the requested size as fit the CPU budget
+        (the request's CPUs without one), PS at most one per vshard."""
+        r = self.resources
+        count, cpu = (r.workers, r.worker_cpu) if role == "worker" else (r.ps, r.ps_cpu)
+        if self.policy.name != "static":
+            budget = r.budget_cpu or r.workers * r.worker_cpu + r.ps * r.ps_cpu
+            count = max(count, math.floor(budget / cpu + 1e-9))
+        return min(count, self.train.vshards) if role == "ps" else count
 
-def _format_error(source: str, err: ValidationError) -> str:
-    first = err.errors()[0]
-    loc = ".".join(str(p) for p in first["loc"]) or "<root>"
-    msg = first["msg"]
-    msg = re.sub(r"^(Value error|Assertion failed), ", "", msg)
-    if first["type"] == "extra_forbidden":
-        msg = "unknown field"
-    more = f" (+{err.error_count() - 1} more)" if err.error_count() > 1 else ""
-    return f"{source}: {loc}: {msg}{more}"
+    @model_validator(mode="after")
+    def _chaos_targets(self) -> "JobSpec":
+        # A fault aimed at an actor the job never has would be skipped silently, and the
+        # run would pass for a test of something it never exercised.
+        for i, ev in enumerate(self.chaos):
+            role, index = ev.role_index()
+            if role in ("worker", "ps") and index >= (most := self.max_actors(role)):
+                noun = "workers" if role == "worker" else "PS"
+                why = "policy static keeps the request" if self.policy.name == "static" else "as many as fit its CPU budget"
+                raise ValueError(f"chaos.{i}.target: {ev.target} never exists: this job runs at most {most} {noun} ({why})")
+        return self
 
 
 def _set_dotted(doc: dict, key: str, raw: str) -> None:
@@ -306,7 +319,7 @@ def spec_from_dict(doc: Any, source: str = "<spec>", overrides: list[tuple[str, 
     try:
         return JobSpec.model_validate(doc)
     except ValidationError as e:
-        raise SpecError(_format_error(source, e)) from None
+        raise SpecError(format_validation_error(source, e)) from None
 
 
 def read_yaml(path: str | Path, what: str = "spec") -> Any:

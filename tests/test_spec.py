@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from dlrover.errors import SpecError
@@ -48,3 +50,44 @@ def test_yaml_syntax_error_names_the_line(tmp_path):
         load_spec(p)
     with pytest.raises(SpecError, match="not found"):
         load_spec(tmp_path / "missing.yaml")
+
+
+def chaos_spec(target: str, **sections) -> dict:
+    return {**BASE, **sections, "chaos": [{"at_s": 1, "action": "kill", "target": "worker:0"}, {"at_s": 2, "action": "kill", "target": target}]}
+
+
+@pytest.mark.parametrize(
+    "target,sections",
+    [
+        ("worker:2", {"resources": {"workers": 2}}),
+        ("ps:2", {"resources": {"ps": 2}}),
+        ("worker:3", {"resources": {"workers": 2, "budget_cpu": 8}}),  # static never scales out
+        ("worker:8", {"resources": {"budget_cpu": 8}, "policy": {"name": "dlrover_rm"}}),
+        ("worker:4", {"resources": {"worker_cpu": 2, "budget_cpu": 8}, "policy": {"name": "optimus"}}),
+        ("ps:4", {"resources": {"budget_cpu": 64}, "train": {"vshards": 4}, "policy": {"name": "dlrover_rm"}}),
+    ],
+)
+def test_chaos_target_beyond_the_most_actors_the_job_can_have_names_the_entry(target, sections):
+    with pytest.raises(SpecError) as e:
+        spec_from_dict(chaos_spec(target, **sections), "job.yaml")
+    assert str(e.value).startswith(f"job.yaml: chaos.1.target: {target} never exists: this job runs at most ")
+
+
+@pytest.mark.parametrize(
+    "target,sections",
+    [
+        ("worker:1", {"resources": {"workers": 2}}),
+        ("ps:1", {"resources": {"ps": 2}}),
+        ("worker:7", {"resources": {"budget_cpu": 8}, "policy": {"name": "dlrover_rm"}}),
+        ("worker:2", {"resources": {"workers": 2, "ps": 2}, "policy": {"name": "scripted"}}),  # reshaped within the request's 4 CPUs
+        ("ps:3", {"resources": {"budget_cpu": 64}, "train": {"vshards": 4}, "policy": {"name": "dlrover_rm"}}),
+        ("node:9", {}),  # the cluster's size is known only when the job runs
+    ],
+)
+def test_chaos_target_a_policy_can_reach_is_accepted(target, sections):
+    assert spec_from_dict(chaos_spec(target, **sections), "job.yaml").chaos[1].target == target
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (Path(__file__).resolve().parents[1] / "jobs").glob("*.yaml")))
+def test_every_shipped_job_spec_is_valid(name):
+    assert load_spec(Path(__file__).resolve().parents[1] / "jobs" / name).data.paths

@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
-from dlrover.errors import SpecError
-from dlrover.spec import _format_error, read_yaml
+from dlrover.errors import SpecError, format_validation_error
+from dlrover.spec import read_yaml
 
 if TYPE_CHECKING:
     from dlrover.resource.plan import Config, Policy
@@ -296,7 +296,7 @@ def _merge(base: dict, over: dict) -> dict:
 
 
 def _prefixed(source: str, err: ValidationError, prefix: str) -> str:
-    line = _format_error(source, err)
+    line = format_validation_error(source, err)
     head = f"{source}: "
     return head + prefix + line[len(head):] if prefix and line.startswith(head) else line
 
@@ -314,7 +314,7 @@ def _read_file(name: str, path: str) -> dict:
     try:
         _file_model(name).model_validate(doc)
     except ValidationError as e:
-        raise SpecError(_format_error(str(path), e)) from None
+        raise SpecError(format_validation_error(str(path), e)) from None
     return doc
 
 

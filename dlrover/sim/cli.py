@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from dlrover.errors import DLRoverError
+from dlrover.paths import out_dir
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,10 +59,8 @@ def cmd_simulate(args) -> int:
     from dlrover.sim import ClusterSpec, SimSettings, read_trace, simulate, synthetic_trace
     from dlrover.sim.report import JSON_KEYS, metrics, table, write_outputs
 
-    from dlrover.cli import _out_dir
-
     entries = parse_policies(args.policies)
-    out = Path(_out_dir(args.out or str(Path("runs") / f"sim-{time.strftime('%Y%m%d-%H%M%S')}")))
+    out = Path(out_dir(args.out or str(Path("runs") / f"sim-{time.strftime('%Y%m%d-%H%M%S')}")))
     cluster = ClusterSpec(
         nodes=args.nodes, node_cpu=args.node_cpu, node_memory_mb=args.node_memory_gb * 1024,
         failure_rate=0.0 if args.no_failures else args.failure_rate, p_slow=0.0 if args.no_stragglers else ClusterSpec.p_slow,
