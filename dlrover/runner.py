@@ -13,8 +13,11 @@ from typing import Callable
 
 import ray
 
+from dlrover.data.plan import DataPlan
 from dlrover.errors import DLRoverError
 from dlrover.joblog import event_line, progress_line, result_line
+from dlrover.paths import check_creatable_dir, is_url
+from dlrover.rayauth import use_token_auth
 from dlrover.spec import JobSpec
 
 POLL_S = 0.5  # progress-bar refresh period
@@ -76,6 +79,18 @@ def resolve_policy(spec: JobSpec) -> JobSpec:
     return spec.model_copy(update={"policy": policy})
 
 
+def resolve_checkpoint_dir(spec: JobSpec) -> JobSpec:
+    """Check a local ``checkpoint.dir`` here, on the driver, before anything is written
+    (else the job would fail at its first checkpoint, or at its end), and make it absolute
+    for the master actor. A URL is the store's to check."""
+    d = spec.checkpoint.dir
+    if not d or is_url(d):
+        return spec
+    check_creatable_dir(d, "checkpoint.dir")
+    checkpoint = spec.checkpoint.model_copy(update={"dir": os.path.abspath(os.path.expanduser(d.removeprefix("file://")))})
+    return spec.model_copy(update={"checkpoint": checkpoint})
+
+
 def init_ray(spec: JobSpec, address: str | None, dashboard: bool = False) -> bool:
     """Connect to ``address`` or start an embedded local Ray on loopback.
 
@@ -89,6 +104,7 @@ def init_ray(spec: JobSpec, address: str | None, dashboard: bool = False) -> boo
     address = address or os.environ.get("RAY_ADDRESS")
     env = {"env_vars": {"PYTHONWARNINGS": "ignore", "TORCH_CPP_LOG_LEVEL": "ERROR", "RAY_IGNORE_UNHANDLED_ERRORS": "1", **{k: v for k, v in os.environ.items() if k in ("DLROVER_NO_SHM", "DLROVER_HISTORY_DIR")}}}
     if address:
+        use_token_auth()
         try:
             ray.init(address=address, namespace="dlrover", logging_level="ERROR")
         except (ConnectionError, ValueError, RuntimeError) as e:
@@ -131,8 +147,11 @@ def run_job(
 
     from dlrover.master.master import JobMaster
 
+    # Every check before the run directory is written: a bad input leaves nothing behind.
+    check_creatable_dir(runs_dir, "--runs-dir")
+    spec = resolve_checkpoint_dir(resolve_policy(spec))
     ensure_data(spec)
-    spec = resolve_policy(spec)
+    DataPlan.build(spec)  # files that hold no training rows fail here (the master builds its own)
     job_id = job_id or new_job_id(spec.name)
     run_dir = Path(runs_dir) / job_id
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -10,13 +10,13 @@ dashboard, ``dlrover status`` and ``runs/<job_id>/`` all use the same name.
 from __future__ import annotations
 
 import logging
-import os
 import shlex
 import sys
 import time
 from pathlib import Path
 
 from dlrover.errors import DLRoverError
+from dlrover.rayauth import auth_headers
 
 WORKING_DIR_EXCLUDES = [".venv", ".git", "runs", "data", "**/__pycache__", "*.egg-info", ".pytest_cache"]
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
@@ -24,26 +24,8 @@ POLL_S = 1.0
 AGENT_WAIT_S = 60.0  # how long a submit waits for a freshly started head's job agent
 
 
-def _use_local_token() -> None:
-    """Token mode for Ray's own clients in this process (``ray.init`` to a token-auth
-    cluster). It only counts when set before Ray loads, so HTTP clients below send the token
-    explicitly as well (``auth_headers``)."""
-    if "RAY_AUTH_MODE" not in os.environ and (Path.home() / ".ray" / "auth_token").is_file():
-        os.environ["RAY_AUTH_MODE"] = "token"
-
-
-def auth_headers() -> dict[str, str]:
-    """``Authorization: Bearer <token>`` for a cluster with token auth (Ray 2.60 local
-    clusters: ``~/.ray/auth_token``), the way the ``ray job`` CLI authenticates; empty without."""
-    token = os.environ.get("RAY_AUTH_TOKEN", "").strip()
-    path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
-    if not token and path.is_file():
-        token = path.read_text().strip()
-    return {"Authorization": f"Bearer {token}"} if token else {}
-
-
 def client(address: str):
-    _use_local_token()
+    """A Ray Jobs client that sends the token (a cluster without auth ignores it)."""
     from ray.job_submission import JobSubmissionClient
 
     try:
@@ -65,7 +47,6 @@ def submit(spec_path: str, address: str, overrides: list[str], wait: bool = Fals
 
 def submit_job(spec_path: str, address: str, overrides: list[str], runs_dir: str = "runs") -> str:
     """Validate the spec here and submit it to Ray Jobs; returns the job id."""
-    _use_local_token()
     for name in ("ray", "ray.dashboard.modules.dashboard_sdk", "ray._private.runtime_env.packaging"):
         logging.getLogger(name).setLevel(logging.WARNING)  # not a line per packaged file
     from dlrover.runner import new_job_id

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import subprocess
 import sys
 from pathlib import Path
@@ -108,3 +109,38 @@ def test_submit_through_ray_jobs(ray_head, tmp_path, synth_dir):
     assert summary["status"] == "succeeded" and summary["samples_lost"] == 0
     status = dlrover("status", "--address", ray_head)
     assert status.returncode == 0 and job_id in status.stdout and "SUCCEEDED" in status.stdout
+
+
+def test_run_joins_a_token_auth_head_by_address_without_ray_auth_mode(tmp_path, synth_dir, monkeypatch):
+    """A head from a plain ``ray start --head`` turns token auth on by itself when
+    ``~/.ray/auth_token`` exists; ``dlrover run --address`` must send that token although
+    RAY_AUTH_MODE is not set where it runs."""
+    import urllib.error
+    import urllib.request
+
+    from dlrover.localhead import LocalHead
+
+    home = tmp_path / "home"
+    (home / ".ray").mkdir(parents=True)
+    (home / ".ray" / "auth_token").write_text(secrets.token_hex(16))
+    monkeypatch.setenv("HOME", str(home))
+    for var in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_ADDRESS"):
+        monkeypatch.delenv(var, raising=False)
+    env = {k: v for k, v in ENV.items() if not k.startswith(("RAY_AUTH_", "RAY_ADDRESS"))} | {"HOME": str(home)}
+    spec = write_spec(
+        tmp_path / "job.yaml",
+        f"data: {{paths: ['{sorted(Path(synth_dir).glob('*.tsv'))[0]}'], batch_size: 1024, shard_rows: 4096}}\n"
+        "model: {embedding_dim: 8, num_embeddings: 1000, dense_arch: [16, 8], over_arch: [16, 1]}\n"
+        "resources: {workers: 1, ps: 1}\n",
+    )
+    with LocalHead(num_cpus=2) as head:
+        with pytest.raises(urllib.error.HTTPError) as denied:  # the head does check tokens
+            urllib.request.urlopen(f"{head.address}/api/jobs/", timeout=30)
+        assert denied.value.code in (401, 403)
+        proc = subprocess.run(
+            [sys.executable, "-m", "dlrover", "run", str(spec), "--address", head.gcs, "--quiet", "--runs-dir", str(tmp_path / "runs")],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads(Path(proc.stdout.strip().splitlines()[-1].removeprefix("summary: ")).read_text())
+    assert summary["status"] == "succeeded" and summary["samples_lost"] == 0 and summary["samples_trained"] > 0

@@ -24,6 +24,12 @@ class DataPlan:
                 if idx.fmt != spec.data.format:
                     raise DataError(f"{p}: looks like {idx.fmt} (by its extension) but data.format is {spec.data.format}")
         train = {p: idx.rows - int(idx.rows * spec.data.eval_fraction) for p, idx in files.items()}
+        if not any(train.values()):  # else the job would "succeed" having trained nothing
+            rows, n = sum(idx.rows for idx in files.values()), len(files)
+            raise DataError(
+                f"data.paths: {', '.join(spec.data.paths)}: no training rows ({rows} rows in {n} file{'s' if n > 1 else ''}, "
+                f"data.eval_fraction {spec.data.eval_fraction:g})"
+            )
         return cls(files, train)
 
     def eval_ranges(self, shard_rows: int) -> list[tuple[str, int, int]]:
