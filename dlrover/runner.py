@@ -151,7 +151,7 @@ def run_job(
     check_creatable_dir(runs_dir, "--runs-dir")
     spec = resolve_checkpoint_dir(resolve_policy(spec))
     ensure_data(spec)
-    DataPlan.build(spec)  # files that hold no training rows fail here (the master builds its own)
+    data = DataPlan.build(spec)  # files that hold no training rows fail here; the master gets this plan
     job_id = job_id or new_job_id(spec.name)
     run_dir = Path(runs_dir) / job_id
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -171,7 +171,7 @@ def run_job(
                 max_task_retries=-1,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True),
             )
-            .remote(job_id, spec.model_dump(), run_dir=str(run_dir.resolve()))
+            .remote(job_id, spec, data, run_dir=str(run_dir.resolve()))
         )
         ref = master.run.remote()
         bar = tqdm(total=None, unit="samples", unit_scale=True, disable=progress != "bar", dynamic_ncols=True, file=sys.stderr)

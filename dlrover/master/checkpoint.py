@@ -135,9 +135,7 @@ class Checkpointer:
             ps = dict(lz.ps)
             ray.get([h.snapshot.remote() for h in ps.values()], timeout=PAUSE_TIMEOUT_S)
             dense = ray.get(lz.dense_ps.state.remote(), timeout=PAUSE_TIMEOUT_S)
-            with m._lock:
-                queue = m.queue.cut(trained)
-                bad, steps = m.bad_lines, m.steps_done
+            queue, bad, steps = m.cut_books(trained)
         except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError) as e:
             m.events.add("checkpoint_skipped", why=str(e).strip().splitlines()[0][:200])
             return None
@@ -147,7 +145,7 @@ class Checkpointer:
         refs = [h.snapshot_payload.remote() for h in ps.values()]
         self._seq += 1
         ckpt = Checkpoint(self._seq, now, queue, held_samples(queue), bad, steps, dense, refs, pause, extra=dict(extra or {}))
-        ckpt.extra["config"] = lz.config(exclude=m._draining).to_dict()
+        ckpt.extra["config"] = lz.config(exclude=m.draining()).to_dict()
         ckpt.extra["vmap"] = {"table_sizes": lz.vmap.table_sizes, "num_vshards": lz.vmap.num_vshards, "owner": lz.vmap.owner.tolist(), "version": lz.vmap.version}
         with self._lock:
             self.latest = ckpt

@@ -1,11 +1,12 @@
 """The master's control loop: metrics in, policy decision, Scaler out.
 
-Every ``policy.interval_s`` the Controller builds a :class:`~dlrover.resource.plan.JobView`
-from what the job reported, asks the policy, and has the :class:`Scaler` carry out a
-changed plan. It also owns the measurement windows: while one configuration runs, the
-job's throughput is measured after a warm-up (``policy.warmup_s``); when the
-configuration changes the window closes into a :class:`Measurement` that refits the
-performance model (``PerfModel.observe``) and is reported as predicted vs measured.
+Every ``policy.interval_s`` the Controller asks the job's
+:class:`~dlrover.resource.driver.PolicyDriver` for a decision on what the job reported and
+has the :class:`Scaler` carry out a changed plan. The driver, shared with the simulator,
+owns the measurement windows (after ``policy.warmup_s``; closed into a
+:class:`Measurement` that refits the performance model when the configuration changes),
+the ``JobView``, the budget check, straggler marks and RSS trends; this module feeds it
+the actors' reports and reports what it measured as events and in the summary.
 """
 
 from __future__ import annotations
@@ -13,17 +14,14 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections import deque
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import ray
 
 from dlrover.master.scaler import MigrationAborted, Scaler, scale_plan
 from dlrover.resource.configs import describe_change
+from dlrover.resource.driver import DecisionKind, PolicyDriver, Progress
 from dlrover.resource.history import HistoryRecord, HistoryStore, dataset_signature, job_signature
-from dlrover.resource.perf_model import PerfModel
 from dlrover.failures import FailureKind
 from dlrover.resource.plan import ActorMetrics, Budget, Config, CorrectionKind, JobView, Measurement, ResourcePlan
 from dlrover.resource.policy_config import load_policy
@@ -31,12 +29,6 @@ from dlrover.resource.policy_config import load_policy
 if TYPE_CHECKING:
     from dlrover.master.master import DataPlan, JobMaster
 
-MIN_WINDOW_S = 2.0  # a window shorter than this says too little to fit on
-RSS_POINTS = 60  # RSS samples per actor kept for the memory trend (at most one a second)
-RSS_EVERY_S = 1.0
-RSS_WARMUP_S = 15.0  # an actor's RSS grows while it warms up: not a leak, so not in the trend
-RSS_MIN_SPAN_S = 10.0  # a trend needs samples spanning at least this long
-STRAGGLER_FACTOR = 1.5  # default "slow" bar: step time over this x the workers' median
 PS_STATS_TIMEOUT_S = 5.0
 
 
@@ -53,59 +45,34 @@ def job_budget(spec: Any, requested: Config) -> Budget:
     return Budget(cpu=cpu, memory_mb=memory, max_ps=spec.train.vshards)
 
 
-@dataclass
-class _Window:
-    """Throughput of one configuration, from the job's cumulative sample count."""
-
-    config: Config
-    opened_s: float
-    start_s: float  # opened_s + warm-up: samples before this do not count
-    predicted: float | None
-    t_a: float | None = None
-    s_a: int = 0
-    t_b: float | None = None
-    s_b: int = 0
-
-    def update(self, now: float, samples: int) -> None:
-        if now < self.start_s:
-            return
-        if self.t_a is None:
-            self.t_a, self.s_a = now, samples
-        self.t_b, self.s_b = now, samples
-
-    def measurement(self) -> Measurement | None:
-        if self.t_a is None or self.t_b is None or self.t_b - self.t_a <= 0 or self.s_b <= self.s_a:
-            return None
-        dur = self.t_b - self.t_a
-        return Measurement(self.config, (self.s_b - self.s_a) / dur, dur, self.t_b, self.predicted)
-
-
 class Controller:
     def __init__(self, master: "JobMaster", data: "DataPlan", chaos_fired: list[dict] | None = None) -> None:
         self.m = master
         spec = master.spec
         self.spec = spec
         self.policy = load_policy(spec.policy.name, spec.policy.config, spec.policy.knobs)
-        self.model = PerfModel(spec.data.batch_size, prior=self.policy.model_prior())
         self.requested = Config.from_resources(spec.resources)
         self.budget = job_budget(spec, self.requested)
         self.signature = job_signature(spec.model.model_dump(), spec.data.batch_size)
         self.dataset = dataset_signature(sorted(data.files), sum(i.rows for i in data.files.values()))
         self.history_dir = spec.policy.history_dir or default_history_dir()
         self.store = HistoryStore(self.history_dir)
-        self.history = self.store.similar(self.signature, self.dataset)
-        self.measurements: list[Measurement] = []
-        self.window: _Window | None = None
+        self.driver = PolicyDriver(
+            self.policy,
+            budget=self.budget,
+            requested=self.requested,
+            batch_size=spec.data.batch_size,
+            signature=self.signature,
+            history=self.store.similar(self.signature, self.dataset),
+            warmup_s=spec.policy.warmup_s,
+        )
+        self.model = self.driver.model
         self.retired_ps_stats: list[dict] = []
         self.scaler = Scaler(master.launcher, running=lambda: self._running)
         self._running: list[str] = []
         self._lock = threading.Lock()
         self._next_tick = 0.0
-        self._last_change = 0.0
-        self._rss: dict[str, deque] = {}
         self.peak_rss = {"worker": 0.0, "ps_total": 0.0}  # for the history record (memory right-sizing)
-        self._first_seen: dict[str, float] = {}
-        self._slow_since: dict[str, float] = {}
         self._ps_prev: dict[int, tuple[float, float]] = {}
         self._ps_metrics: dict[int, ActorMetrics] = {}
         self._await_first_step: dict[str, dict | None] = {}  # new worker -> its scale event (None: not written yet)
@@ -126,10 +93,8 @@ class Controller:
 
     def initial_config(self) -> Config:
         """Stage 1 (warm start) or the request, as the policy says; clipped to the budget."""
-        view = self._view(self.now(), self.requested)
-        plan = self.policy.initial(view)
-        if not plan.config.fits(self.budget):
-            raise ValueError(f"policy {self.policy.name} chose {plan.config.short()}, beyond the budget {self.budget}")
+        with self._lock:
+            plan = self.driver.initial(self.now())
         self.m.events.add("initial_config", stage=plan.stage, reason=plan.reason, config=plan.config.to_dict())
         if plan.config != self.requested:
             self.m.scale_events.append(self._event("warm_start", plan, self.requested, plan.config, self.now()))
@@ -155,45 +120,42 @@ class Controller:
         if self.spec.policy.standby:
             self.m.launcher.add_spares(config, self.spec.policy.standby)
 
+    @property
+    def measurements(self) -> list[Measurement]:
+        """The configurations measured so far (closed windows), oldest first."""
+        return self.driver.measurements
+
     def _open(self, config: Config, now: float, plan: ResourcePlan | None) -> None:
-        predicted = plan.predicted_throughput if plan is not None and plan.predicted_throughput else self.model.predict(config)
         with self._lock:
-            self.window = _Window(config, now, now + self.spec.policy.warmup_s, predicted)
-        self._last_change = now
+            self.driver.open(config, now, plan.predicted_throughput if plan is not None else None)
 
     def _close(self) -> None:
         with self._lock:
-            w, self.window = self.window, None
-        meas = w.measurement() if w is not None else None
-        if meas is None or meas.duration_s < MIN_WINDOW_S:
+            meas = self.driver.close()
+        if meas is None:
             return
-        self.measurements.append(meas)
-        self.model.observe(meas.config, meas.throughput, weight=meas.duration_s)
         self.m.events.add("measurement", config=meas.config.to_dict(), throughput=meas.throughput, predicted=meas.predicted, duration_s=meas.duration_s)
 
     def window_now(self) -> tuple[float | None, float | None]:
         """The running configuration's predicted throughput and, once its window is long
         enough to mean something, the measured one."""
         with self._lock:
-            w = self.window
-            m = w.measurement() if w is not None else None
+            w, m = self.driver.window, self.driver.current()
         if w is None:
             return None, None
-        return w.predicted, m.throughput if m is not None and m.duration_s >= MIN_WINDOW_S else None
+        return w.predicted, m.throughput if m is not None else None
 
     def window_s(self) -> float:
         """How long the running configuration has been measured so far."""
         with self._lock:
-            m = self.window.measurement() if self.window is not None else None
-        return m.duration_s if m is not None else 0.0
+            return self.driver.window_s()
 
     # -- reports ------------------------------------------------------------------------
     def on_report(self, worker: str, metrics: dict, now: float, samples: int) -> None:
         with self._lock:
-            if self.window is not None:
-                self.window.update(now, samples)
+            self.driver.observe(now, samples)
             if "rss_mb" in metrics:
-                self._rss_add(worker, now, float(metrics["rss_mb"]))
+                self.driver.rss(worker, now, float(metrics["rss_mb"]))
                 self.peak_rss["worker"] = max(self.peak_rss["worker"], float(metrics["rss_mb"]))
 
     def first_step(self, worker: str, now: float) -> None:
@@ -218,9 +180,7 @@ class Controller:
 
     def forget(self, name: str) -> None:
         with self._lock:
-            self._rss.pop(name, None)
-            self._first_seen.pop(name, None)
-        self._slow_since.pop(name, None)
+            self.driver.forget(name)
 
     # -- the loop -----------------------------------------------------------------------
     def tick(self, pending: dict[Any, str]) -> dict[Any, str]:
@@ -232,18 +192,16 @@ class Controller:
         self._inject_chaos(now - (self._chaos_t0 or 0.0))
         if self._op is not None:
             return self._progress_op(now)
-        if now < self._next_tick or self.m._eval_ref is not None:
+        if now < self._next_tick or self.m.evaluator.busy():
             return {}
         self._next_tick = now + self.spec.policy.interval_s
-        view = self._view(now, self._config())
-        plan = self.policy.decide(view)
-        if plan is None or not plan.changes(view.config):
+        decision = self.driver.decide(self._view(now, self._config()))
+        if decision.kind is DecisionKind.REJECTED:
+            plan = decision.plan
+            self.m.events.add("plan_rejected", reason=plan.reason, config=plan.config.to_dict(), why=decision.why)
+        if decision.kind is not DecisionKind.APPLY:
             return {}
-        if not plan.config.fits(self.budget):
-            self.m.events.add("plan_rejected", reason=plan.reason, config=plan.config.to_dict(), why="over budget")
-            self.policy.rejected(plan, "over budget")
-            return {}
-        return self._apply(plan, view)
+        return self._apply(decision.plan, decision.view)
 
     def _apply(self, plan: ResourcePlan, view: JobView) -> dict[Any, str]:
         """Start carrying out ``plan``: new actors are created now, the switch happens on a
@@ -278,7 +236,7 @@ class Controller:
             if error:
                 self.m.scale_events.append(dict(self._event("failed", plan, old, old, t0), error=error))
             return {}
-        if not ready or self.m._eval_ref is not None:  # no switch under a periodic evaluation
+        if not ready or self.m.evaluator.busy():  # no switch under a periodic evaluation
             return {}
         self._op = None
         if finished:  # nothing left to train: give the new actors back
@@ -350,16 +308,12 @@ class Controller:
 
     def memory_after_oom(self, memory_mb: int) -> int:
         """Memory for the replacement of an actor killed over its limit: 1.5x, within the budget."""
-        return int(min(memory_mb * 1.5, self.budget.memory_mb))
+        return self.driver.memory_after_oom(memory_mb)
 
     def after_rollback(self) -> None:
         """The job went back to a checkpoint: the running window's throughput means nothing."""
         with self._lock:
-            self.window = None
-            self._rss.clear()
-            self._first_seen.clear()
-        self._slow_since.clear()
-        self._open(self._config(), self.now(), None)
+            self.driver.rolled_back(self._config(), self.now())
 
     def abort_pending(self) -> None:
         """The job ends: a rescale still starting its actors is dropped."""
@@ -416,7 +370,7 @@ class Controller:
         for fix in plan.corrections:
             memory = fix.kind == CorrectionKind.MEMORY_PRESSURE
             f = rec.new_failure(FailureKind.MEMORY_PRESSURE if memory else FailureKind.STRAGGLER, fix.actor, plan.reason, t0)
-            f.at_s = round(min(self._slow_since.get(fix.actor, t0), t0), 3)
+            f.at_s = round(min(self.driver.watch.slow_since(fix.actor, t0), t0), 3)
             f.replacement = op.new_workers[0] if op.new_workers else None
             # a straggler's slowness costs its share of the job; memory raised in time, nothing
             f.capacity_lost = 0.0 if memory else round(1.0 / max(len(self.m.launcher.workers), 1), 4)
@@ -460,64 +414,35 @@ class Controller:
     # -- the view -----------------------------------------------------------------------
     def _view(self, now: float, config: Config) -> JobView:
         q = self.m.queue
+        progress = Progress(q.samples_done, q.samples_expected) if q is not None else Progress(0.0, 1.0)
+        reports = self._actor_metrics(now) if self.m.launcher.vmap is not None else []
         with self._lock:
-            w = self.window
-            current = w.measurement() if w is not None else None
-        if current is not None and current.duration_s < 1.0:
-            current = None
-        progress = q.samples_done / max(q.samples_expected, 1) if q is not None else 0.0
-        remaining = None
-        if current is not None and q is not None:
-            remaining = (q.samples_expected - q.samples_done) / max(current.throughput, 1e-9)
-        return JobView(
-            now_s=now,
-            config=config,
-            budget=self.budget,
-            batch_size=self.spec.data.batch_size,
-            signature=self.signature,
-            model=self.model,
-            measurements=list(self.measurements),
-            current=current,
-            actors=self._actor_metrics(now) if self.m.launcher.vmap is not None else {},
-            progress=progress,
-            remaining_s=remaining,
-            last_change_s=self._last_change,
-            history=self.history,
-            requested=self.requested,
-        )
+            return self.driver.view(now, config, progress, reports)
 
-    def _actor_metrics(self, now: float) -> dict[str, ActorMetrics]:
+    def _actor_metrics(self, now: float) -> list[ActorMetrics]:
+        """Every worker's latest report and every PS's stats, as the driver takes them."""
         lz = self.m.launcher
-        out: dict[str, ActorMetrics] = {}
         with self.m._lock:
             reports = {n: dict(r) for n, r in self.m.metrics.items() if n in lz.workers}
-        steps = [r.get("step_time_s", 0.0) for r in reports.values() if r.get("step_time_s")]
-        median = float(np.median(steps)) if steps else 0.0
-        factor = float(getattr(getattr(self.policy, "knobs", None), "straggler_factor", STRAGGLER_FACTOR))
+        out = []
         for name, r in reports.items():
             cpu, mem = lz.resources.get(name, (1.0, 0))
-            slow = median > 0 and len(steps) >= 2 and r.get("step_time_s", 0.0) > factor * median
-            if slow:
-                self._slow_since.setdefault(name, r.get("at_s", now))
-            else:
-                self._slow_since.pop(name, None)
-            out[name] = ActorMetrics(
-                name=name,
-                role="worker",
-                cpu=cpu,
-                memory_limit_mb=mem,
-                rss_mb=float(r.get("rss_mb", 0.0)),
-                cpu_util=float(r.get("cpu_percent", 0.0)) / 100.0 / max(cpu, 1e-9),
-                step_time_s=float(r.get("step_time_s", 0.0)),
-                samples_per_s=float(r.get("samples_per_s", 0.0)),
-                wait_ps_s=float(r.get("wait_ps_s", 0.0)),
-                queue_depth=int(r.get("queue_depth", 0)),
-                slow_since_s=self._slow_since.get(name),
-                rss_trend_mb_per_s=self._trend(name),
-                at_s=float(r.get("at_s", now)),
+            out.append(
+                ActorMetrics(
+                    name=name,
+                    role="worker",
+                    cpu=cpu,
+                    memory_limit_mb=mem,
+                    rss_mb=float(r.get("rss_mb", 0.0)),
+                    cpu_util=float(r.get("cpu_percent", 0.0)) / 100.0 / max(cpu, 1e-9),
+                    step_time_s=float(r.get("step_time_s", 0.0)),
+                    samples_per_s=float(r.get("samples_per_s", 0.0)),
+                    wait_ps_s=float(r.get("wait_ps_s", 0.0)),
+                    queue_depth=int(r.get("queue_depth", 0)),
+                    at_s=float(r.get("at_s", now)),
+                )
             )
-        out.update({m.name: m for m in self._poll_ps(now).values()})
-        return out
+        return out + list(self._poll_ps(now).values())
 
     def _poll_ps(self, now: float) -> dict[int, ActorMetrics]:
         lz = self.m.launcher
@@ -535,7 +460,7 @@ class Controller:
                 busy = (st["busy_s"] - prev[1]) / (st["uptime_s"] - prev[0])
             self._ps_prev[k] = (st["uptime_s"], st["busy_s"])
             with self._lock:
-                self._rss_add(name, now, float(st.get("rss_mb", 0.0)))
+                self.driver.rss(name, now, float(st.get("rss_mb", 0.0)))
             cpu, mem = lz.resources.get(name, (1.0, 0))
             out[k] = ActorMetrics(
                 name=name,
@@ -546,7 +471,6 @@ class Controller:
                 cpu_util=float(st.get("cpu_percent", 0.0)) / 100.0 / max(cpu, 1e-9),
                 busy=max(0.0, busy),
                 queue_depth=int(st.get("pending", 0)),
-                rss_trend_mb_per_s=self._trend(name),
                 at_s=now,
             )
         self._ps_metrics = out
@@ -555,22 +479,6 @@ class Controller:
         for m in out.values():
             self.m.events.add("ps_metrics", actor=m.name, busy=m.busy, rss_mb=m.rss_mb, cpu_util=m.cpu_util, pending=m.queue_depth)
         return out
-
-    def _rss_add(self, name: str, now: float, rss_mb: float) -> None:
-        """Record an RSS sample (lock held); the first ``RSS_WARMUP_S`` of an actor are skipped."""
-        first = self._first_seen.setdefault(name, now)
-        pts = self._rss.setdefault(name, deque(maxlen=RSS_POINTS))
-        if now - first >= RSS_WARMUP_S and (not pts or now - pts[-1][0] >= RSS_EVERY_S):
-            pts.append((now, rss_mb))
-
-    def _trend(self, name: str) -> float:
-        """Least-squares slope of the actor's RSS (MB/s) over its recent samples."""
-        with self._lock:
-            pts = list(self._rss.get(name, ()))
-        if len(pts) < 5 or pts[-1][0] - pts[0][0] < RSS_MIN_SPAN_S:
-            return 0.0
-        t, y = np.array(pts).T
-        return float(np.polyfit(t, y, 1)[0])
 
     # -- end of job ---------------------------------------------------------------------
     def finish(self, summary: dict) -> dict:

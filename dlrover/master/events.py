@@ -32,3 +32,11 @@ class EventLog:
         """Rows added after the first ``index``, and the index to ask from next time."""
         with self._lock:
             return self._rows[index:], len(self._rows)
+
+
+# Events worth a line in the driver log (``ray job logs -f``) and in ``dlrover status``.
+NOTABLE_EVENTS = frozenset({
+    "initial_config", "launched", "scale", "scale_failed", "plan_rejected", "failure", "recovered", "oom_kill", "chaos",
+    "measurement", "eval", "rollback", "master_resumed", "checkpoint_corrupt", "bad_node", "job_error", "job_end",
+    "worker_unneeded", "telemetry_error",
+})

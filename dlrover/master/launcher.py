@@ -26,7 +26,7 @@ from dlrover.ps.vshard import VShardMap
 from dlrover.resource.plan import Config
 from dlrover.spec import JobSpec
 from dlrover.worker.dense_client import shm_prefix
-from dlrover.worker.worker import Worker, worker_threads
+from dlrover.worker.worker import Worker, WorkerSpec, worker_threads
 
 MB = 2**20
 ACTOR_START_TIMEOUT_S = 180.0
@@ -36,6 +36,7 @@ class Launcher:
     def __init__(self, job_id: str, spec: JobSpec, files: dict[str, FileIndex], master: Any) -> None:
         self.job_id = job_id
         self.spec = spec
+        self.worker_spec = WorkerSpec.of(spec)  # built once: each worker gets only its section
         self.files = files
         self.master = master
         self.ps: dict[int, Any] = {}
@@ -147,7 +148,7 @@ class Launcher:
             .options(name=name, num_cpus=cpu, memory=memory_mb * MB, max_concurrency=4, **self._placement())
             .remote(
                 name,
-                self.spec.model_dump(),
+                self.worker_spec,
                 self.master,
                 dict(self.ps),
                 self.dense_ps,

@@ -2,75 +2,67 @@
 
 The master is a threaded Ray actor: ``run`` is one long call that drives the job, while
 workers call ``next_shard`` / ``shard_done`` / ``report`` concurrently (guarded by one
-lock and a condition variable that wakes workers waiting for work). Actor deaths arrive
-as errors on the workers' ``run`` ObjectRefs through ``ray.wait``: events, not polling.
-
-Every ``policy.interval_s`` the control loop (``dlrover.master.control``) builds a
-``JobView``, asks the policy, and has the Scaler carry out what it decides.
+lock and a condition variable that wakes workers waiting for work). ``run`` steps the
+job's states (``dlrover.master.states``) with the events of the workers' runs; the
+master is the ``JobContext`` those states act through. Every ``policy.interval_s`` the
+control loop (``dlrover.master.control``) builds a ``JobView``, asks the policy, and has
+the Scaler carry out what it decides.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
 import threading
 import time
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 import ray
-import torch
 
 from dlrover.data.plan import DataPlan
 from dlrover.data.shards import Shard, ShardQueue
 from dlrover.errors import DLRoverError
-from dlrover.failures import CheckpointRef, Failure, FailureKind
+from dlrover.failures import Failure
 from dlrover.ids import ProcessInfo
 from dlrover.checkpoint.store import CheckpointStore
-from dlrover.master.checkpoint import Checkpointer
+from dlrover.master.checkpoint import Checkpointer, held_samples
 from dlrover.master.control import Controller
-from dlrover.master.events import EventLog
+from dlrover.master.evaluation import Evaluator
+from dlrover.master.events import NOTABLE_EVENTS, EventLog
 from dlrover.master.launcher import Launcher
+from dlrover.master.persist import MasterState
 from dlrover.master.recovery import Recovery
+from dlrover.master.rollback import resume_after_restart
+from dlrover.master.summary import actor_rows, export_final, reliability_fields, reliability_of, summary_of
 from dlrover.master.states import TERMINAL, JobLoop, JobStatus, RunGroup
 from dlrover.master.telemetry import Telemetry
-from dlrover.metrics.reliability import reliability_report
-from dlrover.metrics.evaluation import evaluate_scores
 from dlrover.spec import JobSpec
 
 NEXT_SHARD_WAIT_S = 1.0
 TICK_S = 1.0  # the control loop wakes at least this often while workers train
-PERIODIC_EVAL_MAX_RANGES = 4  # periodic evaluation scores a bounded slice of the held-out rows
 PUBLISH_EVERY_S = 1.0  # metrics export (Ray's agent takes them every few seconds)
-# Events worth a line in the driver log (``ray job logs -f``) and in ``dlrover status``.
-NOTABLE_EVENTS = frozenset({
-    "initial_config", "launched", "scale", "scale_failed", "plan_rejected", "failure", "recovered", "oom_kill", "chaos",
-    "measurement", "eval", "rollback", "master_resumed", "checkpoint_corrupt", "bad_node", "job_error", "job_end",
-    "worker_unneeded", "telemetry_error",
-})
-
 
 class JobMaster:
-    def __init__(self, job_id: str, spec: dict, clock: Callable[[], float] = time.monotonic, run_dir: str | None = None) -> None:
+    def __init__(self, job_id: str, spec: JobSpec, data: DataPlan, clock: Callable[[], float] = time.monotonic, run_dir: str | None = None) -> None:
+        """``spec``: validated once, on the driver; ``data``: the driver's index of the files."""
         self.job_id = job_id
         self.run_dir = run_dir
-        self.spec = JobSpec.model_validate(spec)
+        self.spec = spec
         self.clock = clock
         self.t0 = clock()
         self.events = EventLog(clock=lambda: self.clock() - self.t0)
         self._lock = threading.Lock()
         self._work = threading.Condition(self._lock)
         self.queue: ShardQueue | None = None
-        self.data: DataPlan | None = None
+        self.data = data
         self.launcher: Launcher | None = None
         self.bad_lines = 0
         self.metrics: dict[str, dict] = {}
         self.samples_done = 0
         self.steps_done = 0
-        self._next_eval_step = self.spec.data.eval_every_steps or None
-        self._eval_ref: tuple[Any, int] | None = None
+        self.evaluator = Evaluator(data, spec.data.shard_rows, spec.data.eval_every_steps, self.events)
         self.train_start: float | None = None
         self.train_end: float | None = None
         self.failures: list[Failure] = []
@@ -89,7 +81,6 @@ class JobMaster:
         self.checkpointer: Checkpointer | None = None
         self.restarts = 0
         self._stepped: set[str] = set()  # workers that trained a step (actor up and running)
-        self._last_auc: float | None = None
         self.telemetry = Telemetry(job_id)
         self._published = float("-inf")
 
@@ -148,6 +139,61 @@ class JobMaster:
             self.control.on_report(worker, metrics, now, samples)
         self.events.add("metrics", actor=worker, **metrics)
 
+    # -- the books, for the master's own modules (recovery, rollback, checkpoints) -------------
+    def worker_reports(self) -> dict[str, dict]:
+        """A copy of each worker's latest report."""
+        with self._lock:
+            return {n: dict(r) for n, r in self.metrics.items()}
+
+    def draining(self) -> frozenset[str]:
+        """Workers finishing their leased shards before they leave (a scale-in)."""
+        with self._lock:
+            return frozenset(self._draining)
+
+    def retire(self, worker: str) -> list[Shard]:
+        """``worker`` is gone: its late calls count for nothing, its leased shards go back."""
+        with self._work:
+            self._retired.add(worker)
+            self._draining.discard(worker)
+            self.metrics.pop(worker, None)
+            requeued = self.queue.requeue_owner(worker)
+            self._work.notify_all()
+        return requeued
+
+    def expired_leases(self, timeout_s: float) -> dict[str, float]:
+        """Workers holding a lease their progress has not renewed for ``timeout_s``, with
+        the job time of their last renewal."""
+        with self._lock:
+            expired = self.queue.expired(timeout_s)
+            ages, owners = self.queue.lease_ages(), self.queue.doing_owners()
+        now = self.clock() - self.t0
+        return {w: now - max(a for i, a in ages.items() if owners[i] == w) for w in expired}
+
+    def renew_leases(self) -> None:
+        """Every running worker's leases start afresh (the master could not watch them)."""
+        with self._lock:
+            for name in list(self.launcher.workers):
+                self.queue.renew(name)
+
+    def cut_books(self, trained: dict[int, tuple[int, int]]) -> tuple[dict, int, int]:
+        """For a checkpoint, every worker parked: the queue's cut, bad lines and steps."""
+        with self._lock:
+            return self.queue.cut(trained), self.bad_lines, self.steps_done
+
+    def restore_books(self, queue_state: dict, bad_lines: int, steps: int, new_generation: bool) -> int:
+        """Back to a checkpoint's books; the samples trained since, now to train again.
+        ``new_generation``: runs from before are stale (their calls get "stop")."""
+        with self._work:
+            replayed = max(0, self.queue.samples_done - held_samples(queue_state)) if self.queue else 0
+            self.queue = ShardQueue.from_state_dict(queue_state, clock=self.clock)
+            self.bad_lines, self.steps_done = bad_lines, steps
+            self.train_end = None
+            self._draining.clear()
+            if new_generation:
+                self.launcher.generation += 1
+            self._work.notify_all()
+        return replayed
+
     # -- called by the driver ----------------------------------------------------------------
     def progress(self, since: int = 0) -> dict:
         """The job as it is now: what the driver's progress lines, ``dlrover status`` and
@@ -160,6 +206,7 @@ class JobMaster:
             loss = [m["loss"] for m in self.metrics.values() if "loss" in m]
             samples_seen = self.samples_done
             throughput = sum(m.get("samples_per_s", 0.0) for m in self.metrics.values() if now - m.get("at_s", now) <= fresh_s)
+            reports = {n: dict(r) for n, r in self.metrics.items()}
         lz, ctl = self.launcher, self.control
         events, events_next = self.events.since(since)
         predicted, measured = ctl.window_now() if ctl else (None, None)
@@ -173,7 +220,7 @@ class JobMaster:
             "progress": q.samples_done / max(q.samples_expected, 1) if q else 0.0,
             "samples_per_s": throughput,
             "loss": float(np.mean(loss)) if loss else None,
-            "auc": self._last_auc,
+            "auc": self.evaluator.last_auc,
             "workers": len(lz.workers) if lz else 0,
             "ps": len(lz.ps) if lz else 0,
             "config": lz.config().short() if lz and lz.vmap else None,
@@ -183,7 +230,7 @@ class JobMaster:
             "measured": measured,
             "ettr": self._ettr_now(),
             "checkpoint_age_s": self.checkpointer.age_s(now) if self.checkpointer else {},
-            "actors": self._actor_rows(),
+            "actors": actor_rows(self, reports),
             # Copies of the fields readers use: the originals gain keys on other threads.
             "scale_events": [{"kind": e["kind"]} for e in list(self.scale_events)],
             "failures": [{k: f.to_dict()[k] for k in ("kind", "cause_class", "at_s", "recovered_s")} for f in list(self.failures)],
@@ -192,30 +239,6 @@ class JobMaster:
             "events_next": events_next,
         }
 
-    def _actor_rows(self) -> list[dict]:
-        """Resources and latest measurements of each running worker and PS."""
-        lz = self.launcher
-        if lz is None or lz.vmap is None:
-            return []
-        with self._lock:
-            reports = {n: dict(r) for n, r in self.metrics.items()}
-        rows = []
-        for name in list(lz.workers):
-            cpu, mem = lz.resources.get(name, (1.0, 0))
-            r = reports.get(name, {})
-            rows.append({
-                "name": name, "role": "worker", "cpus": cpu, "memory_limit_mb": mem, "rss_mb": r.get("rss_mb"),
-                "cpu_util": r["cpu_percent"] / 100.0 / max(cpu, 1e-9) if "cpu_percent" in r else None,
-                "step_time_s": r.get("step_time_s"), "pull_s": r.get("pull_s"), "push_s": r.get("push_s"),
-            })
-        ps = self.control.ps_metrics() if self.control else {}
-        for k in list(lz.ps):
-            name = lz.ps_name(k)
-            cpu, mem = lz.resources.get(name, (1.0, 0))
-            m = ps.get(k)
-            rows.append({"name": name, "role": "ps", "cpus": cpu, "memory_limit_mb": mem, "rss_mb": m.rss_mb if m else None, "cpu_util": m.cpu_util if m else None})
-        return rows
-
     def _ettr_now(self) -> float | None:
         """ETTR of the job so far (None before training starts)."""
         if self.train_start is None or self.queue is None:
@@ -223,7 +246,7 @@ class JobMaster:
         now = self.clock()
         wall = now - self.t0
         train = (self.train_end or now) - self.train_start
-        return self._reliability_report(wall, train, self.queue.samples_done).ettr
+        return reliability_of(self, wall, train, self.queue.samples_done).ettr
 
     def node_id(self) -> str:
         return ray.get_runtime_context().get_node_id()
@@ -239,7 +262,6 @@ class JobMaster:
     def run(self) -> dict:
         """Drive the job to the end and return the summary (the driver writes it)."""
         spec = self.spec
-        self.data = DataPlan.build(spec)
         self.queue = ShardQueue(
             [(p, n) for p, n in self.data.train_rows.items()],
             shard_rows=spec.data.shard_rows,
@@ -251,62 +273,44 @@ class JobMaster:
         self.launcher = Launcher(self.job_id, spec, self.data.files, master=ray.get_runtime_context().current_actor)
         self.checkpointer = Checkpointer(self, CheckpointStore(self._checkpoint_root(), keep=spec.checkpoint.keep))
         state = self._load_state()
-        self.control = Controller(self, self.data, chaos_fired=state["chaos_fired"] if state else None)
+        self.control = Controller(self, self.data, chaos_fired=state.chaos_fired if state else None)
         try:
             return self._train_and_evaluate(state)
         finally:
             self.launcher.shutdown()
 
-    # -- master restarts ----------------------------------------------------------------------
-    # The master runs with Ray's max_restarts: when its process dies, the actors it owns
-    # die with it, Ray starts it again and retries ``run``. It finds its persisted state
-    # (start time, failures, scale events, chaos fired, checkpoint store) and resumes from
-    # the newest durable checkpoint instead of starting over.
+    # -- master restarts (dlrover.master.persist) ---------------------------------------
     def _state_path(self) -> str:
-
-        return os.path.join(self._run_dir(), "master_state.json")
-
-    def _run_dir(self) -> str:
-
-        return self.run_dir or os.path.join(tempfile.gettempdir(), "dlrover-runs", self.job_id)
+        run_dir = self.run_dir or os.path.join(tempfile.gettempdir(), "dlrover-runs", self.job_id)
+        return os.path.join(run_dir, "master_state.json")
 
     def _persist(self, crash_at_s: float | None = None) -> None:
+        now = self.clock() - self.t0
+        MasterState(
+            job_id=self.job_id,
+            started_wall=time.time() - now,
+            crash_at_s=crash_at_s if crash_at_s is not None else now,
+            samples_done=self.queue.samples_done if self.queue else 0,
+            train_start_s=None if self.train_start is None else self.train_start - self.t0,
+            samples_replayed=self.recovery.samples_replayed,
+            failures=list(self.failures),
+            scale_events=self.scale_events,
+            chaos_fired=self.control.chaos_fired if self.control else [],
+            chaos_s=self.control.chaos_s() if self.control else 0.0,
+            restarts=self.restarts,
+        ).save(self._state_path())
 
-        path = self._state_path()
-        state = {
-            "job_id": self.job_id,
-            "started_wall": time.time() - (self.clock() - self.t0),
-            "crash_at_s": crash_at_s if crash_at_s is not None else self.clock() - self.t0,
-            "samples_done": self.queue.samples_done if self.queue else 0,
-            "train_start_s": None if self.train_start is None else self.train_start - self.t0,
-            "samples_replayed": self.recovery.samples_replayed,
-            "failures": [f.to_dict() for f in self.failures],
-            "scale_events": self.scale_events,
-            "chaos_fired": self.control.chaos_fired if self.control else [],
-            "chaos_s": self.control.chaos_s() if self.control else 0.0,
-            "restarts": self.restarts,
-        }
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path + ".tmp", "w") as f:
-            json.dump(state, f, default=float)
-        os.replace(path + ".tmp", path)
-
-    def _load_state(self) -> dict | None:
-
-        path = self._state_path()
-        if not os.path.exists(path):
+    def _load_state(self) -> MasterState | None:
+        state = MasterState.load(self._state_path(), self.job_id)
+        if state is None:
             return None
-        with open(path) as f:
-            state = json.load(f)
-        if state.get("job_id") != self.job_id:
-            return None
-        self.t0 = self.clock() - (time.time() - float(state["started_wall"]))
-        self.failures = [Failure.from_dict(f) for f in state["failures"]]
-        self.scale_events = list(state["scale_events"])
-        self.restarts = int(state["restarts"]) + 1
-        if state.get("train_start_s") is not None:
-            self.train_start = self.t0 + float(state["train_start_s"])
-        self.recovery.samples_replayed = int(state["samples_replayed"])
+        self.t0 = self.clock() - (time.time() - state.started_wall)
+        self.failures = list(state.failures)
+        self.scale_events = list(state.scale_events)
+        self.restarts = state.restarts + 1
+        if state.train_start_s is not None:
+            self.train_start = self.t0 + state.train_start_s
+        self.recovery.samples_replayed = state.samples_replayed
         return state
 
     def crash(self) -> None:
@@ -316,38 +320,14 @@ class JobMaster:
         self._persist(crash_at_s=self.clock() - self.t0)
         os._exit(1)
 
-    def _resume(self, state: dict) -> Any:
-        """After a master restart: relaunch the checkpoint's configuration and load it."""
-        from dlrover.resource.plan import Config
-
-        detected = self.clock() - self.t0
-        ckpt, payloads, source = self.checkpointer.load_durable()
-        config = Config(**ckpt.extra["config"])
-        self.launcher.launch(config)
-        lz = self.launcher
-        refs = [ray.put(p) for p in payloads]
-        ray.get([h.restore.remote(lz.vmap, refs) for h in lz.ps.values()])
-        ray.get(lz.dense_ps.set_state.remote(ckpt.dense))
-        with self._work:
-            self.queue = ShardQueue.from_state_dict(ckpt.queue, clock=self.clock)
-            self.bad_lines, self.steps_done = ckpt.bad_lines, ckpt.steps
-        replayed = max(0, int(state["samples_done"]) - ckpt.samples)
-        self.recovery.samples_replayed += replayed
-        failure = self.recovery.new_failure(FailureKind.MASTER_DEATH, f"{self.job_id}/master", "master process exited", detected)
-        failure.at_s = round(float(state["crash_at_s"]), 3)
-        failure.checkpoint, failure.samples_replayed, failure.restarts = CheckpointRef(ckpt.seq, round(ckpt.at_s, 3), source), replayed, self.restarts
-        self.recovery.record(failure, list(lz.workers))
-        self.events.add("master_resumed", restarts=self.restarts, checkpoint_seq=ckpt.seq, samples_replayed=replayed)
-        return config
-
-    def _train_and_evaluate(self, state: dict | None = None) -> dict:
+    def _train_and_evaluate(self, state: MasterState | None = None) -> dict:
         if state is None:
             config = self.control.initial_config()
             self.launcher.launch(config)
         else:
-            config = self._resume(state)
+            config = resume_after_restart(self, state)
             self.control.resumed(config)
-        self.control.started(config, chaos_s=float(state.get("chaos_s", 0.0)) if state else 0.0)
+        self.control.started(config, chaos_s=state.chaos_s if state else 0.0)
         self.events.add("launched", workers=len(self.launcher.workers), ps=len(self.launcher.ps), config=config.short())
         first = self.checkpointer.take({}, self.clock() - self.t0)  # the state to fall back on before any other
         if first is not None:
@@ -359,18 +339,15 @@ class JobMaster:
         if self._user_error is not None:
             raise type(self._user_error)(str(self._user_error)) from None
         self.control.abort_pending()
-        if self._eval_ref is not None:  # a periodic evaluation still running: keep its result
-            ray.wait([self._eval_ref[0]])
-            self._next_eval_step = None
-            self._tick()
+        self.evaluator.settle()
         if self.train_end is None:
             self.train_end = self.clock()
         self.entered(JobStatus.EVALUATING)
-        metrics = self._evaluate()
+        metrics = self.evaluator.final(self.launcher)
         self.entered(JobStatus.SUCCEEDED if self.queue.finished else JobStatus.STOPPED if self._stop_requested else JobStatus.FAILED)
         self.events.add("job_end", status=self.status.value)
         self.recovery.finish()
-        summary = self._summary(metrics)
+        summary = summary_of(self, metrics)
         ps_stats = ray.get([ps.stats.remote() for ps in self.launcher.ps.values()]) + self.control.retired_ps_stats
         # Each (sample, feature) bag is pushed to exactly one PS: this counts applied updates.
         summary["ps_bags_updated"] = int(sum(s["rows_updated"] for s in ps_stats))
@@ -379,8 +356,8 @@ class JobMaster:
         if self.status == JobStatus.SUCCEEDED and not self.spec.checkpoint.dir:
             # recovery checkpoints in the run directory served their purpose
             shutil.rmtree(self._checkpoint_root(), ignore_errors=True)
-        summary.update(self._reliability(summary))
-        self._export_final()
+        summary.update(reliability_fields(self, summary))
+        export_final(self)
         self._publish(force=True)
         return summary
 
@@ -389,48 +366,7 @@ class JobMaster:
 
         if self.spec.checkpoint.dir:
             return self.spec.checkpoint.dir.rstrip("/") + "/" + self.job_id
-        return os.path.join(self._run_dir(), "checkpoints")
-
-    def _reliability_report(self, wall_s: float, train_s: float, trained: int):
-        replayed = self.recovery.samples_replayed
-        failures = [f.to_dict() for f in self.failures]
-        args = {"wall_s": wall_s, "train_s": train_s, "samples_replayed": replayed}
-        # Replayed samples cost time at the speed the job trains when it trains (not the
-        # job's average, which already includes the outages and the replay itself).
-        stalls = reliability_report(failures, throughput=0.0, **args).downtime_s
-        speed = (trained + replayed) / max(train_s - stalls, 1e-9)
-        return reliability_report(failures, throughput=speed, **args)
-
-    def _reliability(self, summary: dict) -> dict:
-        rep = self._reliability_report(summary["wall_time_s"], summary["train_time_s"], summary["samples_trained"])
-        return {
-            "reliability": rep.to_dict(),
-            "ettr": rep.ettr,
-            "mttf_s": rep.mttf_s,
-            "samples_replayed": int(self.recovery.samples_replayed),
-            "oom_kills": sum(f.kind == FailureKind.OOM_KILL for f in self.failures),
-            "bad_nodes": sorted(self.launcher.avoid),
-            "checkpoints": self.checkpointer.summary(),
-        }
-
-    def _export_final(self) -> None:
-        """Write the trained model (global embedding tables + dense parameters) to
-        ``checkpoint.dir/<job_id>/final.pt`` when a checkpoint directory is set."""
-        if not self.spec.checkpoint.dir:
-            return
-
-        sizes = self.spec.model.table_sizes()
-        tables = [torch.zeros(n, self.spec.model.embedding_dim) for n in sizes]
-        for h in self.launcher.ps.values():
-            for t, (rows, w) in enumerate(ray.get([h.table_rows.remote(t) for t in range(len(sizes))])):
-                tables[t][torch.from_numpy(rows)] = torch.from_numpy(w)
-        dense = torch.as_tensor(ray.get(self.launcher.dense_ps.pull.remote())[1])
-        out = os.path.join(self.spec.checkpoint.dir, self.job_id)
-        os.makedirs(out, exist_ok=True)
-        tmp = os.path.join(out, "final.pt.tmp")
-        torch.save({"tables": tables, "dense": dense, "job_id": self.job_id}, tmp)
-        os.replace(tmp, os.path.join(out, "final.pt"))
-        self.events.add("model_saved", path=os.path.join(out, "final.pt"))
+        return os.path.join(os.path.dirname(self._state_path()), "checkpoints")
 
     # -- internals --------------------------------------------------------------------------------
     # -- the job loop's context (dlrover.master.states.JobContext) ----------------------
@@ -439,7 +375,7 @@ class JobMaster:
             self.status = status
 
     def tick(self) -> None:
-        self._tick()
+        self.evaluator.tick(self.steps_done, self.launcher)
         self._publish()
 
     def finished(self) -> bool:
@@ -505,7 +441,7 @@ class JobMaster:
         and write one to durable storage when that is due."""
         now = self.clock() - self.t0
         ck = self.checkpointer
-        if not ck.due(now) or self.control.busy() or self._eval_ref is not None:
+        if not ck.due(now) or self.control.busy() or self.evaluator.busy():
             return
         if any(n not in self._stepped for n in pending.values()):
             return  # a replacement still starting: pausing it would stall the others until it runs
@@ -522,6 +458,11 @@ class JobMaster:
             self._draining.update(names)
             self._work.notify_all()
 
+    def undrain(self, worker: str) -> None:
+        """A drained worker left: forget it."""
+        with self._lock:
+            self._draining.discard(worker)
+
     def _publish(self, force: bool = False) -> None:
         """Export the job's metrics (at most every ``PUBLISH_EVERY_S``). A metrics problem
         is logged once and never stops training."""
@@ -534,89 +475,3 @@ class JobMaster:
         except Exception as e:  # noqa: BLE001 - observability must not take the job down
             self.events.add("telemetry_error", error=f"{type(e).__name__}: {e}"[:300])
             self.telemetry = None
-
-    def _tick(self) -> None:
-        """Periodic control work; for now the optional every-N-steps evaluation."""
-        if self._eval_ref is not None and ray.wait([self._eval_ref[0]], timeout=0)[0]:
-            ref, step = self._eval_ref
-            self._eval_ref = None
-            try:
-                scores = self._score([ray.get(ref)])
-                self._last_auc = scores.get("auc")
-                self.events.add("eval", step=step, periodic=True, **scores)
-            except ray.exceptions.RayError:
-                pass  # the evaluating worker died; the next period tries again
-        if self._next_eval_step is None or self.steps_done < self._next_eval_step or self._eval_ref is not None:
-            return
-        worker = next(iter(self.launcher.workers.values()), None)
-        ranges = self.data.eval_ranges(self.spec.data.shard_rows)[:PERIODIC_EVAL_MAX_RANGES]
-        if worker is not None and ranges:
-            self._eval_ref = (worker.evaluate.remote(ranges), self.steps_done)
-        while self._next_eval_step <= self.steps_done:
-            self._next_eval_step += self.spec.data.eval_every_steps
-
-    def _score(self, results: list[dict]) -> dict:
-        labels = np.concatenate([r["labels"] for r in results])
-        logits = np.concatenate([r["logits"] for r in results])
-        oracle = None
-        if all(r["oracle"] is not None for r in results):
-            oracle = np.concatenate([r["oracle"] for r in results])
-        return evaluate_scores(labels, torch.sigmoid(torch.from_numpy(logits)).numpy(), oracle)
-
-    def _evaluate(self) -> dict:
-        ranges = self.data.eval_ranges(self.spec.data.shard_rows)
-        if not ranges:
-            return {}
-        for attempt in range(2):
-            if not self.launcher.workers:  # every worker died after the last shard
-                self.launcher.add_worker()
-            workers = list(self.launcher.workers.items())
-            parts = [ranges[i :: len(workers)] for i in range(len(workers))]
-            try:
-                results = ray.get([w.evaluate.remote(p) for (_, w), p in zip(workers, parts) if p])
-                break
-            except ray.exceptions.RayActorError:
-                if attempt:
-                    raise
-                for name, w in workers:  # drop the dead ones and score again on the rest
-                    try:
-                        ray.get(w.ping.remote(), timeout=30)
-                    except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
-                        self.launcher.forget_worker(name)
-        out = self._score(results)
-        self._last_auc = out.get("auc")
-        self.events.add("eval", final=True, **out)
-        return out
-
-    def _summary(self, metrics: dict) -> dict:
-        q = self.queue
-        train_s = max((self.train_end or self.clock()) - (self.train_start or self.t0), 1e-9)
-        expected = q.samples_expected - self.bad_lines
-        trained = q.samples_done
-        return {
-            "job_id": self.job_id,
-            "status": self.status.value,
-            "samples_expected": int(expected),
-            "samples_trained": int(trained),
-            "samples_lost": int(max(expected - trained, 0)),
-            "bad_lines_skipped": int(self.bad_lines),
-            "auc": metrics.get("auc"),
-            "logloss": metrics.get("logloss"),
-            "best_auc": metrics.get("best_auc"),
-            "eval_rows": metrics.get("rows", 0),
-            "throughput_samples_per_s": trained / train_s,
-            "train_time_s": train_s,
-            "wall_time_s": self.clock() - self.t0,
-            "epochs": self.spec.data.epochs,
-            "config": {
-                "workers": self.spec.resources.workers,
-                "ps": self.spec.resources.ps,
-                "worker_cpu": self.spec.resources.worker_cpu,
-                "ps_cpu": self.spec.resources.ps_cpu,
-                "batch_size": self.spec.data.batch_size,
-                "vshards": self.spec.train.vshards,
-            },
-            "scale_events": self.scale_events,
-            "failures": [f.to_dict() for f in self.failures],
-            "events": self.events.rows(),
-        }

@@ -76,8 +76,7 @@ class Recovery:
     # -- detection ----------------------------------------------------------------------
     def timeout_s(self) -> float:
         """The liveness timeout: the spec's, or sized for the workers' step times."""
-        with self.m._lock:
-            steps = [float(r["step_time_s"]) for r in self.m.metrics.values() if r.get("step_time_s")]
+        steps = [float(r["step_time_s"]) for r in self.m.worker_reports().values() if r.get("step_time_s")]
         return liveness_timeout_s(self.m.spec.train.liveness_timeout_s, steps, self.m.spec.train.log_every_s)
 
     def suspects(self) -> list[str]:
@@ -90,7 +89,7 @@ class Recovery:
         lz = self.m.launcher
         timeout = self.timeout_s()
         if now - self._last_tick > MASTER_GAP_S:
-            self._renew_all()  # the master was busy elsewhere: its blind time counts against nobody
+            self.m.renew_leases()  # the master was busy elsewhere: its blind time counts against nobody
         self._last_tick = now
         self._enforce_memory(now)
         targets = {lz.ps_name(k): h.stats.remote for k, h in lz.ps.items()}
@@ -103,12 +102,9 @@ class Recovery:
                 self.processes[name] = info
                 lz.nodes[name] = info.node_id
         hung = {n: since for n, since in found.silent.items()}
-        with self.m._lock:
-            expired = self.m.queue.expired(timeout)
-            ages, owners = self.m.queue.lease_ages(), self.m.queue.doing_owners()
-        for name in expired:
+        for name, since in self.m.expired_leases(timeout).items():
             if name in lz.workers and name not in hung:
-                hung[name] = now - max(a for i, a in ages.items() if owners[i] == name)
+                hung[name] = since
                 self.m.events.add("lease_expired", actor=name, after_s=round(timeout, 1))
         dead_ps, dense_dead = [], False
         for name, since in hung.items():
@@ -142,11 +138,6 @@ class Recovery:
             kill_process(info.node_id, info.pid)
         self.prober.forget(name)
 
-    def _renew_all(self) -> None:
-        with self.m._lock:
-            for name in list(self.m.launcher.workers):
-                self.m.queue.renew(name)
-
     def _ps_id(self, name: str) -> int | None:
         lz = self.m.launcher
         return next((k for k in lz.ps if lz.ps_name(k) == name), None)
@@ -155,8 +146,7 @@ class Recovery:
         if not self.m.spec.resources.enforce_memory:
             return
         lz = self.m.launcher
-        with self.m._lock:
-            rss = {n: float(r.get("rss_mb", 0.0)) for n, r in self.m.metrics.items() if n in lz.workers}
+        rss = {n: float(r.get("rss_mb", 0.0)) for n, r in self.m.worker_reports().items() if n in lz.workers}
         if self.m.control is not None:
             rss.update({a.name: a.rss_mb for a in self.m.control.ps_metrics().values()})
         for name, mb in rss.items():
@@ -253,11 +243,8 @@ class Recovery:
             self.restart_all(pending, failure)
             return
         m, lz = self.m, self.m.launcher
-        with m._work:
-            m._retired.add(name)
-            m.metrics.pop(name, None)
-            requeued = m.queue.requeue_owner(name)
-            m._work.notify_all()
+        drained = name in m.draining()
+        requeued = m.retire(name)
         size = lz.resources.get(name, (None, None))
         if name in self.oom_killed and m.control is not None:
             size = (size[0], m.control.memory_after_oom(size[1]))
@@ -267,7 +254,7 @@ class Recovery:
         failure.shards_requeued = len(requeued)
         failure.capacity_lost = round(1.0 / max(len(lz.workers) + 1, 1), 4)  # the others train on
         resumes = None
-        if not m.queue.finished and name not in m._draining:
+        if not m.queue.finished and not drained:
             new = lz.add_worker(*size)
             failure.replacement = new
             pending[lz.start(new)] = new
@@ -297,8 +284,7 @@ class Recovery:
     def restart_all(self, pending: dict[Any, str], failure: Failure, more: list[Failure] | None = None) -> None:
         """Baseline handling: every actor restarts from the last durable checkpoint."""
         m = self.m
-        with m._work:  # the failed worker's late calls must not count
-            m._retired.add(failure.actor)
+        m.retire(failure.actor)  # its late calls must not count
         m.checkpointer.latest = None  # only what is on disk survives a whole-job restart
         back = self.rollback(pending, [], False, replace_all=True)
         for f in [failure, *(more or [])]:

@@ -13,12 +13,13 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
-from dlrover.data.shards import ShardQueue
-from dlrover.failures import CheckpointRef, Failure
+from dlrover.failures import CheckpointRef, Failure, FailureKind
 from dlrover.ps.vshard import VShardMap
+from dlrover.resource.plan import Config
 
 if TYPE_CHECKING:
     from dlrover.master.master import JobMaster
+    from dlrover.master.persist import MasterState
 
 ABORT_TIMEOUT_S = 30.0
 
@@ -79,15 +80,15 @@ def roll_back(m: "JobMaster", pending: dict[Any, str], dead_ps: list[int], dense
         lost = list(lz.workers)
         dead_ps = list(lz.ps)
         dense_dead = True
-    for name in set(lost) | set(m._draining):
+    draining = m.draining()
+    for name in set(lost) | draining:
         if name in lz.workers:
             size = lz.resources.get(name, (None, None))
             lz.forget_worker(name)
             if m.control is not None:
                 m.control.forget(name)
-            if name not in m._draining:
+            if name not in draining:
                 lz.add_worker(*size)
-    m._draining.clear()
     # Replace lost PS; the new ones take over exactly their vshards.
     owner = lz.vmap.owner.copy()
     for k in dead_ps:
@@ -105,13 +106,7 @@ def roll_back(m: "JobMaster", pending: dict[Any, str], dead_ps: list[int], dense
     ray.get([h.restore.remote(vmap, refs) for h in lz.ps.values()])
     ray.get(lz.dense_ps.set_state.remote(ckpt.dense))
     lz.vmap = vmap
-    with m._work:
-        replayed = max(0, m.queue.samples_done - ckpt.samples)
-        m.queue = ShardQueue.from_state_dict(ckpt.queue, clock=m.clock)
-        m.bad_lines, m.steps_done = ckpt.bad_lines, ckpt.steps
-        m.train_end = None
-        lz.generation += 1
-        m._work.notify_all()
+    replayed = m.restore_books(ckpt.queue, ckpt.bad_lines, ckpt.steps, new_generation=True)
     ray.get([h.set_routing.remote(dict(lz.ps), vmap, lz.dense_ps) for h in lz.workers.values()])
     for name in lz.workers:
         pending[lz.start(name)] = name
@@ -121,3 +116,24 @@ def roll_back(m: "JobMaster", pending: dict[Any, str], dead_ps: list[int], dense
     m.events.add("rollback", checkpoint=asdict(back.checkpoint), samples_replayed=back.samples_replayed, rollback_s=back.rollback_s,
                  generation=lz.generation, dead_ps=[int(k) for k in dead_ps], dense=dense_dead)
     return back
+
+
+def resume_after_restart(m: "JobMaster", state: "MasterState") -> Config:
+    """After a master restart: relaunch the checkpoint's configuration and load it."""
+    detected = m.clock() - m.t0
+    ckpt, payloads, source = m.checkpointer.load_durable()
+    config = Config(**ckpt.extra["config"])
+    m.launcher.launch(config)
+    lz = m.launcher
+    refs = [ray.put(p) for p in payloads]
+    ray.get([h.restore.remote(lz.vmap, refs) for h in lz.ps.values()])
+    ray.get(lz.dense_ps.set_state.remote(ckpt.dense))
+    m.restore_books(ckpt.queue, ckpt.bad_lines, ckpt.steps, new_generation=False)
+    replayed = max(0, state.samples_done - ckpt.samples)
+    m.recovery.samples_replayed += replayed
+    failure = m.recovery.new_failure(FailureKind.MASTER_DEATH, f"{m.job_id}/master", "master process exited", detected)
+    failure.at_s = round(state.crash_at_s, 3)
+    failure.checkpoint, failure.samples_replayed, failure.restarts = CheckpointRef(ckpt.seq, round(ckpt.at_s, 3), source), replayed, m.restarts
+    m.recovery.record(failure, list(lz.workers))
+    m.events.add("master_resumed", restarts=m.restarts, checkpoint_seq=ckpt.seq, samples_replayed=replayed)
+    return config

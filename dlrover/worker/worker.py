@@ -41,8 +41,26 @@ from dlrover.model.dlrm import (
     table_configs,
 )
 from dlrover.ps.vshard import VShardMap
-from dlrover.spec import JobSpec
+from dlrover.spec import JobSpec, ModelSpec
 from dlrover.worker.dense_client import DenseClient
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """The part of the job spec a worker uses (it gets nothing else)."""
+
+    model: ModelSpec
+    seed: int
+    batch_size: int
+    on_bad_line: str
+    staleness: int
+    deterministic: bool
+    log_every_s: float
+
+    @classmethod
+    def of(cls, spec: JobSpec) -> "WorkerSpec":
+        d, t = spec.data, spec.train
+        return cls(spec.model, spec.seed, d.batch_size, d.on_bad_line, t.staleness, t.deterministic, t.log_every_s)
 
 
 @dataclass
@@ -96,7 +114,7 @@ class Worker:
     def __init__(
         self,
         name: str,
-        spec: dict,
+        spec: WorkerSpec,
         master: Any,
         ps: list[Any],
         dense_ps: Any,
@@ -105,12 +123,12 @@ class Worker:
         threads: int = 1,
     ) -> None:
         self.name = name
-        self.spec = JobSpec.model_validate(spec)
+        self.spec = spec
         torch.set_num_threads(max(1, threads))
         self.master = master
         self.dense_ps = dense_ps
         self.files = files
-        self.reader = FileReader(on_bad_line=self.spec.data.on_bad_line)
+        self.reader = FileReader(on_bad_line=self.spec.on_bad_line)
         self.client = PSClient(ps, vmap, self.spec.model.embedding_dim, name, get=ray.get)
         self.ebc = PSEmbeddingBagCollection(table_configs(self.spec.model), self.client)
         self.model = build_dense_dlrm(self.spec.model, self.ebc, self.spec.seed)
@@ -212,7 +230,7 @@ class Worker:
                     continue
                 index = self.files[shard.path]
                 carried_bad = 0
-                for batch, bad, last in batches_of(self.reader, index, shard.start, shard.stop, self.spec.data.batch_size):
+                for batch, bad, last in batches_of(self.reader, index, shard.start, shard.stop, self.spec.batch_size):
                     if len(batch) == 0 and not last:  # every line skipped: nothing to train
                         carried_bad += bad
                         continue
@@ -320,13 +338,13 @@ class Worker:
             # this step no lookup is in flight and the loop can park.
             pausing = self._pause_requested
             nxt = None
-            if self.spec.train.staleness == 1 and not ended and not pausing:
+            if self.spec.staleness == 1 and not ended and not pausing:
                 nxt, ended = peek_step()
                 if nxt is not None and nxt.kjt is not None:
                     self.ebc.prefetch(nxt.kjt, nxt.routed)
             n = len(cur.batch)
             push_refs: list[Any] = []
-            if self.spec.train.deterministic and cur.shard.shard_id != shard_id:
+            if self.spec.deterministic and cur.shard.shard_id != shard_id:
                 # Shards run one at a time across workers in this mode: start each from
                 # the dense parameters the previous shard (maybe another worker's) left.
                 if dense_ref is not None:
@@ -371,12 +389,12 @@ class Worker:
             self.chaos.after_step(time.perf_counter() - t_step)
             window["step_s"] += time.perf_counter() - t_step
             now = time.monotonic()
-            if now - last_report >= self.spec.train.log_every_s:
+            if now - last_report >= self.spec.log_every_s:
                 self._report(window, now)
                 window = self._new_window(now)
                 last_report = now
 
-            if self.spec.train.staleness == 0:
+            if self.spec.staleness == 0:
                 ray.get(push_refs)
             cur = nxt
             if pausing:
@@ -441,13 +459,13 @@ class Worker:
         if self._eval is None:
             client = PSClient(self.client.ps, self.client.vmap, self.client.dim, f"{self.name}/eval", get=ray.get)
             model = build_dense_dlrm(self.spec.model, PSEmbeddingBagCollection(table_configs(self.spec.model), client), self.spec.seed)
-            self._eval = (model.eval(), dense_parameters(model), FileReader(on_bad_line=self.spec.data.on_bad_line))
+            self._eval = (model.eval(), dense_parameters(model), FileReader(on_bad_line=self.spec.on_bad_line))
         model, params, reader = self._eval
         torch.nn.utils.vector_to_parameters(torch.as_tensor(ray.get(self.dense_ps.pull.remote())[1]), params)
         labels, logits, batches = [], [], []
         with torch.no_grad():
             for path, start, stop in ranges:
-                for batch, _bad, _last in batches_of(reader, self.files[path], start, stop, self.spec.data.batch_size):
+                for batch, _bad, _last in batches_of(reader, self.files[path], start, stop, self.spec.batch_size):
                     if len(batch) == 0:
                         continue
                     step = to_step(Step(None, batch, False))

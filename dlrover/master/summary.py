@@ -1,0 +1,120 @@
+"""What the master reports about a job: the per-actor rows of its progress snapshot, the
+reliability figures (ETTR, MTTF), the summary the driver writes to ``summary.json``, and
+the exported final model. Read-only over the master's records."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+import ray
+import torch
+
+from dlrover.failures import FailureKind
+from dlrover.metrics.reliability import ReliabilityReport, reliability_report
+
+if TYPE_CHECKING:
+    from dlrover.master.master import JobMaster
+
+
+def actor_rows(m: "JobMaster", reports: dict[str, dict]) -> list[dict]:
+    """Resources and latest measurements of each running worker and PS (``reports``: a
+    copy of the workers' latest reports)."""
+    lz = m.launcher
+    if lz is None or lz.vmap is None:
+        return []
+    rows = []
+    for name in list(lz.workers):
+        cpu, mem = lz.resources.get(name, (1.0, 0))
+        r = reports.get(name, {})
+        rows.append({
+            "name": name, "role": "worker", "cpus": cpu, "memory_limit_mb": mem, "rss_mb": r.get("rss_mb"),
+            "cpu_util": r["cpu_percent"] / 100.0 / max(cpu, 1e-9) if "cpu_percent" in r else None,
+            "step_time_s": r.get("step_time_s"), "pull_s": r.get("pull_s"), "push_s": r.get("push_s"),
+        })  # fmt: skip
+    ps = m.control.ps_metrics() if m.control else {}
+    for k in list(lz.ps):
+        name = lz.ps_name(k)
+        cpu, mem = lz.resources.get(name, (1.0, 0))
+        a = ps.get(k)
+        rows.append({"name": name, "role": "ps", "cpus": cpu, "memory_limit_mb": mem, "rss_mb": a.rss_mb if a else None, "cpu_util": a.cpu_util if a else None})
+    return rows
+
+
+def reliability_of(m: "JobMaster", wall_s: float, train_s: float, trained: int) -> ReliabilityReport:
+    replayed = m.recovery.samples_replayed
+    failures = [f.to_dict() for f in m.failures]
+    args = {"wall_s": wall_s, "train_s": train_s, "samples_replayed": replayed}
+    # Replayed samples cost time at the speed the job trains when it trains (not the
+    # job's average, which already includes the outages and the replay itself).
+    stalls = reliability_report(failures, throughput=0.0, **args).downtime_s
+    speed = (trained + replayed) / max(train_s - stalls, 1e-9)
+    return reliability_report(failures, throughput=speed, **args)
+
+
+def reliability_fields(m: "JobMaster", summary: dict) -> dict:
+    rep = reliability_of(m, summary["wall_time_s"], summary["train_time_s"], summary["samples_trained"])
+    return {
+        "reliability": rep.to_dict(),
+        "ettr": rep.ettr,
+        "mttf_s": rep.mttf_s,
+        "samples_replayed": int(m.recovery.samples_replayed),
+        "oom_kills": sum(f.kind == FailureKind.OOM_KILL for f in m.failures),
+        "bad_nodes": sorted(m.launcher.avoid),
+        "checkpoints": m.checkpointer.summary(),
+    }
+
+
+def summary_of(m: "JobMaster", metrics: dict) -> dict:
+    """``summary.json`` without the policy and reliability parts (added by their owners)."""
+    q, spec = m.queue, m.spec
+    train_s = max((m.train_end or m.clock()) - (m.train_start or m.t0), 1e-9)
+    expected = q.samples_expected - m.bad_lines
+    trained = q.samples_done
+    return {
+        "job_id": m.job_id,
+        "status": m.status.value,
+        "samples_expected": int(expected),
+        "samples_trained": int(trained),
+        "samples_lost": int(max(expected - trained, 0)),
+        "bad_lines_skipped": int(m.bad_lines),
+        "auc": metrics.get("auc"),
+        "logloss": metrics.get("logloss"),
+        "best_auc": metrics.get("best_auc"),
+        "eval_rows": metrics.get("rows", 0),
+        "throughput_samples_per_s": trained / train_s,
+        "train_time_s": train_s,
+        "wall_time_s": m.clock() - m.t0,
+        "epochs": spec.data.epochs,
+        "config": {
+            "workers": spec.resources.workers,
+            "ps": spec.resources.ps,
+            "worker_cpu": spec.resources.worker_cpu,
+            "ps_cpu": spec.resources.ps_cpu,
+            "batch_size": spec.data.batch_size,
+            "vshards": spec.train.vshards,
+        },
+        "scale_events": m.scale_events,
+        "failures": [f.to_dict() for f in m.failures],
+        "events": m.events.rows(),
+    }
+
+
+def export_final(m: "JobMaster") -> None:
+    """Write the trained model (global embedding tables + dense parameters) to
+    ``checkpoint.dir/<job_id>/final.pt`` when a checkpoint directory is set."""
+    spec = m.spec
+    if not spec.checkpoint.dir:
+        return
+    sizes = spec.model.table_sizes()
+    tables = [torch.zeros(n, spec.model.embedding_dim) for n in sizes]
+    for h in m.launcher.ps.values():
+        for t, (rows, w) in enumerate(ray.get([h.table_rows.remote(t) for t in range(len(sizes))])):
+            tables[t][torch.from_numpy(rows)] = torch.from_numpy(w)
+    dense = torch.as_tensor(ray.get(m.launcher.dense_ps.pull.remote())[1])
+    out = os.path.join(spec.checkpoint.dir, m.job_id)
+    os.makedirs(out, exist_ok=True)
+    tmp = os.path.join(out, "final.pt.tmp")
+    torch.save({"tables": tables, "dense": dense, "job_id": m.job_id}, tmp)
+    os.replace(tmp, os.path.join(out, "final.pt"))
+    m.events.add("model_saved", path=os.path.join(out, "final.pt"))
