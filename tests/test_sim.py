@@ -1,5 +1,6 @@
 """Cluster simulator: exact JCTs on a hand-computable trace, failure rates, memory, placement,
-trace validation and the CLI. (The live-vs-simulated policy test is in test_sim_live.py.)"""
+trace validation and the CLI. (Live and simulated decisions are compared in test_driver.py
+and test_elastic.py.)"""
 
 import json
 import math
@@ -13,7 +14,7 @@ from dlrover.resource.perf_model import PerfParams, step_time, throughput
 from dlrover.resource.plan import Config
 from dlrover.sim import ClusterSpec, SimSettings, Simulator, read_trace, simulate, synthetic_trace, write_trace
 from dlrover.sim.cluster import Cluster
-from dlrover.sim.engine import t_iter
+from dlrover.sim.job import t_iter
 from dlrover.sim.report import JSON_KEYS, metrics
 
 TRUTH = PerfParams(t0=0.01, t1=6e-4, t2=0.03, t3=0.004, t4=3e-4)
@@ -102,9 +103,11 @@ def test_under_sized_memory_is_oom_killed_under_static_and_avoided_by_dlrover_rm
 
 
 def test_stragglers_slow_jobs_and_dlrover_rm_moves_workers_off_slow_nodes():
-    rows = [job(f"j{i}", 0.0, 3 * 10**8, 4, 1, 4.0, 4.0) for i in range(4)]
-    spec = ClusterSpec(nodes=8, node_cpu=32, perf_sigma=0.0, failure_rate=0.0, p_slow=0.3, p_stay=0.9, straggle_step_s=300)
-    fast = simulate(pd.DataFrame(rows), "static", cluster=ClusterSpec(nodes=8, node_cpu=32, **QUIET))
+    """Two workers per node, so a slow node slows a minority of a job's six workers: those
+    are stragglers against the median (as live) and dlrover_rm moves them."""
+    rows = [job(f"j{i}", 0.0, 3 * 10**8, 6, 1, 4.0, 4.0) for i in range(4)]
+    spec = ClusterSpec(nodes=16, node_cpu=8, perf_sigma=0.0, failure_rate=0.0, p_slow=0.05, p_stay=0.8, straggle_step_s=300)
+    fast = simulate(pd.DataFrame(rows), "static", cluster=ClusterSpec(nodes=16, node_cpu=8, **QUIET))
     slow = simulate(pd.DataFrame(rows), "static", cluster=spec, seed=2)
     assert metrics(slow)["jct_mean_s"] > metrics(fast)["jct_mean_s"] * 1.05
     rm = simulate(pd.DataFrame(rows), "dlrover_rm", cluster=spec, seed=2, knobs={"max_changes": 0})

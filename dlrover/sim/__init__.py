@@ -1,7 +1,8 @@
 """Cluster simulator: replay a job trace under an allocation policy, without a cluster.
 
-``simulate(trace, "dlrover_rm")`` runs the very policy code the live JobMaster runs
-(see :mod:`dlrover.sim.engine`) and returns a :class:`~dlrover.sim.engine.SimResult`;
+``simulate(trace, "dlrover_rm")`` runs the very policy code the live JobMaster runs, in
+the same loop (:class:`~dlrover.resource.driver.PolicyDriver`; see :mod:`dlrover.sim.engine`)
+and returns a :class:`~dlrover.sim.job.SimResult`;
 :func:`dlrover.sim.report.metrics` turns it into JCT, completion rate, utilisation,
 makespan and ETTR.
 """
@@ -14,7 +15,8 @@ from pathlib import Path
 import pandas as pd
 
 from dlrover.sim.cluster import ClusterSpec
-from dlrover.sim.engine import SimResult, SimSettings, Simulator
+from dlrover.sim.engine import Simulator
+from dlrover.sim.job import SimResult, SimSettings
 from dlrover.sim.trace import read_trace, synthetic_trace, write_trace
 
 # Knobs for hours-long, cluster-sized jobs: the simulator's default policy files.

@@ -1,0 +1,113 @@
+"""Per-actor inputs of a policy's runtime corrections: straggler marks and memory trends.
+
+Both come from the actors' own reports, kept over time: a worker is slow *since* the
+first report that showed it over the bar, and an RSS trend is a slope over recent
+samples. Part of :class:`dlrover.resource.driver.PolicyDriver`, so the live master and
+the simulator mark stragglers and fit trends the same way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from collections import deque
+from collections.abc import Iterable
+from typing import NamedTuple
+
+from dlrover.resource.plan import ActorMetrics
+
+
+class TrendParams(NamedTuple):
+    """How an actor's memory trend is estimated: the least-squares slope (MB/s) of its
+    RSS samples of the last ``span_s``, once there are ``min_points`` spanning ``min_span_s``."""
+
+    warmup_s: float = 15.0  # an actor's RSS grows while it warms up: not a leak, so not in the trend
+    every_s: float = 1.0  # at most one sample per this many seconds
+    span_s: float = 60.0  # only samples this recent count
+    min_points: int = 5
+    min_span_s: float = 10.0
+
+
+DEFAULT_TREND = TrendParams()
+
+
+class ActorWatch:
+    """Straggler marks and RSS samples of a job's actors, by actor name."""
+
+    DEFAULT_FACTOR = 1.5  # "slow": step time over this x the workers' median
+
+    def __init__(self, factor: float = DEFAULT_FACTOR, trend: TrendParams = DEFAULT_TREND) -> None:
+        self.factor = factor
+        self.params = trend
+        self._samples: dict[str, deque[tuple[float, float]]] = {}
+        self._first_seen: dict[str, float] = {}
+        self._slow_since: dict[str, float] = {}
+
+    def rss(self, name: str, at_s: float, rss_mb: float) -> None:
+        """Record an RSS sample; those of the actor's first ``warmup_s`` are skipped."""
+        p = self.params
+        first = self._first_seen.setdefault(name, at_s)
+        points = self._samples.setdefault(name, deque())
+        if at_s - first < p.warmup_s or (points and at_s - points[-1][0] < p.every_s):
+            return
+        points.append((at_s, rss_mb))
+        while points[0][0] < at_s - p.span_s:
+            points.popleft()
+
+    def trend(self, name: str) -> float:
+        """Least-squares slope of the actor's recent RSS (MB/s); 0 until enough samples."""
+        p = self.params
+        points = self._samples.get(name)
+        if not points or len(points) < p.min_points or points[-1][0] - points[0][0] < p.min_span_s:
+            return 0.0
+        return _slope(points)
+
+    def note_steps(self, reports: Iterable[ActorMetrics]) -> None:
+        """Mark the workers whose step time is over ``factor`` x the median of the workers
+        reporting one (at least two), from the report's time on; unmark the others."""
+        workers = [a for a in reports if a.role == "worker"]
+        steps = [a.step_time_s for a in workers if a.step_time_s > 0]
+        median = statistics.median(steps) if len(steps) >= 2 else 0.0
+        for a in workers:
+            if median > 0 and a.step_time_s > self.factor * median:
+                self._slow_since.setdefault(a.name, a.at_s)
+            else:
+                self._slow_since.pop(a.name, None)
+
+    def slow_since(self, name: str, default: float | None = None) -> float | None:
+        """Since when the worker has been marked slow (``default``: it is not)."""
+        return self._slow_since.get(name, default)
+
+    def metrics(self, reports: Iterable[ActorMetrics]) -> dict[str, ActorMetrics]:
+        """``reports`` by name, with straggler marks (updated from them) and RSS trends."""
+        reports = list(reports)
+        self.note_steps(reports)
+        return {
+            a.name: dataclasses.replace(
+                a,
+                slow_since_s=self._slow_since.get(a.name) if a.role == "worker" else a.slow_since_s,
+                rss_trend_mb_per_s=self.trend(a.name),
+            )
+            for a in reports
+        }
+
+    def forget(self, name: str) -> None:
+        self._samples.pop(name, None)
+        self._first_seen.pop(name, None)
+        self._slow_since.pop(name, None)
+
+    def clear(self) -> None:
+        self._samples.clear()
+        self._first_seen.clear()
+        self._slow_since.clear()
+
+
+def _slope(points: Iterable[tuple[float, float]]) -> float:
+    """Least-squares slope of ``y`` on ``t`` (``np.polyfit(t, y, 1)[0]``, in plain floats)."""
+    pts = list(points)
+    n = len(pts)
+    mean_t = sum(t for t, _ in pts) / n
+    mean_y = sum(y for _, y in pts) / n
+    sxx = sum((t - mean_t) ** 2 for t, _ in pts)
+    sxy = sum((t - mean_t) * (y - mean_y) for t, y in pts)
+    return sxy / sxx if sxx > 0 else 0.0
