@@ -80,6 +80,8 @@ def check_survived(s: dict, kind: str) -> dict:
     assert failures, s["failures"]
     f = failures[0]
     assert f["at_s"] <= f["detected_s"] <= f["recovered_s"], f
+    print(f"{kind}: detected after {f['detected_s'] - f['at_s']:.1f}s, training again after {f['recovered_s'] - f['at_s']:.1f}s, "
+          f"replayed {s['samples_replayed']}, lost {s['samples_lost']}, wall {s['wall_time_s']:.1f}s")
     return f
 
 

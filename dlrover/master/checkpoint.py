@@ -117,30 +117,35 @@ class Checkpointer:
         return self._last_durable_at is None or now - self._last_durable_at >= self.durable_interval_s(now, failures)
 
     # -- taking one ---------------------------------------------------------------------
-    def take(self, workers: dict[str, Any], now: float, extra: dict | None = None) -> Checkpoint | None:
+    def take(self, workers: dict[str, Any], now: float, extra: dict | None = None, timeout_s: float = PAUSE_TIMEOUT_S) -> Checkpoint | None:
         """Cut now. ``workers``: the training workers' handles. None (and nothing changed)
-        when a worker does not park in time or a PS does not answer."""
+        when a worker does not park within ``timeout_s`` (at most the liveness timeout: a
+        frozen worker must not hold the loop longer than it takes to declare it hung) or a
+        PS does not answer."""
+        timeout_s = min(timeout_s, PAUSE_TIMEOUT_S)
         m, lz = self.m, self.m.launcher
         t0 = m.clock()
-        names = list(workers)
+        names, live = list(workers), []
         try:
-            parked = get_alive([workers[n].pause.remote(PAUSE_TIMEOUT_S) for n in names], PAUSE_TIMEOUT_S + 5)
+            parked = get_alive([workers[n].pause.remote(timeout_s) for n in names], timeout_s + 1)
             live = [n for n, p in zip(names, parked) if p is not None]
             if any(p is False for p in parked):
                 m.events.add("checkpoint_skipped", why="a worker did not pause in time")
                 return None
             trained: dict[int, tuple[int, int]] = {}
-            for t in get_alive([workers[n].trained.remote() for n in live], PAUSE_TIMEOUT_S + 5):
+            for t in get_alive([workers[n].trained.remote() for n in live], timeout_s + 1):
                 trained.update({int(k): tuple(v) for k, v in (t or {}).items()})
             ps = dict(lz.ps)
-            ray.get([h.snapshot.remote() for h in ps.values()], timeout=PAUSE_TIMEOUT_S)
-            dense = ray.get(lz.dense_ps.state.remote(), timeout=PAUSE_TIMEOUT_S)
+            ray.get([h.snapshot.remote() for h in ps.values()], timeout=timeout_s)
+            dense = ray.get(lz.dense_ps.state.remote(), timeout=timeout_s)
             queue, bad, steps = m.cut_books(trained)
         except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError) as e:
             m.events.add("checkpoint_skipped", why=str(e).strip().splitlines()[0][:200])
             return None
         finally:
-            get_alive([workers[n].resume.remote() for n in names], PAUSE_TIMEOUT_S + 5)
+            # Wait only for those that answered the pause: a frozen one would hold the loop.
+            resumed = {n: workers[n].resume.remote() for n in names}
+            get_alive([resumed[n] for n in live], timeout_s + 1)
         pause = m.clock() - t0
         refs = [h.snapshot_payload.remote() for h in ps.values()]
         self._seq += 1

@@ -60,12 +60,13 @@ class Prober:
     def __init__(self, every_s: float = PROBE_EVERY_S) -> None:
         self.every_s = every_s
         self._in_flight: dict[str, tuple[Any, float]] = {}
+        self._heard: dict[str, float] = {}  # actor -> job time of its last answer (or first probe)
         self._next = 0.0
 
     def poll(self, now: float, timeout_s: float, targets: dict[str, Callable[[], Any]]) -> ProbeResults:
         out = ProbeResults()
         for name in [n for n in self._in_flight if n not in targets]:
-            del self._in_flight[name]  # gone from the job meanwhile
+            self.forget(name)  # gone from the job meanwhile
         for name, (ref, issued) in list(self._in_flight.items()):
             done, _ = ray.wait([ref], timeout=0)
             if not done:
@@ -74,6 +75,7 @@ class Prober:
                     out.silent[name] = issued
                 continue
             del self._in_flight[name]
+            self._heard[name] = now
             try:
                 out.replies[name] = ray.get(ref)
             except ray.exceptions.RayActorError:
@@ -85,15 +87,17 @@ class Prober:
             for name, issue in targets.items():
                 if name not in self._in_flight:
                     self._in_flight[name] = (issue(), now)
+                    self._heard.setdefault(name, now)
         return out
 
     def suspects(self, now: float, after_s: float = SUSPECT_AFTER_S) -> list[str]:
-        """Actors whose probe has been unanswered for ``after_s``: not declared hung yet,
-        but no pause (checkpoint, migration) should wait on them."""
-        return [n for n, (_, issued) in self._in_flight.items() if now - issued > after_s]
+        """Actors not heard from for ``after_s`` (probes go out every second): not declared
+        hung yet, but no pause (checkpoint, migration) should wait on them."""
+        return [n for n, heard in self._heard.items() if now - heard > after_s]
 
     def forget(self, name: str) -> None:
         self._in_flight.pop(name, None)
+        self._heard.pop(name, None)
 
 
 @ray.remote(num_cpus=0, max_retries=0)

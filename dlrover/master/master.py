@@ -447,7 +447,7 @@ class JobMaster:
             return  # a replacement still starting: pausing it would stall the others until it runs
         lz = self.launcher
         running = {n: lz.workers[n] for n in pending.values() if n in lz.workers}
-        taken = ck.take(running, now)
+        taken = ck.take(running, now, timeout_s=self.recovery.timeout_s())
         if taken is not None and ck.durable_due(now, len(self.failures)):
             ck.write_durable(taken, now)
         self._persist()
