@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 
 from conftest import small_spec
+from dlrover.master.scaler import ScaleOp, ScalePlan, ScaleResult
 from dlrover.resource.driver import ActorWatch, DecisionKind, PolicyDriver, Progress, TrendParams
 from dlrover.resource.perf_model import PerfParams, throughput
 from dlrover.resource.plan import ActorMetrics, Budget, Config, JobView, Policy, ResourcePlan
@@ -222,12 +223,6 @@ REPORT_S = 10.0  # workers report this often
 TICK_S = 300.0
 
 
-class Record(dict):
-    """A failure record as the recovery module hands it out (fields set either way)."""
-
-    __setattr__ = dict.__setitem__
-
-
 class FakeLauncher:
     """The job's actors by name with their (CPUs, memory MB), as the real Launcher keeps them."""
 
@@ -277,9 +272,7 @@ class FakeScaler:
     def __init__(self, launcher: FakeLauncher) -> None:
         self.lz = launcher
 
-    def begin(self, sp):
-        from dlrover.master.scaler import ScaleOp
-
+    def begin(self, sp: ScalePlan) -> ScaleOp:
         new_workers = [self.lz.add_worker(*size) for size in sp.add_workers]
         new_ps = [self.lz.add_ps(*size) for size in sp.add_ps]
         return ScaleOp(sp, new_ps, new_workers, [], 0.0, float("inf"))
@@ -290,9 +283,7 @@ class FakeScaler:
     def start_new_workers(self, op) -> dict:
         return {}
 
-    def finish(self, op, ps_load=None):
-        from dlrover.master.scaler import ScaleResult
-
+    def finish(self, op: ScaleOp, ps_load: dict | None = None) -> ScaleResult:
         for k in op.plan.retire_ps:
             self.lz.resources.pop(self.lz.ps_name(k))
             del self.lz.ps[k]
@@ -312,7 +303,7 @@ class FakeMaster:
         self._lock = threading.Lock()
         self.evaluator = SimpleNamespace(busy=lambda: False)
         self._draining: set[str] = set()
-        self.recovery = SimpleNamespace(new_failure=lambda *a: Record(), record=lambda f: None)
+        self.recovery = SimpleNamespace(new_failure=lambda *a: SimpleNamespace(), record=lambda f: None)
 
     def clock(self) -> float:
         return self.now

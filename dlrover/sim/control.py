@@ -11,8 +11,8 @@ feeds it what a live master would have received, derived from the truth:
   the others to keep the median right), whenever a node turns slow or fast, the job's
   workers move, and at each tick; so a worker is marked slow from the moment its node
   slowed, as continuous live reports would mark it;
-* **RSS**: at each tick, the samples the shown actors would have reported over the
-  trend's span (every ``rss_report_s``).
+* **RSS**: at each tick, the samples a representative worker and PS would have reported
+  over the trend's span (every ``rss_report_s``) since the job last resumed training.
 
 Simulator times are absolute; the driver is fed job time (since submission).
 """
@@ -122,7 +122,8 @@ class ControlMixin:
     # ------------------------------------------------------------------ actors
     def _reports(self, j: SimJob, t: float, rss: bool = False) -> list[ActorMetrics]:
         """The abridged actor reports at job time ``t`` (see the module docstring); with
-        ``rss`` the RSS samples of the last trend span go to the driver too."""
+        ``rss`` the RSS samples of the last trend span of the first worker shown and the PS
+        (the representatives: every worker's RSS is the same here) go to the driver too."""
         c = j.config
         assert c is not None and j.worker_nodes is not None and j.ps_nodes is not None
         pw, pp = peaks(j)
@@ -130,8 +131,11 @@ class ControlMixin:
         step = t_iter(j.truth, c, int(j.row["batch_size"]))
         cl = self.cluster
         on_slow = cl.slow[j.worker_nodes]
-        slow = np.flatnonzero(on_slow).tolist()
-        shown = [*np.flatnonzero(~on_slow)[: max(2, len(slow) + 1)].tolist(), *slow]
+        if on_slow.any():
+            slow = np.flatnonzero(on_slow).tolist()
+            shown = [*np.flatnonzero(~on_slow)[: max(2, len(slow) + 1)].tolist(), *slow]
+        else:
+            shown = list(range(min(2, len(on_slow))))
         out = []
         for k in shown:
             node = int(j.worker_nodes[k])
@@ -139,22 +143,26 @@ class ControlMixin:
             out.append(ActorMetrics(f"worker-{k}", "worker", c.worker_cpu, c.worker_memory_mb, rss_mb=f * pw, step_time_s=step / speed, at_s=t))
         out.append(ActorMetrics("ps-0", "ps", c.ps_cpu, c.ps_memory_mb, rss_mb=f * pp, at_s=t))
         if rss:
-            self._feed_rss(j, t, out, pw, pp)
+            self._feed_rss(j, t, (out[0], out[-1]), pw, pp)
         return out
 
-    def _feed_rss(self, j: SimJob, t: float, actors: list[ActorMetrics], pw: float, pp: float) -> None:
+    def _feed_rss(self, j: SimJob, t: float, actors: tuple[ActorMetrics, ...], pw: float, pp: float) -> None:
         """The RSS samples the actors reported over the trend's span before ``t``, since the
         job last resumed training (after a start, restart or switch: before that they were
-        not running), at the current rate."""
-        every = self.s.rss_report_s
+        not running), at the current rate. None once RSS has been at its peak for the whole
+        span: they would fit a flat line, and without samples the trend is 0 too."""
+        every, watch = self.s.rss_report_s, j.driver.watch
+        if j.done - j.rate * watch.params.span_s >= self.s.mem_fill * j.total:
+            return
         since = j.running_since - j.submit_s
-        for back in range(int(j.driver.watch.params.span_s // every), -1, -1):
+        peak = [(a.name, pw if a.role == "worker" else pp) for a in actors]
+        for back in range(int(watch.params.span_s // every), -1, -1):
             at = t - back * every
             if at < since:
                 continue
             f = mem_fraction(self.s, max(0.0, j.done - j.rate * back * every) / j.total)
-            for a in actors:
-                j.driver.rss(a.name, at, f * (pw if a.role == "worker" else pp))
+            for name, mb in peak:
+                watch.rss(name, at, f * mb)
 
     def _workers_placed(self, j: SimJob, old: np.ndarray | None) -> None:
         """``j``'s workers were (re)placed: one that landed on another node is a new actor
