@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import ray
@@ -28,8 +28,8 @@ from dlrover.checkpoint.store import CheckpointError, CheckpointStore
 from dlrover.master.scaler import get_alive
 from dlrover.metrics.reliability import failure_rate_per_s, young_daly_interval_s
 
-if TYPE_CHECKING:
-    from dlrover.master.master import JobMaster
+from dlrover.master.job import Job
+
 
 PAUSE_TIMEOUT_S = 30.0
 OBJECT_GET_TIMEOUT_S = 30.0
@@ -72,7 +72,7 @@ def held_samples(queue_state: dict) -> int:
 class Checkpointer:
     """Takes in-memory checkpoints and writes some of them to durable storage."""
 
-    def __init__(self, master: "JobMaster", store: CheckpointStore | None) -> None:
+    def __init__(self, master: Job, store: CheckpointStore | None) -> None:
         self.m = master
         self.spec = master.spec.checkpoint
         self.store = store

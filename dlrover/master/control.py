@@ -14,20 +14,23 @@ from __future__ import annotations
 import os
 import threading
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import ray
 
-from dlrover.master.scaler import MigrationAborted, Scaler, scale_plan
-from dlrover.resource.configs import describe_change
+from dlrover.master.scaler import MigrationAborted, ScaleOp, ScalePhase, Scaler, ScaleResult, scale_plan
+from dlrover.resource.configs import Budget, Config, describe_change
 from dlrover.resource.driver import DecisionKind, PolicyDriver, Progress
 from dlrover.resource.history import HistoryRecord, HistoryStore, dataset_signature, job_signature
 from dlrover.failures import FailureKind
-from dlrover.resource.plan import ActorMetrics, Budget, Config, CorrectionKind, JobView, Measurement, ResourcePlan
-from dlrover.resource.policy_config import load_policy
+from dlrover.resource.plan import ActorMetrics, CorrectionKind, JobView, Measurement, ResourcePlan
+from dlrover.resource.policies import load_policy
+
+from dlrover.master.job import Job
 
 if TYPE_CHECKING:
-    from dlrover.master.master import DataPlan, JobMaster
+    from dlrover.data.plan import DataPlan
 
 PS_STATS_TIMEOUT_S = 5.0
 
@@ -45,8 +48,18 @@ def job_budget(spec: Any, requested: Config) -> Budget:
     return Budget(cpu=cpu, memory_mb=memory, max_ps=spec.train.vshards)
 
 
+@dataclass
+class Rescale:
+    """A policy's plan being carried out: the scale operation and what it started from."""
+
+    op: ScaleOp
+    plan: ResourcePlan
+    old: Config
+    begun_s: float  # job time
+
+
 class Controller:
-    def __init__(self, master: "JobMaster", data: "DataPlan", chaos_fired: list[dict] | None = None) -> None:
+    def __init__(self, master: Job, data: "DataPlan") -> None:
         self.m = master
         spec = master.spec
         self.spec = spec
@@ -68,7 +81,7 @@ class Controller:
         )
         self.model = self.driver.model
         self.retired_ps_stats: list[dict] = []
-        self.scaler = Scaler(master.launcher, running=lambda: self._running)
+        self.scaler = Scaler(master.launcher, running=lambda: self._running, clock=lambda: self.now())
         self._running: list[str] = []
         self._lock = threading.Lock()
         self._next_tick = 0.0
@@ -77,15 +90,9 @@ class Controller:
         self._ps_metrics: dict[int, ActorMetrics] = {}
         self._await_first_step: dict[str, dict | None] = {}  # new worker -> its scale event (None: not written yet)
         self._early_first_step: dict[str, float] = {}
-        self._op: tuple | None = None  # (ScaleOp, ResourcePlan, config before, job time begun)
+        self._op: Rescale | None = None
         self._pending: dict[Any, str] = {}
         self._initial_plan: ResourcePlan | None = None
-        self._chaos = sorted(spec.chaos, key=lambda e: e.at_s)
-        # After a master restart what fired before stays fired. Chaos times count from the
-        # first launch (``started``), so faults land in training whatever start-up took.
-        self.chaos_fired: list[dict] = list(chaos_fired or [])
-        self._chaos = self._chaos[len(self.chaos_fired) :]
-        self._chaos_t0: float | None = None
 
     # -- lifecycle ----------------------------------------------------------------------
     def now(self) -> float:
@@ -105,13 +112,7 @@ class Controller:
         """After a master restart: the checkpoint's configuration, no warm-start decision."""
         self._initial_plan = ResourcePlan(config, "resumed from a checkpoint after a master restart", stage="resume")
 
-    def chaos_s(self) -> float:
-        """Seconds on the chaos clock (since the first launch, minus master downtime)."""
-        return self.now() - self._chaos_t0 if self._chaos_t0 is not None else 0.0
-
-    def started(self, config: Config, chaos_s: float = 0.0) -> None:
-        if self._chaos_t0 is None:
-            self._chaos_t0 = self.now() - chaos_s
+    def started(self, config: Config) -> None:
         self._open(config, self.now(), self._initial_plan)
         self._spares(config)
 
@@ -189,7 +190,6 @@ class Controller:
         now = self.now()
         self._running = list(pending.values())
         self._pending = pending
-        self._inject_chaos(now - (self._chaos_t0 or 0.0))
         if self._op is not None:
             return self._progress_op(now)
         if now < self._next_tick or self.m.evaluator.busy():
@@ -207,7 +207,7 @@ class Controller:
         """Start carrying out ``plan``: new actors are created now, the switch happens on a
         later tick once they run (training goes on meanwhile)."""
         lz = self.m.launcher
-        draining = self.m._draining
+        draining = self.m.draining()
         workers = {n: lz.resources[n] for n in lz.workers if n not in draining and n in lz.resources}
         ps = {k: lz.resources[lz.ps_name(k)] for k in lz.ps}
         sp = scale_plan(plan, workers, ps, lz.ps_name)
@@ -215,18 +215,34 @@ class Controller:
             return {}
         if self.spec.policy.rescale == "restart":
             return self._restart(plan, view.config)
-        self._op = (self.scaler.begin(sp), plan, view.config, self.now())
+        self._op = Rescale(self.scaler.begin(sp), plan, view.config, self.now())
         self.m.events.add("scale_begin", reason=plan.reason, ops=sp.ops())
         return self._progress_op(self.now())
 
     def _progress_op(self, now: float) -> dict[Any, str]:
-        op, plan, old, t0 = self._op
+        """One step of the rescale under way: launch -> (new workers start) pre-copy -> switch."""
+        r = self._op
+        if r.op.phase is ScalePhase.LAUNCHING:
+            return self._launching(r)
+        try:
+            if r.op.phase is ScalePhase.PRECOPYING and (not self.scaler.precopied(r.op) or self.m.evaluator.busy()):
+                return {}  # no switch under a periodic evaluation
+            res = self.scaler.finish(r.op)
+        except MigrationAborted as e:
+            self._aborted(r, str(e))
+            return {}
+        self._op = None
+        self._switched(r, res)
+        return {}
+
+    def _launching(self, r: Rescale) -> dict[Any, str]:
+        op, plan = r.op, r.plan
         try:
             ready = self.scaler.ready(op)
         except ray.exceptions.RayActorError as e:
             ready, error = False, f"a new actor failed to start: {str(e).strip().splitlines()[0]}"
         else:
-            error = None if ready or time.monotonic() < op.deadline else f"new actors not running after {self.scaler.launch_timeout_s:.0f}s (cluster full?)"
+            error = None if ready or not self.scaler.late(op) else f"new actors not running after {self.scaler.launch_timeout_s:.0f}s (cluster full?)"
         finished = self.m.queue.finished
         if error or (finished and not ready):
             self._op = None
@@ -234,70 +250,35 @@ class Controller:
             self.m.events.add("scale_failed", reason=plan.reason, error=error or "job finished first")
             self.policy.rejected(plan, error or "job finished first")
             if error:
-                self.m.scale_events.append(dict(self._event("failed", plan, old, old, t0), error=error))
+                self.m.scale_events.append(dict(self._event("failed", plan, r.old, r.old, r.begun_s), error=error))
             return {}
         if not ready or self.m.evaluator.busy():  # no switch under a periodic evaluation
             return {}
-        self._op = None
         if finished:  # nothing left to train: give the new actors back
+            self._op = None
             self.scaler.abort(op)
             return {}
-        return self._switch(op, plan, old, t0)
+        self._close()
+        started = self.scaler.start_new_workers(op)
+        self._running += list(started.values())
+        try:
+            self.scaler.start_migration(op, {k: a.busy for k, a in self._ps_metrics.items()})
+        except MigrationAborted as e:
+            self._aborted(r, str(e))
+            return started
+        return {**started, **self._progress_op(self.now())} if op.phase is ScalePhase.DONE else started
 
-    def _inject_chaos(self, now: float) -> None:
-        """Fire the spec's due ``chaos:`` events (fault injection for tests and demos)."""
-        while self._chaos and self._chaos[0].at_s <= now:
-            ev = self._chaos.pop(0)
-            role, i = ev.role_index()
-            lz = self.m.launcher
-            if role == "master":
-                self._fired(ev, now, self.m.job_id + "/master")
-                self.m.crash()
-                continue
-            if role == "node":
-                self._kill_node(ev, i, now)
-                continue
-            if role == "worker":
-                names = sorted((n for n in lz.workers if n not in self.m._draining), key=_launch_order)
-                actors = [(n, lz.workers[n]) for n in names]
-            else:
-                actors = [(lz.ps_name(k), lz.ps[k]) for k in sorted(lz.ps)]
-            if i >= len(actors):
-                self.m.events.add("chaos_skipped", action=ev.action, target=ev.target, why=f"only {len(actors)} {role}s")
-                continue
-            name, handle = actors[i]
-            if ev.action == "kill":
-                self.m.recovery.injected[name] = self.now()
-                ray.kill(handle, no_restart=True)
-            elif ev.action == "slow":
-                handle.set_chaos.remote(slowdown=ev.factor)
-            else:
-                handle.set_chaos.remote(leak_mb_per_s=ev.mb_per_s)
-            self._fired(ev, now, name)
-
-    def _fired(self, ev: Any, now: float, actor: str, **more: Any) -> None:
-        fired = {"at_s": round(now, 3), "job_s": round(self.now(), 3), "action": ev.action, "target": ev.target, "actor": actor, **more}
-        if ev.action == "slow":
-            fired["factor"] = ev.factor
-        if ev.action == "leak":
-            fired["mb_per_s"] = ev.mb_per_s
-        self.chaos_fired.append(fired)
-        self.m.events.add("chaos", **fired)
-
-    def _kill_node(self, ev: Any, i: int, now: float) -> None:
-        """Chaos ``node:i``: every worker and PS of the job on the i-th node dies at once."""
-        lz = self.m.launcher
-        nodes = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
-        if i >= len(nodes):
-            self.m.events.add("chaos_skipped", action=ev.action, target=ev.target, why=f"only {len(nodes)} nodes")
-            return
-        node = nodes[i]
-        victims = [n for n, nd in lz.nodes.items() if nd == node and lz.handle(n) is not None]
-        for name in victims:
-            self.m.recovery.injected[name] = self.now()
-            self.m.recovery.injected_kind[name] = "node_loss"
-            ray.kill(lz.handle(name), no_restart=True)
-        self._fired(ev, now, f"node {node[:12]}", actors=victims)
+    def _aborted(self, r: Rescale, error: str) -> None:
+        """Nothing switched: the new workers train on the old routing; new PS go back."""
+        self._op = None
+        self.scaler.abort(r.op, workers=False)
+        new = self._config()
+        ev = dict(self._event("failed", r.plan, r.old, new, r.begun_s), error=error)
+        self.m.events.add("scale_failed", reason=r.plan.reason, error=error)
+        self.policy.rejected(r.plan, error)
+        self.m.scale_events.append(ev)
+        self._bind_first_steps(r.op.new_workers, ev)
+        self._open(new, self.now(), None)
 
     def busy(self) -> bool:
         """A rescale is under way (no checkpoint cut in the middle of one)."""
@@ -318,26 +299,11 @@ class Controller:
     def abort_pending(self) -> None:
         """The job ends: a rescale still starting its actors is dropped."""
         if self._op is not None:
-            self.scaler.abort(self._op[0])
+            self.scaler.abort(self._op.op)
             self._op = None
 
-    def _switch(self, op: Any, plan: ResourcePlan, old: Config, t0: float) -> dict[Any, str]:
-        self._close()
-        started = self.scaler.start_new_workers(op)
-        self._running += list(started.values())
-        try:
-            res = self.scaler.finish(op, {k: a.busy for k, a in self._ps_metrics.items()})
-        except MigrationAborted as e:
-            # Nothing switched: the new workers train on the old routing; new PS go back.
-            self.scaler.abort(op, workers=False)
-            new = self._config()
-            ev = dict(self._event("failed", plan, old, new, t0), error=str(e))
-            self.m.events.add("scale_failed", reason=plan.reason, error=str(e))
-            self.policy.rejected(plan, str(e))
-            self.m.scale_events.append(ev)
-            self._bind_first_steps(op.new_workers, ev)
-            self._open(new, self.now(), None)
-            return started
+    def _switched(self, r: Rescale, res: ScaleResult) -> None:
+        op, plan, old, t0 = r.op, r.plan, r.old, r.begun_s
         self.m.drain(res.drained)
         self.retired_ps_stats += res.retired_ps_stats
         new = self._config()
@@ -361,7 +327,6 @@ class Controller:
         self.m.events.add("scale", **{k: v for k, v in ev.items() if k != "kind"}, scale_kind=ev["kind"])
         self._open(new, self.now(), plan)
         self._spares(new)
-        return started
 
     def _proactive_failures(self, plan: ResourcePlan, op: Any, t0: float) -> None:
         """A straggler replaced, or memory raised before an OOM kill: recorded as failures
@@ -409,7 +374,7 @@ class Controller:
 
     def _config(self) -> Config:
         lz = self.m.launcher
-        return lz.config(exclude=self.m._draining)
+        return lz.config(exclude=self.m.draining())
 
     # -- the view -----------------------------------------------------------------------
     def _view(self, now: float, config: Config) -> JobView:
@@ -422,8 +387,7 @@ class Controller:
     def _actor_metrics(self, now: float) -> list[ActorMetrics]:
         """Every worker's latest report and every PS's stats, as the driver takes them."""
         lz = self.m.launcher
-        with self.m._lock:
-            reports = {n: dict(r) for n, r in self.m.metrics.items() if n in lz.workers}
+        reports = {n: r for n, r in self.m.worker_reports().items() if n in lz.workers}
         out = []
         for name, r in reports.items():
             cpu, mem = lz.resources.get(name, (1.0, 0))
@@ -499,7 +463,7 @@ class Controller:
         p = self._initial_plan
         out = {
             "policy": self.policy.name,
-            "chaos": self.chaos_fired,
+            "chaos": self.m.chaos.fired,
             "initial_plan": {"stage": p.stage, "reason": p.reason, "config": p.config.to_dict()},
             "configurations": configs,
             "final_config": self._config().to_dict(),
@@ -528,11 +492,6 @@ class Controller:
             except OSError as e:
                 self.m.events.add("history_error", error=f"{self.history_dir}: {e}")
         return out
-
-
-def _launch_order(name: str) -> int:
-    """``<job>/worker-12`` -> 12."""
-    return int(name.rsplit("-", 1)[-1])
 
 
 def _kind(old: Config, new: Config, plan: ResourcePlan) -> str:

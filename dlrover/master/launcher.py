@@ -23,7 +23,7 @@ from dlrover.model.dlrm import initial_dense_vector
 from dlrover.ps.dense_ps import DenseParamServer
 from dlrover.ps.embedding_ps import EmbeddingPS
 from dlrover.ps.vshard import VShardMap
-from dlrover.resource.plan import Config
+from dlrover.resource.configs import Config
 from dlrover.spec import JobSpec
 from dlrover.worker.dense_client import shm_prefix
 from dlrover.worker.worker import Worker, WorkerSpec, worker_threads

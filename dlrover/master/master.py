@@ -27,6 +27,7 @@ from dlrover.errors import DLRoverError
 from dlrover.failures import Failure
 from dlrover.ids import ProcessInfo
 from dlrover.checkpoint.store import CheckpointStore
+from dlrover.master.chaos import ChaosInjector
 from dlrover.master.checkpoint import Checkpointer, held_samples
 from dlrover.master.control import Controller
 from dlrover.master.evaluation import Evaluator
@@ -77,6 +78,7 @@ class JobMaster:
         self._retired: set[str] = set()
         self._draining: set[str] = set()  # finish their leased shards, then get "stop"
         self.control: Controller | None = None
+        self.chaos: ChaosInjector | None = None
         self.recovery = Recovery(self)
         self.checkpointer: Checkpointer | None = None
         self.restarts = 0
@@ -273,7 +275,8 @@ class JobMaster:
         self.launcher = Launcher(self.job_id, spec, self.data.files, master=ray.get_runtime_context().current_actor)
         self.checkpointer = Checkpointer(self, CheckpointStore(self._checkpoint_root(), keep=spec.checkpoint.keep))
         state = self._load_state()
-        self.control = Controller(self, self.data, chaos_fired=state.chaos_fired if state else None)
+        self.control = Controller(self, self.data)
+        self.chaos = ChaosInjector(self, spec.chaos, state.chaos_fired if state else None)
         try:
             return self._train_and_evaluate(state)
         finally:
@@ -295,8 +298,8 @@ class JobMaster:
             samples_replayed=self.recovery.samples_replayed,
             failures=list(self.failures),
             scale_events=self.scale_events,
-            chaos_fired=self.control.chaos_fired if self.control else [],
-            chaos_s=self.control.chaos_s() if self.control else 0.0,
+            chaos_fired=self.chaos.fired if self.chaos else [],
+            chaos_s=self.chaos.chaos_s() if self.chaos else 0.0,
             restarts=self.restarts,
         ).save(self._state_path())
 
@@ -327,7 +330,8 @@ class JobMaster:
         else:
             config = resume_after_restart(self, state)
             self.control.resumed(config)
-        self.control.started(config, chaos_s=state.chaos_s if state else 0.0)
+        self.control.started(config)
+        self.chaos.start(state.chaos_s if state else 0.0)
         self.events.add("launched", workers=len(self.launcher.workers), ps=len(self.launcher.ps), config=config.short())
         first = self.checkpointer.take({}, self.clock() - self.t0)  # the state to fall back on before any other
         if first is not None:
@@ -399,6 +403,7 @@ class JobMaster:
     def watch(self) -> None:
         pending = self.runs.pending
         self.recovery.tick(pending)
+        self.chaos.tick()
         if not self.recovery.suspects():  # no pause waits on an actor that may be frozen
             pending.update(self.control.tick(pending))
             self._checkpoint(pending)

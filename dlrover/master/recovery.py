@@ -29,7 +29,7 @@ straggling are avoided for new actors (bad-node detection).
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import ray
 
@@ -38,8 +38,8 @@ from dlrover.ids import ProcessInfo
 from dlrover.master.liveness import Prober, kill_process, liveness_timeout_s
 from dlrover.master.rollback import Rollback, roll_back
 
-if TYPE_CHECKING:
-    from dlrover.master.master import JobMaster
+from dlrover.master.job import Job
+
 
 MASTER_GAP_S = 2.0  # a longer gap between the master's own ticks renews every lease
 DENSE_PS = "dense-ps"  # the dense PS's key among probe targets
@@ -57,7 +57,7 @@ class JobFailed(RuntimeError):
 
 
 class Recovery:
-    def __init__(self, master: "JobMaster") -> None:
+    def __init__(self, master: Job) -> None:
         self.m = master
         self.prober = Prober()
         self.processes: dict[str, ProcessInfo] = {}  # actor -> its process, once a probe answered
@@ -181,6 +181,13 @@ class Recovery:
         return dead, dense
 
     # -- handling -----------------------------------------------------------------------
+    def expect_failure(self, actor: str, at_s: float, kind: FailureKind | None = None) -> None:
+        """A fault is being injected into ``actor`` now: its failure happened at ``at_s``
+        (and is a ``kind``, when the fault says better than what Ray will report)."""
+        self.injected[actor] = at_s
+        if kind is not None:
+            self.injected_kind[actor] = kind
+
     def new_failure(self, kind: FailureKind, actor: str, err: Exception | str | None, detected: float) -> Failure:
         """A failure of ``actor`` detected now. Its kind is the master's own (an OOM kill,
         a hang), the injected fault's, a lost node's (Ray says the actor's node is dead

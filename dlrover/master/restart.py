@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import ray
@@ -20,10 +20,10 @@ import torch
 
 from dlrover.master.scaler import get_alive
 from dlrover.ps.migration import export_blocks
-from dlrover.resource.plan import Config
+from dlrover.resource.configs import Config
 
-if TYPE_CHECKING:
-    from dlrover.master.master import JobMaster
+from dlrover.master.job import Job
+
 
 
 def _to_torch(payload: dict) -> dict:
@@ -42,7 +42,7 @@ def select(payload: dict, vshards: np.ndarray, rows_per_vshard: list[int]) -> di
     return {"vshards": keep, "tables": export_blocks(payload["tables"], pos, rows_per_vshard)}
 
 
-def stop_checkpoint_restart(master: "JobMaster", config: Config, pending: dict[Any, str]) -> dict:
+def stop_checkpoint_restart(master: Job, config: Config, pending: dict[Any, str]) -> dict:
     lz = master.launcher
     t0 = master.clock()
     # 1. Stop: no more shards for anyone; each worker finishes what it holds and exits.

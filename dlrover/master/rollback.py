@@ -15,10 +15,11 @@ import ray
 
 from dlrover.failures import CheckpointRef, Failure, FailureKind
 from dlrover.ps.vshard import VShardMap
-from dlrover.resource.plan import Config
+from dlrover.resource.configs import Config
+
+from dlrover.master.job import Job
 
 if TYPE_CHECKING:
-    from dlrover.master.master import JobMaster
     from dlrover.master.persist import MasterState
 
 ABORT_TIMEOUT_S = 30.0
@@ -37,7 +38,7 @@ class Rollback:
 
 
 
-def stop_workers(m: "JobMaster", pending: dict[Any, str]) -> list[str]:
+def stop_workers(m: Job, pending: dict[Any, str]) -> list[str]:
     """Abort every worker's run and wait for it; returns workers that are gone or hung."""
     lz = m.launcher
     for h in lz.workers.values():
@@ -55,7 +56,7 @@ def stop_workers(m: "JobMaster", pending: dict[Any, str]) -> list[str]:
     pending.clear()
     return lost
 
-def roll_back(m: "JobMaster", pending: dict[Any, str], dead_ps: list[int], dense_dead: bool, replace_all: bool = False) -> Rollback:
+def roll_back(m: Job, pending: dict[Any, str], dead_ps: list[int], dense_dead: bool, replace_all: bool = False) -> Rollback:
     """Roll the whole job back to the newest usable checkpoint (see module doc)."""
     lz = m.launcher
     t0 = m.clock() - m.t0
@@ -118,7 +119,7 @@ def roll_back(m: "JobMaster", pending: dict[Any, str], dead_ps: list[int], dense
     return back
 
 
-def resume_after_restart(m: "JobMaster", state: "MasterState") -> Config:
+def resume_after_restart(m: Job, state: "MasterState") -> Config:
     """After a master restart: relaunch the checkpoint's configuration and load it."""
     detected = m.clock() - m.t0
     ckpt, payloads, source = m.checkpointer.load_durable()

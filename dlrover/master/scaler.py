@@ -5,16 +5,16 @@ which actors to launch, drain or retire, and whether vshards must move. ``Scaler
 executes it while training goes on:
 
 1. launch the new PS (owning nothing yet) and workers (not started); the control loop
-   goes on until they run (``begin`` / ``ready``);
+   goes on until they run (``begin`` / ``ready``); then start the new workers;
 2. if the PS set changes or a rebalance is asked, move vshards in two rounds
    (``dlrover.ps.migration``): while training goes on, the PS start tracking updated
    rows and the moving blocks (weights and optimizer state) are copied into the new
-   owners' new tables; then every worker is paused at a step boundary (all of its
-   pushes applied), only the rows updated since are copied, every PS switches to the
-   new map at once and the workers resume with the new routing; retired PS go away
-   only after that;
-3. start the new workers; workers to remove are drained (they finish their leased shards
-   and get no more).
+   owners' new tables (``start_migration``, checked on later ticks by ``precopied``);
+   then every worker is paused at a step boundary (all of its pushes applied), only the
+   rows updated since are copied, every PS switches to the new map at once and the
+   workers resume with the new routing (``finish``); retired PS go away only after
+   that; workers to remove are drained (they finish their leased shards and get no
+   more).
 
 Ray fixes an actor's CPUs and memory at creation, so a resize is a replacement: the plan
 launches actors of the new size and drains or retires the old ones.
@@ -22,8 +22,8 @@ launches actors of the new size and drains or retires the old ones.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, Callable
 
 import ray
@@ -32,7 +32,6 @@ from dlrover.master.launcher import Launcher
 from dlrover.resource.plan import ResourcePlan
 
 PAUSE_TIMEOUT_S = 120.0
-PREPARE_POLL_S = 0.05
 LAUNCH_TIMEOUT_S = 120.0  # new actors not running by then: the plan is given up (cluster full?)
 
 
@@ -103,9 +102,33 @@ class ScaleResult:
     ps_switch_s: dict = field(default_factory=dict)  # slowest PS: receive / allocate / copy seconds
 
 
+class ScalePhase(str, Enum):
+    LAUNCHING = "launching"  # new actors starting; training goes on
+    PRECOPYING = "precopying"  # round 1: moving vshards copied while training goes on
+    DONE = "done"
+
+
+@dataclass
+class Migration:
+    """The vshard move of a ScaleOp: the new map and who sends what to whom."""
+
+    vmap: Any
+    moves: list[tuple[int, int, int]]  # (vshard, from PS, to PS)
+    keep: list[int]  # PS that stay (they switch to the new map)
+    outgoing: dict[int, list[int]]  # source PS -> vshards it sends
+    began_s: float
+    deadline_s: float
+    probes: list[Any] = field(default_factory=list)  # ``prepared`` calls in flight
+
+    def incoming(self, k: int, refs: dict[int, Any]) -> list[Any]:
+        """The payloads (``refs`` by source PS) PS ``k`` receives."""
+        return [refs[src] for src in sorted(self.outgoing) if any(s == src and d == k for _, s, d in self.moves)]
+
+
 @dataclass
 class ScaleOp:
-    """A ScalePlan under way: its new actors are starting (training goes on)."""
+    """A ScalePlan under way, one phase per control tick: its new actors start, then
+    vshards are pre-copied, then the switch; training goes on until the switch."""
 
     plan: ScalePlan
     new_ps: list[int]
@@ -114,17 +137,22 @@ class ScaleOp:
     started: float
     deadline: float
     spares_used: int = 0  # new actors taken from the pre-started spares
+    phase: ScalePhase = ScalePhase.LAUNCHING
+    migration: Migration | None = None
+    launch_s: float = 0.0
 
 
 class Scaler:
-    """Executes ScalePlans with a Launcher, in two steps so the control loop never blocks
-    on actors that take long to start (or never start, on a full cluster): ``begin``
-    creates the new actors; once ``ready``, ``finish`` moves vshards and switches routing.
-    ``abort`` gives the new actors back."""
+    """Executes ScalePlans with a Launcher, a step per control tick, so the loop never
+    blocks on actors that take long to start (or never start, on a full cluster) nor on a
+    pre-copy: ``begin`` creates the new actors; once ``ready``, ``start_migration`` begins
+    round 1; once ``precopied``, ``finish`` parks the workers and switches routing.
+    ``abort`` gives the new actors back. Times come from the master's clock."""
 
-    def __init__(self, launcher: Launcher, running: Callable[[], list[str]], launch_timeout_s: float = LAUNCH_TIMEOUT_S) -> None:
+    def __init__(self, launcher: Launcher, running: Callable[[], list[str]], clock: Callable[[], float], launch_timeout_s: float = LAUNCH_TIMEOUT_S) -> None:
         self.launcher = launcher
         self.running = running  # names of workers whose ``run`` is going on
+        self.clock = clock
         self.launch_timeout_s = launch_timeout_s
 
     def begin(self, sp: ScalePlan) -> ScaleOp:
@@ -134,7 +162,7 @@ class Scaler:
         new_ps = [_first(lz.take_spare_ps(cpu, mem), lambda: lz.add_ps(cpu, mem)) for cpu, mem in sp.add_ps]
         new_workers = [_first(lz.take_spare_worker(cpu, mem), lambda: lz.add_worker(cpu, mem)) for cpu, mem in sp.add_workers]
         probes = [lz.ps[k].stats.remote() for k in new_ps] + [lz.workers[w].ping.remote() for w in new_workers]
-        now = time.monotonic()
+        now = self.clock()
         used = spares - len(lz.spare_ps) - len(lz.spare_workers)
         return ScaleOp(sp, new_ps, new_workers, probes, now, now + self.launch_timeout_s, used)
 
@@ -146,8 +174,15 @@ class Scaler:
             return True
         return False
 
+    def late(self, op: ScaleOp) -> bool:
+        """The new actors are not running within the launch timeout."""
+        return self.clock() > op.deadline
+
     def abort(self, op: ScaleOp, workers: bool = True) -> None:
-        """Give back the op's new PS, and its new workers unless they already train."""
+        """Give back the op's new PS, and its new workers unless they already train; a
+        pre-copy under way is dropped."""
+        if op.migration is not None:
+            get_alive([h.cancel_migration.remote() for h in self.launcher.ps.values()])
         for k in op.new_ps:
             self.launcher.remove_ps(k)
         for w in op.new_workers if workers else []:
@@ -160,48 +195,68 @@ class Scaler:
         get_alive([lz.workers[w].set_routing.remote(dict(lz.ps), lz.vmap) for w in op.new_workers])
         return {lz.start(w): w for w in op.new_workers}
 
-    def finish(self, op: ScaleOp, ps_load: dict[int, float] | None = None) -> ScaleResult:
+    def start_migration(self, op: ScaleOp, ps_load: dict[int, float] | None = None) -> None:
+        """Round 1 (training goes on): the PS track updated rows, the moving blocks are
+        copied into their new owners' new tables. No vshard to move: straight to done."""
         lz, sp = self.launcher, op.plan
-        result = ScaleResult(op.new_workers, list(sp.drain_workers), [], launch_s=time.monotonic() - op.started)
-        keep_ps = [k for k in lz.ps if k not in sp.retire_ps]
-        new_vmap = lz.vmap.reassigned(keep_ps, ps_load if sp.rebalance else None) if (op.new_ps or sp.retire_ps or sp.rebalance) else None
-        if new_vmap is not None and lz.vmap.moves(new_vmap):
-            self._migrate(new_vmap, sp.retire_ps, result)
-        for k in sp.retire_ps:
-            lz.remove_ps(k)
-        return result
-
-    def _migrate(self, new_vmap: Any, retire: list[int], result: ScaleResult) -> None:
-        """Move vshards to their new owners: pre-copy while training goes on, then the rows
-        updated meanwhile with every worker parked (no update in flight)."""
-        lz = self.launcher
-        moves = lz.vmap.moves(new_vmap)
-        keep = [k for k in lz.ps if k not in retire]
-        sources = sorted({src for _, src, _ in moves})
-        outgoing = {src: [v for v, s, _ in moves if s == src] for src in sources}
-
-        def to(k: int, refs: dict[int, Any]) -> list[Any]:
-            return [refs[s] for s in sources if any(s == src and d == k for _, src, d in moves)]
-
+        op.launch_s = self.clock() - op.started
+        keep = [k for k in lz.ps if k not in sp.retire_ps]
+        new_vmap = lz.vmap.reassigned(keep, ps_load if sp.rebalance else None) if (op.new_ps or sp.retire_ps or sp.rebalance) else None
+        moves = lz.vmap.moves(new_vmap) if new_vmap is not None else []
+        if not moves:
+            op.phase = ScalePhase.DONE
+            return
+        outgoing = {src: [v for v, s, _ in moves if s == src] for src in sorted({src for _, src, _ in moves})}
+        now = self.clock()
+        mig = Migration(new_vmap, moves, keep, outgoing, now, now + PAUSE_TIMEOUT_S)
+        op.migration, op.phase = mig, ScalePhase.PRECOPYING
         try:
-            # Round 1: training goes on.
-            t_copy = time.monotonic()
             ray.get([h.track.remote() for h in lz.ps.values()])
-            full = {src: lz.ps[src].export_vshards.remote(outgoing[src]) for src in sources}
-            ray.get([lz.ps[k].prepare.remote(new_vmap, to(k, full)) for k in keep])
-            deadline = time.monotonic() + PAUSE_TIMEOUT_S
-            while True:
-                states = ray.get([lz.ps[k].prepared.remote() for k in keep])
-                errors = [s for s in states if isinstance(s, str)]
+            full = {src: lz.ps[src].export_vshards.remote(vs) for src, vs in outgoing.items()}
+            ray.get([lz.ps[k].prepare.remote(new_vmap, mig.incoming(k, full)) for k in keep])
+        except ray.exceptions.RayError as e:
+            raise MigrationAborted(f"starting the pre-copy failed: {str(e).strip().splitlines()[0]}") from None
+
+    def precopied(self, op: ScaleOp) -> bool:
+        """Whether every PS has its new tables ready (never blocks: asks, and looks at
+        the answers on a later tick). MigrationAborted on an error or past the deadline."""
+        mig, lz = op.migration, self.launcher
+        if mig.probes:
+            done, _ = ray.wait(mig.probes, num_returns=len(mig.probes), timeout=0)
+            if len(done) == len(mig.probes):
+                try:
+                    states = ray.get(mig.probes)
+                except ray.exceptions.RayError as e:
+                    raise MigrationAborted(f"a PS failed during the pre-copy: {str(e).strip().splitlines()[0]}") from None
+                mig.probes = []
+                errors = [x for x in states if isinstance(x, str)]
                 if errors:
                     raise MigrationAborted(f"preparing the new vshard map failed: {errors[0]}")
                 if all(states):
-                    break
-                if time.monotonic() > deadline:
-                    raise MigrationAborted(f"PS did not prepare the new vshard map within {PAUSE_TIMEOUT_S:.0f}s")
-                time.sleep(PREPARE_POLL_S)
-            # Round 2: workers parked, only rows pushed since round 1 began move.
-            t_pause = time.monotonic()
+                    return True
+        if self.clock() > mig.deadline_s:
+            raise MigrationAborted(f"PS did not prepare the new vshard map within {PAUSE_TIMEOUT_S:.0f}s")
+        if not mig.probes:
+            mig.probes = [lz.ps[k].prepared.remote() for k in mig.keep]
+        return False
+
+    def finish(self, op: ScaleOp) -> ScaleResult:
+        """Round 2 (when ``precopied``, or at once without a move): the switch."""
+        lz, sp = self.launcher, op.plan
+        result = ScaleResult(op.new_workers, list(sp.drain_workers), [], launch_s=op.launch_s)
+        if op.migration is not None:
+            self._switch(op.migration, sp.retire_ps, result)
+        for k in sp.retire_ps:
+            lz.remove_ps(k)
+        op.phase = ScalePhase.DONE
+        return result
+
+    def _switch(self, mig: Migration, retire: list[int], result: ScaleResult) -> None:
+        """Every worker parked (no update in flight), only the rows updated since round 1
+        began move, every PS switches to the new map at once, the workers resume."""
+        lz = self.launcher
+        t_pause = self.clock()
+        try:
             running = [w for w in self.running() if w in lz.workers]
             parked = get_alive([lz.workers[w].pause.remote(PAUSE_TIMEOUT_S) for w in running])
             if any(p is False for p in parked):
@@ -212,18 +267,18 @@ class Scaler:
             get_alive([h.cancel_migration.remote() for h in lz.ps.values()])
             get_alive([h.set_routing.remote(dict(lz.ps), lz.vmap) for h in lz.workers.values()])
             raise MigrationAborted(str(e).strip().splitlines()[0]) from None
-        delta = {src: lz.ps[src].export_vshards.remote(outgoing[src], dirty_only=True) for src in sources}
-        replies = ray.get([lz.ps[k].reconfigure.remote(new_vmap, to(k, delta)) for k in keep])
+        delta = {src: lz.ps[src].export_vshards.remote(vs, dirty_only=True) for src, vs in mig.outgoing.items()}
+        replies = ray.get([lz.ps[k].reconfigure.remote(mig.vmap, mig.incoming(k, delta)) for k in mig.keep])
         result.retired_ps_stats = ray.get([lz.ps[k].stats.remote() for k in retire])
-        lz.vmap = new_vmap
-        ps = {k: lz.ps[k] for k in keep}
-        get_alive([h.set_routing.remote(ps, new_vmap) for h in lz.workers.values()])
-        done = time.monotonic()
+        lz.vmap = mig.vmap
+        ps = {k: lz.ps[k] for k in mig.keep}
+        get_alive([h.set_routing.remote(ps, mig.vmap) for h in lz.workers.values()])
+        done = self.clock()
         result.pause_s = done - t_pause
-        result.copy_s = done - t_copy
+        result.copy_s = done - mig.began_s
         result.bytes_moved = int(sum(r["bytes_precopied"] + r["bytes_in"] for r in replies))
         result.bytes_in_pause = int(sum(r["bytes_in"] for r in replies))
-        result.vshards_moved = len(moves)
+        result.vshards_moved = len(mig.moves)
         slowest = max(replies, key=lambda r: r["recv_s"] + r["copy_s"], default={})
         result.ps_switch_s = {k: round(v, 4) for k, v in slowest.items() if k.endswith("_s")}
 

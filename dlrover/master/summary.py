@@ -5,7 +5,6 @@ the exported final model. Read-only over the master's records."""
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
 
 import ray
 import torch
@@ -13,11 +12,11 @@ import torch
 from dlrover.failures import FailureKind
 from dlrover.metrics.reliability import ReliabilityReport, reliability_report
 
-if TYPE_CHECKING:
-    from dlrover.master.master import JobMaster
+from dlrover.master.job import Job
 
 
-def actor_rows(m: "JobMaster", reports: dict[str, dict]) -> list[dict]:
+
+def actor_rows(m: Job, reports: dict[str, dict]) -> list[dict]:
     """Resources and latest measurements of each running worker and PS (``reports``: a
     copy of the workers' latest reports)."""
     lz = m.launcher
@@ -41,7 +40,7 @@ def actor_rows(m: "JobMaster", reports: dict[str, dict]) -> list[dict]:
     return rows
 
 
-def reliability_of(m: "JobMaster", wall_s: float, train_s: float, trained: int) -> ReliabilityReport:
+def reliability_of(m: Job, wall_s: float, train_s: float, trained: int) -> ReliabilityReport:
     replayed = m.recovery.samples_replayed
     failures = [f.to_dict() for f in m.failures]
     args = {"wall_s": wall_s, "train_s": train_s, "samples_replayed": replayed}
@@ -52,7 +51,7 @@ def reliability_of(m: "JobMaster", wall_s: float, train_s: float, trained: int) 
     return reliability_report(failures, throughput=speed, **args)
 
 
-def reliability_fields(m: "JobMaster", summary: dict) -> dict:
+def reliability_fields(m: Job, summary: dict) -> dict:
     rep = reliability_of(m, summary["wall_time_s"], summary["train_time_s"], summary["samples_trained"])
     return {
         "reliability": rep.to_dict(),
@@ -65,7 +64,7 @@ def reliability_fields(m: "JobMaster", summary: dict) -> dict:
     }
 
 
-def summary_of(m: "JobMaster", metrics: dict) -> dict:
+def summary_of(m: Job, metrics: dict) -> dict:
     """``summary.json`` without the policy and reliability parts (added by their owners)."""
     q, spec = m.queue, m.spec
     train_s = max((m.train_end or m.clock()) - (m.train_start or m.t0), 1e-9)
@@ -100,7 +99,7 @@ def summary_of(m: "JobMaster", metrics: dict) -> dict:
     }
 
 
-def export_final(m: "JobMaster") -> None:
+def export_final(m: Job) -> None:
     """Write the trained model (global embedding tables + dense parameters) to
     ``checkpoint.dir/<job_id>/final.pt`` when a checkpoint directory is set."""
     spec = m.spec
