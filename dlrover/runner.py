@@ -18,6 +18,7 @@ from dlrover.errors import DLRoverError
 from dlrover.joblog import event_line, progress_line, result_line
 from dlrover.paths import check_creatable_dir, is_url
 from dlrover.rayauth import use_token_auth
+from dlrover.resource.plan import Policy
 from dlrover.spec import JobSpec
 
 POLL_S = 0.5  # progress-bar refresh period
@@ -62,21 +63,21 @@ def required_cpus(spec: JobSpec) -> float:
     return max(r.budget_cpu or 0.0, r.workers * r.worker_cpu + r.ps * r.ps_cpu)
 
 
-def resolve_policy(spec: JobSpec) -> JobSpec:
-    """Check the policy and its knobs here, on the driver (a bad knob is a one-line
-    error before Ray starts), and make its paths absolute for the master actor."""
+def resolve_policy(spec: JobSpec) -> tuple[JobSpec, Policy]:
+    """Build the policy here, on the driver (a bad knob is a one-line error before Ray
+    starts; the master gets the built policy), and make its paths absolute."""
     from dlrover.master.control import default_history_dir
-    from dlrover.resource.policy_config import load_policy
+    from dlrover.resource.policies import load_policy
 
     p = spec.policy
-    load_policy(p.name, p.config, p.knobs)
+    built = load_policy(p.name, p.config, p.knobs)
     policy = p.model_copy(
         update={
             "config": os.path.abspath(p.config) if p.config else None,
             "history_dir": os.path.abspath(os.path.expanduser(p.history_dir or default_history_dir())),
         }
     )
-    return spec.model_copy(update={"policy": policy})
+    return spec.model_copy(update={"policy": policy}), built
 
 
 def resolve_checkpoint_dir(spec: JobSpec) -> JobSpec:
@@ -149,7 +150,8 @@ def run_job(
 
     # Every check before the run directory is written: a bad input leaves nothing behind.
     check_creatable_dir(runs_dir, "--runs-dir")
-    spec = resolve_checkpoint_dir(resolve_policy(spec))
+    spec, policy = resolve_policy(spec)
+    spec = resolve_checkpoint_dir(spec)
     ensure_data(spec)
     data = DataPlan.build(spec)  # files that hold no training rows fail here; the master gets this plan
     job_id = job_id or new_job_id(spec.name)
@@ -171,7 +173,7 @@ def run_job(
                 max_task_retries=-1,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True),
             )
-            .remote(job_id, spec, data, run_dir=str(run_dir.resolve()))
+            .remote(job_id, spec, data, policy, run_dir=str(run_dir.resolve()))
         )
         ref = master.run.remote()
         bar = tqdm(total=None, unit="samples", unit_scale=True, disable=progress != "bar", dynamic_ncols=True, file=sys.stderr)

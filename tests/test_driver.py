@@ -5,17 +5,18 @@ simulator when both are fed the same job."""
 
 from __future__ import annotations
 
-import threading
 from types import SimpleNamespace
 
 import pandas as pd
 import pytest
 
 from conftest import small_spec
-from dlrover.master.scaler import ScaleOp, ScalePlan, ScaleResult
+from dlrover.master.scaler import ScaleOp, ScalePhase, ScalePlan, ScaleResult
 from dlrover.resource.driver import ActorWatch, DecisionKind, PolicyDriver, Progress, TrendParams
 from dlrover.resource.perf_model import PerfParams, throughput
-from dlrover.resource.plan import ActorMetrics, Budget, Config, JobView, Policy, ResourcePlan
+from dlrover.resource.configs import Budget, Config
+from dlrover.resource.plan import ActorMetrics, JobView, Policy, ResourcePlan
+from dlrover.resource.policies import load_policy
 from dlrover.resource.static import StaticPolicy
 
 A = Config(2, 1, 2.0, 2.0, 2048, 1024)
@@ -283,7 +284,10 @@ class FakeScaler:
     def start_new_workers(self, op) -> dict:
         return {}
 
-    def finish(self, op: ScaleOp, ps_load: dict | None = None) -> ScaleResult:
+    def start_migration(self, op: ScaleOp, ps_load: dict | None = None) -> None:
+        op.phase = ScalePhase.DONE  # no vshard to move here: straight to the switch
+
+    def finish(self, op: ScaleOp) -> ScaleResult:
         for k in op.plan.retire_ps:
             self.lz.resources.pop(self.lz.ps_name(k))
             del self.lz.ps[k]
@@ -300,13 +304,17 @@ class FakeMaster:
         self.scale_events: list[dict] = []
         self.queue = SimpleNamespace(samples_done=0, samples_expected=int(total), finished=False)
         self.metrics: dict[str, dict] = {}
-        self._lock = threading.Lock()
         self.evaluator = SimpleNamespace(busy=lambda: False)
-        self._draining: set[str] = set()
         self.recovery = SimpleNamespace(new_failure=lambda *a: SimpleNamespace(), record=lambda f: None)
 
     def clock(self) -> float:
         return self.now
+
+    def worker_reports(self) -> dict[str, dict]:
+        return {n: dict(r) for n, r in self.metrics.items()}
+
+    def draining(self) -> frozenset[str]:
+        return frozenset()
 
     def drain(self, names: list[str]) -> None:
         for n in names:
@@ -330,7 +338,8 @@ def live_decisions(spec, total: float) -> list[tuple[float, dict]]:
     from dlrover.master.control import Controller
 
     m = FakeMaster(spec, total)
-    ctl = Controller(m, SimpleNamespace(files={}))
+    p = spec.policy
+    ctl = Controller(m, SimpleNamespace(files={}), load_policy(p.name, p.config, p.knobs))
     config = ctl.initial_config()
     m.launcher.launch(config)
     ctl.scaler = FakeScaler(m.launcher)

@@ -24,8 +24,7 @@ from dlrover.resource.configs import Budget, Config, describe_change
 from dlrover.resource.driver import DecisionKind, PolicyDriver, Progress
 from dlrover.resource.history import HistoryRecord, HistoryStore, dataset_signature, job_signature
 from dlrover.failures import FailureKind
-from dlrover.resource.plan import ActorMetrics, CorrectionKind, JobView, Measurement, ResourcePlan
-from dlrover.resource.policies import load_policy
+from dlrover.resource.plan import ActorMetrics, CorrectionKind, JobView, Measurement, Policy, ResourcePlan
 
 from dlrover.master.job import Job
 
@@ -59,11 +58,12 @@ class Rescale:
 
 
 class Controller:
-    def __init__(self, master: Job, data: "DataPlan") -> None:
+    def __init__(self, master: Job, data: "DataPlan", policy: Policy) -> None:
+        """``policy``: built once, on the driver (a restarted master gets a fresh copy)."""
         self.m = master
         spec = master.spec
         self.spec = spec
-        self.policy = load_policy(spec.policy.name, spec.policy.config, spec.policy.knobs)
+        self.policy = policy
         self.requested = Config.from_resources(spec.resources)
         self.budget = job_budget(spec, self.requested)
         self.signature = job_signature(spec.model.model_dump(), spec.data.batch_size)
@@ -463,7 +463,6 @@ class Controller:
         p = self._initial_plan
         out = {
             "policy": self.policy.name,
-            "chaos": self.m.chaos.fired,
             "initial_plan": {"stage": p.stage, "reason": p.reason, "config": p.config.to_dict()},
             "configurations": configs,
             "final_config": self._config().to_dict(),

@@ -39,6 +39,7 @@ from dlrover.master.rollback import resume_after_restart
 from dlrover.master.summary import actor_rows, export_final, reliability_fields, reliability_of, summary_of
 from dlrover.master.states import TERMINAL, JobLoop, JobStatus, RunGroup
 from dlrover.master.telemetry import Telemetry
+from dlrover.resource.plan import Policy
 from dlrover.spec import JobSpec
 
 NEXT_SHARD_WAIT_S = 1.0
@@ -46,8 +47,11 @@ TICK_S = 1.0  # the control loop wakes at least this often while workers train
 PUBLISH_EVERY_S = 1.0  # metrics export (Ray's agent takes them every few seconds)
 
 class JobMaster:
-    def __init__(self, job_id: str, spec: JobSpec, data: DataPlan, clock: Callable[[], float] = time.monotonic, run_dir: str | None = None) -> None:
-        """``spec``: validated once, on the driver; ``data``: the driver's index of the files."""
+    def __init__(
+        self, job_id: str, spec: JobSpec, data: DataPlan, policy: Policy, clock: Callable[[], float] = time.monotonic, run_dir: str | None = None
+    ) -> None:
+        """``spec``: validated once, on the driver; ``data``: the driver's index of the
+        files; ``policy``: built once, on the driver."""
         self.job_id = job_id
         self.run_dir = run_dir
         self.spec = spec
@@ -58,6 +62,7 @@ class JobMaster:
         self._work = threading.Condition(self._lock)
         self.queue: ShardQueue | None = None
         self.data = data
+        self.policy = policy
         self.launcher: Launcher | None = None
         self.bad_lines = 0
         self.metrics: dict[str, dict] = {}
@@ -275,7 +280,7 @@ class JobMaster:
         self.launcher = Launcher(self.job_id, spec, self.data.files, master=ray.get_runtime_context().current_actor)
         self.checkpointer = Checkpointer(self, CheckpointStore(self._checkpoint_root(), keep=spec.checkpoint.keep))
         state = self._load_state()
-        self.control = Controller(self, self.data)
+        self.control = Controller(self, self.data, self.policy)
         self.chaos = ChaosInjector(self, spec.chaos, state.chaos_fired if state else None)
         try:
             return self._train_and_evaluate(state)
@@ -355,7 +360,7 @@ class JobMaster:
         ps_stats = ray.get([ps.stats.remote() for ps in self.launcher.ps.values()]) + self.control.retired_ps_stats
         # Each (sample, feature) bag is pushed to exactly one PS: this counts applied updates.
         summary["ps_bags_updated"] = int(sum(s["rows_updated"] for s in ps_stats))
-        summary.update(self.control.finish(summary))
+        summary.update(self.control.finish(summary), chaos=self.chaos.fired)
         self.checkpointer.flush()
         if self.status == JobStatus.SUCCEEDED and not self.spec.checkpoint.dir:
             # recovery checkpoints in the run directory served their purpose
