@@ -85,7 +85,7 @@ def submit_job(spec_path: str, address: str, overrides: list[str], runs_dir: str
 
 def job_metadata(spec, job_id: str, runs_dir: str) -> dict[str, str]:
     """Ray Jobs metadata (strings only), shown in the Ray dashboard and by ``dlrover status``."""
-    from dlrover.resource.plan import Config
+    from dlrover.resource.configs import Config
 
     return {
         "dlrover_job": job_id,

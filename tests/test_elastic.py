@@ -10,7 +10,8 @@ from conftest import small_spec
 from dlrover.master.scaler import scale_plan
 from dlrover.ps.embedding_ps import EmbeddingPS
 from dlrover.ps.vshard import VShardMap
-from dlrover.resource.plan import Config, ResourcePlan
+from dlrover.resource.configs import Config
+from dlrover.resource.plan import ResourcePlan
 
 SIZES = [10, 1000, 7]
 
@@ -201,7 +202,7 @@ def simulated_configs(spec) -> list[dict]:
 
     from dlrover.master.control import job_budget
     from dlrover.resource.perf_model import DEFAULT_PRIOR
-    from dlrover.resource.plan import Config
+    from dlrover.resource.configs import Config
     from dlrover.sim import ClusterSpec, SimSettings, simulate
 
     r = spec.resources

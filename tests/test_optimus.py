@@ -11,8 +11,10 @@ import pytest
 from dlrover.errors import SpecError
 from dlrover.resource.optimus import OptimusPolicy
 from dlrover.resource.perf_model import PerfModel, PerfParams, throughput
-from dlrover.resource.plan import Budget, Config, JobView, Measurement
-from dlrover.resource.policy_config import OptimusKnobs, load_policy
+from dlrover.resource.configs import Budget, Config
+from dlrover.resource.plan import JobView, Measurement
+from dlrover.resource.policies import load_policy
+from dlrover.resource.policy_config import OptimusKnobs
 from dlrover.spec import PolicySpec
 
 B = 512

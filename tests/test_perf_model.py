@@ -17,7 +17,7 @@ from dlrover.resource.perf_model import (
     step_time,
     throughput,
 )
-from dlrover.resource.plan import Config
+from dlrover.resource.configs import Config
 
 TRUE = PerfParams(t0=0.003, t1=2.5e-5, t2=0.006, t3=0.002, t4=0.003)
 B = 2048

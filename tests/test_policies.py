@@ -15,18 +15,18 @@ import pytest
 import yaml
 
 from dlrover.errors import SpecError
-from dlrover.resource.configs import clip_to_budget
+from dlrover.resource.configs import Budget, Config, clip_to_budget
 from dlrover.resource.dlrover_rm import DLRoverRMPolicy
 from dlrover.resource.history import HistoryRecord, HistoryStore, dataset_signature, job_signature
 from dlrover.resource.perf_model import PerfModel, PerfParams
-from dlrover.resource.plan import ActorMetrics, Budget, Config, JobView, Measurement
+from dlrover.resource.plan import ActorMetrics, JobView, Measurement
+from dlrover.resource.policies import load_policy
 from dlrover.resource.policy_config import (
     KNOBS,
     POLICIES_DIR,
     DLRoverRMKnobs,
     knob_search_space,
     load_knobs,
-    load_policy,
 )
 from dlrover.resource.scripted import ScriptedPolicy
 from dlrover.resource.static import StaticPolicy

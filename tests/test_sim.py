@@ -11,7 +11,7 @@ import pytest
 
 from dlrover.errors import DataError
 from dlrover.resource.perf_model import PerfParams, step_time, throughput
-from dlrover.resource.plan import Config
+from dlrover.resource.configs import Config
 from dlrover.sim import ClusterSpec, SimSettings, Simulator, read_trace, simulate, synthetic_trace, write_trace
 from dlrover.sim.cluster import Cluster
 from dlrover.sim.job import t_iter

@@ -11,7 +11,7 @@ import pytest
 
 from dlrover.errors import DataError
 from dlrover.resource.perf_model import PerfParams, throughput
-from dlrover.resource.plan import Config
+from dlrover.resource.configs import Config
 from dlrover.sim import ClusterSpec, SimSettings, simulate
 from dlrover.sim.profile import FILE_COLUMNS, Profile, load_profile, profile_from_runs, save_profile
 from dlrover.sim.trace import validate_trace

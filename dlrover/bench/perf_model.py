@@ -21,7 +21,7 @@ import tempfile
 import numpy as np
 
 from dlrover.resource.perf_model import PerfModel
-from dlrover.resource.plan import Config
+from dlrover.resource.configs import Config
 from dlrover.spec import JobSpec, spec_from_dict
 
 # (workers, ps, worker_cpu, ps_cpu): the sweep, in order, starting from the first.

@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dlrover.resource.plan import Config
+from dlrover.resource.configs import Config
 from dlrover.sim.profile import PROFILES_DIR, Profile, load_profile, profile_from_runs, save_profile
 
 GOAL = 0.15

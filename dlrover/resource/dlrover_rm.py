@@ -59,9 +59,9 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from dlrover.resource.configs import clip_to_budget, describe_change
+from dlrover.resource.configs import Config, clip_to_budget, describe_change
 from dlrover.resource.perf_model import throughput_rows
-from dlrover.resource.plan import Config, JobView, Policy, ResourcePlan
+from dlrover.resource.plan import JobView, Policy, ResourcePlan
 from dlrover.resource.policy_config import DLRoverRMKnobs
 from dlrover.resource.rm_correction import find_correction
 from dlrover.resource.rm_search import Key, config_key, grid_best, hill_climb, ps_rss, with_memory

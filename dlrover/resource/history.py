@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dlrover.resource.plan import Config
+from dlrover.resource.configs import Config
 
 log = logging.getLogger(__name__)
 

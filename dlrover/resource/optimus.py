@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from dlrover.resource.configs import clip_to_budget, describe_change
-from dlrover.resource.plan import Budget, Config, JobView, Policy, ResourcePlan
+from dlrover.resource.configs import Budget, Config, clip_to_budget, describe_change
+from dlrover.resource.plan import JobView, Policy, ResourcePlan
 from dlrover.resource.policy_config import OptimusKnobs
 
 

@@ -22,7 +22,7 @@ import pandas as pd
 from scipy.optimize import nnls
 
 if TYPE_CHECKING:
-    from dlrover.resource.plan import Config
+    from dlrover.resource.configs import Config
 
 
 class PerfParams(NamedTuple):

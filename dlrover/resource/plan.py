@@ -9,67 +9,16 @@ configuration plus targeted corrections); the master diffs it against what runs 
 
 from __future__ import annotations
 
-import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from dlrover.resource.configs import Budget, Config
 
 if TYPE_CHECKING:
     from dlrover.resource.history import HistoryRecord
     from dlrover.resource.perf_model import PerfModel, PerfParams
-
-
-@dataclass(frozen=True)
-class Config:
-    """One resource configuration of a job (the variables of the performance model)."""
-
-    workers: int
-    ps: int
-    worker_cpu: float
-    ps_cpu: float
-    worker_memory_mb: int = 2048
-    ps_memory_mb: int = 2048
-
-    @property
-    def cpu(self) -> float:
-        return self.workers * self.worker_cpu + self.ps * self.ps_cpu
-
-    @property
-    def memory_mb(self) -> int:
-        return self.workers * self.worker_memory_mb + self.ps * self.ps_memory_mb
-
-    def replace(self, **changes: Any) -> "Config":
-        return dataclasses.replace(self, **changes)
-
-    def fits(self, budget: "Budget") -> bool:
-        return (
-            self.cpu <= budget.cpu + 1e-9
-            and self.memory_mb <= budget.memory_mb
-            and 1 <= self.workers <= budget.max_workers
-            and 1 <= self.ps <= budget.max_ps
-        )
-
-    def short(self) -> str:
-        return f"{self.workers}w x {self.worker_cpu:g}cpu + {self.ps}ps x {self.ps_cpu:g}cpu"
-
-    @classmethod
-    def from_resources(cls, r: Any) -> "Config":
-        """From a spec's ``resources`` section (``dlrover.spec.ResourceSpec``)."""
-        return cls(r.workers, r.ps, float(r.worker_cpu), float(r.ps_cpu), r.worker_memory_mb, r.ps_memory_mb)
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-
-@dataclass(frozen=True)
-class Budget:
-    """The most a job may hold at once (the job's budget within the cluster's)."""
-
-    cpu: float
-    memory_mb: int
-    max_workers: int = 64
-    max_ps: int = 64  # also bounded by the number of vshards
 
 
 @dataclass

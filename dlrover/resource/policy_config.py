@@ -22,16 +22,13 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
 from dlrover.errors import SpecError, format_validation_error
+from dlrover.resource.configs import Config
 from dlrover.spec import read_yaml
-
-if TYPE_CHECKING:
-    from dlrover.resource.plan import Config, Policy
 
 POLICIES_DIR = Path(__file__).resolve().parents[2] / "policies"
 
@@ -107,9 +104,7 @@ class ConfigKnob(_Strict):
     worker_memory_mb: int = Field(2048, ge=64, description="memory per worker (MB)")
     ps_memory_mb: int = Field(2048, ge=64, description="memory per PS (MB)")
 
-    def to_config(self) -> "Config":
-        from dlrover.resource.plan import Config
-
+    def to_config(self) -> Config:
         return Config(**self.model_dump())
 
 
@@ -257,24 +252,6 @@ class OptimusKnobs(_Strict):
 KNOBS: dict[str, type[BaseModel]] = {"static": StaticKnobs, "scripted": ScriptedKnobs, "dlrover_rm": DLRoverRMKnobs, "optimus": OptimusKnobs}
 
 
-def _policy_class(name: str) -> type["Policy"]:
-    if name == "static":
-        from dlrover.resource.static import StaticPolicy
-
-        return StaticPolicy
-    if name == "scripted":
-        from dlrover.resource.scripted import ScriptedPolicy
-
-        return ScriptedPolicy
-    if name == "optimus":
-        from dlrover.resource.optimus import OptimusPolicy
-
-        return OptimusPolicy
-    from dlrover.resource.dlrover_rm import DLRoverRMPolicy
-
-    return DLRoverRMPolicy
-
-
 def _file_model(name: str) -> type[BaseModel]:
     knobs = KNOBS[name]
     return create_model(  # type: ignore[call-overload]
@@ -340,28 +317,6 @@ def load_knobs(
         return model.model_validate(_merge(raw, overrides))
     except ValidationError as e:
         raise SpecError(_prefixed(overrides_source, e, "policy.knobs.")) from None
-
-
-def load_policy(
-    name: str, config_path: str | None = None, overrides: dict | None = None, overrides_source: str = "job spec"
-) -> "Policy":
-    """A fresh policy object (one per job: policies keep per-job state)."""
-    return policy_factory(name, config_path, overrides, overrides_source)()
-
-
-def policy_factory(
-    name: str, config_path: str | None = None, overrides: dict | None = None, overrides_source: str = "job spec"
-) -> Callable[[], "Policy"]:
-    """A maker of fresh policy objects with the knobs validated once (the simulator makes
-    one per job, thousands of times; the live master calls it once per job)."""
-    knobs = load_knobs(name, config_path, overrides, overrides_source)
-    cls = _policy_class(name)
-    return lambda: cls(knobs)  # type: ignore[call-arg]
-
-
-def default_policy_path(name: str) -> Path:
-    """``policies/<name>.yaml`` of this checkout (may not exist)."""
-    return POLICIES_DIR / f"{name}.yaml"
 
 
 def knob_search_space(name: str) -> dict[str, dict]:

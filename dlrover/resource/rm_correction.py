@@ -14,8 +14,8 @@ from typing import Callable
 
 import numpy as np
 
-from dlrover.resource.configs import describe_change
-from dlrover.resource.plan import Config, Correction, CorrectionKind, JobView
+from dlrover.resource.configs import Config, describe_change
+from dlrover.resource.plan import Correction, CorrectionKind, JobView
 from dlrover.resource.policy_config import DLRoverRMKnobs
 
 

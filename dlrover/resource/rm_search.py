@@ -13,7 +13,8 @@ from typing import Callable
 import numpy as np
 
 from dlrover.resource.perf_model import throughput
-from dlrover.resource.plan import Config, JobView
+from dlrover.resource.configs import Config
+from dlrover.resource.plan import JobView
 
 Key = tuple[int, int, float, float]  # (workers, ps, worker_cpu, ps_cpu)
 

@@ -47,7 +47,7 @@ def simulate(
     """Simulate ``trace`` with policy ``policy`` (knobs: built-in defaults < ``policy_config``
     file, by default ``policies/cluster/<policy>.yaml`` < ``knobs``), one fresh policy
     object per job as in the live system."""
-    from dlrover.resource.policy_config import policy_factory
+    from dlrover.resource.policies import policy_factory
 
     make = policy_factory(policy, cluster_policy_config(policy, policy_config), knobs, overrides_source="simulate")
     label = label or (policy if settings is None or settings.placement == "packed" else f"{policy}+{settings.placement}")

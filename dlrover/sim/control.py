@@ -22,7 +22,8 @@ from __future__ import annotations
 import numpy as np
 
 from dlrover.resource.driver import DecisionKind, Progress
-from dlrover.resource.plan import ActorMetrics, Budget, ResourcePlan
+from dlrover.resource.configs import Budget
+from dlrover.resource.plan import ActorMetrics, ResourcePlan
 from dlrover.sim.job import SimJob, mem_fraction, peaks, t_iter
 
 

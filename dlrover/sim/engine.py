@@ -43,7 +43,8 @@ import pandas as pd
 from dlrover.resource.driver import PolicyDriver
 from dlrover.resource.history import HistoryRecord
 from dlrover.resource.perf_model import PerfParams
-from dlrover.resource.plan import Budget, Config, Policy
+from dlrover.resource.configs import Budget, Config
+from dlrover.resource.plan import Policy
 from dlrover.sim.cluster import Cluster, ClusterSpec
 from dlrover.sim.control import ControlMixin
 from dlrover.sim.faults import DAY_S, FaultsMixin

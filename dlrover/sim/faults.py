@@ -10,7 +10,7 @@ driver gives it (``PolicyDriver.memory_after_oom``); a job fails after more than
 
 from __future__ import annotations
 
-from dlrover.resource.plan import Config
+from dlrover.resource.configs import Config
 from dlrover.sim.job import SimJob, oom_progress
 
 DAY_S = 86400.0

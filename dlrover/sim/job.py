@@ -15,7 +15,7 @@ import pandas as pd
 
 from dlrover.resource.driver import PolicyDriver
 from dlrover.resource.perf_model import PerfParams
-from dlrover.resource.plan import Budget, Config
+from dlrover.resource.configs import Budget, Config
 from dlrover.sim.cluster import ClusterSpec
 
 PS_BASE_MB = 512.0  # per-PS process overhead over its share of the embeddings (a PS of this repo idles at ~400 MB)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dlrover.resource.plan import Config
+from dlrover.resource.configs import Config
 from dlrover.sim.job import SimJob
 
 

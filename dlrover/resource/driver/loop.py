@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, NamedTuple
 from dlrover.resource.driver.actors import DEFAULT_TREND, ActorWatch, TrendParams
 from dlrover.resource.driver.window import MIN_WINDOW_S, Window
 from dlrover.resource.perf_model import PerfModel
-from dlrover.resource.plan import ActorMetrics, Budget, Config, JobView, Measurement, Policy, ResourcePlan
+from dlrover.resource.configs import Budget, Config
+from dlrover.resource.plan import ActorMetrics, JobView, Measurement, Policy, ResourcePlan
 
 if TYPE_CHECKING:
     from dlrover.resource.history import HistoryRecord

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dlrover.resource.plan import Config, Measurement
+from dlrover.resource.configs import Config
+from dlrover.resource.plan import Measurement
 
 MIN_WINDOW_S = 2.0  # a window shorter than this says too little to fit on or to show
 
