@@ -1,6 +1,6 @@
 """Discrete-event simulation of a trace on a cluster, driven by the live policy code.
 
-Each job is a ``Policy`` object made by :func:`dlrover.resource.policy_config.policy_factory`,
+Each job is a ``Policy`` object made by :func:`dlrover.resource.policies.policy_factory`,
 the same factory the live JobMaster uses, inside the same loop: a
 :class:`~dlrover.resource.driver.PolicyDriver` measures its windows, builds its
 ``JobView``, checks the budget, marks stragglers and fits RSS trends, exactly as it does
