@@ -26,7 +26,7 @@ from typing import Any, Callable
 import ray
 
 PROBE_EVERY_S = 1.0
-SUSPECT_AFTER_S = 2.5  # a probe unanswered this long: no checkpoint or rescale pause waits on it
+SUSPECT_AFTER_S = 2.5  # not heard from this long (at least): no checkpoint or rescale pause waits on it
 LIVENESS_FLOOR_S = 30.0  # the automatic timeout is never shorter
 STEP_MULTIPLE = 20.0  # ... nor shorter than this many of the slowest worker's steps
 REPORT_MULTIPLE = 5.0  # ... nor than this many report periods (a lease is renewed by reports)
@@ -53,14 +53,16 @@ class Prober:
     """Keeps one probe in flight per actor; reports answers, deaths and silences.
 
     ``targets`` maps an actor's name to a zero-argument callable issuing its probe (an
-    ObjectRef). An actor whose probe is older than ``timeout_s`` is reported silent once
-    (its probe is dropped, so a later round probes it afresh if it is kept).
+    ObjectRef). An actor that answered before and whose probe is now older than
+    ``timeout_s`` is reported silent once (its probe is dropped, so a later round probes
+    it afresh if it is kept). An actor still starting (no answer yet) is never silent:
+    start-up is bounded elsewhere (the launch timeouts), and takes long on a busy host.
     """
 
     def __init__(self, every_s: float = PROBE_EVERY_S) -> None:
         self.every_s = every_s
         self._in_flight: dict[str, tuple[Any, float]] = {}
-        self._heard: dict[str, float] = {}  # actor -> job time of its last answer (or first probe)
+        self._heard: dict[str, float] = {}  # actor -> job time of its last answer
         self._next = 0.0
 
     def poll(self, now: float, timeout_s: float, targets: dict[str, Callable[[], Any]]) -> ProbeResults:
@@ -70,7 +72,7 @@ class Prober:
         for name, (ref, issued) in list(self._in_flight.items()):
             done, _ = ray.wait([ref], timeout=0)
             if not done:
-                if now - issued > timeout_s:
+                if name in self._heard and now - issued > timeout_s:  # up once, silent since
                     del self._in_flight[name]
                     out.silent[name] = issued
                 continue
@@ -87,7 +89,6 @@ class Prober:
             for name, issue in targets.items():
                 if name not in self._in_flight:
                     self._in_flight[name] = (issue(), now)
-                    self._heard.setdefault(name, now)
         return out
 
     def suspects(self, now: float, after_s: float = SUSPECT_AFTER_S) -> list[str]:

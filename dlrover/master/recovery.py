@@ -35,7 +35,7 @@ import ray
 
 from dlrover.failures import Failure, FailureKind
 from dlrover.ids import ProcessInfo
-from dlrover.master.liveness import Prober, kill_process, liveness_timeout_s
+from dlrover.master.liveness import SUSPECT_AFTER_S, Prober, kill_process, liveness_timeout_s
 from dlrover.master.rollback import Rollback, roll_back
 
 from dlrover.master.job import Job
@@ -80,8 +80,12 @@ class Recovery:
         return liveness_timeout_s(self.m.spec.train.liveness_timeout_s, steps, self.m.spec.train.log_every_s)
 
     def suspects(self) -> list[str]:
-        """Actors whose liveness probe is overdue (a pause must not wait on them)."""
-        return self.prober.suspects(self.now())
+        """Workers not heard from for a while: a pause (checkpoint, switch) must not wait
+        on them. Only workers: a pause parks workers, and a busy PS (one call at a time)
+        may well answer late without anything being wrong."""
+        after = max(SUSPECT_AFTER_S, self.timeout_s() / 4)
+        workers = self.m.launcher.workers
+        return [n for n in self.prober.suspects(self.now(), after) if n in workers]
 
     def tick(self, pending: dict[Any, str]) -> None:
         """Probes, lease expiry and memory limits; handles what they find."""
