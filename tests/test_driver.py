@@ -347,12 +347,12 @@ def live_decisions(spec, total: float) -> list[tuple[float, dict]]:
     samples = 0.0
     while samples < total:
         c = m.launcher.config()
-        samples = min(total, samples + float(throughput(TRUTH, c.workers, c.ps, c.worker_cpu, c.ps_cpu, 512)[0]) * REPORT_S)
+        thr = float(throughput(TRUTH, c.workers, c.ps, c.worker_cpu, c.ps_cpu, 512)[0])
+        samples = min(total, samples + thr * REPORT_S)
         m.now += REPORT_S
         m.queue.samples_done = int(samples)
-        step_s = c.workers * 512 / float(throughput(TRUTH, c.workers, c.ps, c.worker_cpu, c.ps_cpu, 512)[0])
         for w in m.launcher.workers:
-            m.metrics[w] = {"step_time_s": step_s, "rss_mb": NEEDS_MB["worker"], "at_s": m.now}
+            m.metrics[w] = {"step_time_s": c.workers * 512 / thr, "rss_mb": NEEDS_MB["worker"], "at_s": m.now}
             ctl.on_report(w, m.metrics[w], m.now, int(samples))
         if m.now % TICK_S == 0:
             ctl.tick({})
@@ -392,8 +392,7 @@ def test_dlrover_rm_takes_the_same_decisions_live_and_simulated(tmp_path, monkey
     import ray
 
     monkeypatch.setattr(ray, "get", lambda refs, timeout=None: list(refs))  # the fake PS answer at once
-    spec = job_spec(tmp_path)
-    total = 3e8
+    spec, total = job_spec(tmp_path), 3e8
     live = live_decisions(spec, total)
     assert [t for t, _ in live] == [TICK_S, 4 * TICK_S]  # the first tick; then the cooldown (900 s) after it
     (_, memory), (_, scaled) = live
