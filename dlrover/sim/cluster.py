@@ -73,7 +73,6 @@ class Cluster:
         else:
             self.cls, self.cls_score = np.zeros(n, dtype=np.int64), np.ones(1)
         self.slow = np.zeros(n, dtype=bool)
-        self.slow_since = np.zeros(n)
         self.alive = np.ones(n, dtype=bool)
         self.released = 0  # bumped whenever capacity frees up (lets the scheduler skip hopeless retries)
         self.changes = 0  # bumped on every take/release/node state change (cache key of free_totals)

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dlrover.sim.engine import SimResult
+from dlrover.sim.job import SimResult
 
 # DLRover-RM (VLDB'24) abstract: its changes against the static request baseline.
 PAPER = {"jct_mean_s": -0.31, "completion_rate": 0.06, "cpu_util": 0.15, "mem_util": 0.20}

@@ -33,7 +33,7 @@ from dlrover.errors import DLRoverError, SpecError
 from dlrover.resource.policy_config import knob_search_space, load_knobs
 from dlrover.sim import cluster_policy_config, simulate
 from dlrover.sim.cluster import ClusterSpec
-from dlrover.sim.engine import SimSettings
+from dlrover.sim.job import SimSettings
 from dlrover.sim.report import metrics
 
 
