@@ -15,23 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import small_spec
+from conftest import fault_spec, small_spec
 
 AUC_TOLERANCE = 0.01
-
-
-def fault_spec(synth_dir, tmp_path, chaos, **over):
-    over.setdefault("data__epochs", 3)
-    return small_spec(
-        synth_dir,
-        train__log_every_s=0.5,
-        checkpoint__memory_interval_s=2.0,
-        checkpoint__interval_s=5.0,
-        checkpoint__min_interval_s=5.0,
-        checkpoint__dir=str(tmp_path / "ckpt"),
-        chaos=chaos,
-        **over,
-    )
 
 
 @pytest.fixture(scope="module")

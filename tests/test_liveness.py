@@ -15,20 +15,11 @@ import time
 
 import pytest
 
-from conftest import small_spec
+from conftest import fault_spec
 
 
 def liveness_spec(data_dir, tmp_path, **over):
-    over.setdefault("data__epochs", 3)
-    return small_spec(
-        data_dir,
-        train__log_every_s=0.5,
-        checkpoint__memory_interval_s=2.0,
-        checkpoint__interval_s=3.0,
-        checkpoint__min_interval_s=3.0,
-        checkpoint__dir=str(tmp_path / "ckpt"),
-        **over,
-    )
+    return fault_spec(data_dir, tmp_path, [], **over)
 
 
 def signal_when_training(job_id: str, actor: str, sig: int, out: dict, min_samples: int = 20_000) -> threading.Thread:
