@@ -53,8 +53,8 @@ class Prober:
     """Keeps one probe in flight per actor; reports answers, deaths and silences.
 
     ``targets`` maps an actor's name to a zero-argument callable issuing its probe (an
-    ObjectRef). An actor that answered before and whose probe is now older than
-    ``timeout_s`` is reported silent once (its probe is dropped, so a later round probes
+    ObjectRef). An actor that answered before (or is known to run) and whose probe is
+    now older than ``timeout_s`` is reported silent once (its probe is dropped, so a later round probes
     it afresh if it is kept). An actor still starting (no answer yet) is never silent:
     start-up is bounded elsewhere (the launch timeouts), and takes long on a busy host.
     """
@@ -65,14 +65,16 @@ class Prober:
         self._heard: dict[str, float] = {}  # actor -> job time of its last answer
         self._next = 0.0
 
-    def poll(self, now: float, timeout_s: float, targets: dict[str, Callable[[], Any]]) -> ProbeResults:
+    def poll(self, now: float, timeout_s: float, targets: dict[str, Callable[[], Any]], up: set[str] | frozenset = frozenset()) -> ProbeResults:
+        """``up``: actors known to run (a worker that trained a step) even if no probe of
+        theirs was answered yet."""
         out = ProbeResults()
         for name in [n for n in self._in_flight if n not in targets]:
             self.forget(name)  # gone from the job meanwhile
         for name, (ref, issued) in list(self._in_flight.items()):
             done, _ = ray.wait([ref], timeout=0)
             if not done:
-                if name in self._heard and now - issued > timeout_s:  # up once, silent since
+                if (name in self._heard or name in up) and now - issued > timeout_s:  # up, silent since
                     del self._in_flight[name]
                     out.silent[name] = issued
                 continue
@@ -91,10 +93,13 @@ class Prober:
                     self._in_flight[name] = (issue(), now)
         return out
 
-    def suspects(self, now: float, after_s: float = SUSPECT_AFTER_S) -> list[str]:
-        """Actors not heard from for ``after_s`` (probes go out every second): not declared
-        hung yet, but no pause (checkpoint, migration) should wait on them."""
-        return [n for n, heard in self._heard.items() if now - heard > after_s]
+    def suspects(self, now: float, after_s: float = SUSPECT_AFTER_S, up: set[str] | frozenset = frozenset()) -> list[str]:
+        """Actors not heard from for ``after_s`` (probes go out every second; ``up``: known
+        to run, heard or not): not declared hung yet, but no pause (checkpoint, migration)
+        should wait on them."""
+        quiet = [n for n, heard in self._heard.items() if now - heard > after_s]
+        never = [n for n, (_, issued) in self._in_flight.items() if n in up and n not in self._heard and now - issued > after_s]
+        return quiet + never
 
     def forget(self, name: str) -> None:
         self._in_flight.pop(name, None)

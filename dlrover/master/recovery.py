@@ -41,7 +41,7 @@ from dlrover.master.rollback import Rollback, roll_back
 from dlrover.master.job import Job
 
 
-MASTER_GAP_S = 2.0  # a longer gap between the master's own ticks renews every lease
+MASTER_GAP_S = 2.0  # a gap this long (and half the timeout) between the master's ticks renews every lease
 DENSE_PS = "dense-ps"  # the dense PS's key among probe targets
 ABORT_TIMEOUT_S = 30.0
 BAD_NODE_STRIKES = 2  # failures or stragglers on one node before new actors avoid it
@@ -69,6 +69,7 @@ class Recovery:
         self.samples_replayed = 0
         self.rollbacks = 0
         self._awaiting: dict[str, list[Failure]] = {}  # worker -> failures its first step ends
+        self._stepped: set[str] = set()  # workers that trained a step: running, even if no probe answered yet
 
     def now(self) -> float:
         return self.m.clock() - self.m.t0
@@ -85,21 +86,21 @@ class Recovery:
         may well answer late without anything being wrong."""
         after = max(SUSPECT_AFTER_S, self.timeout_s() / 4)
         workers = self.m.launcher.workers
-        return [n for n in self.prober.suspects(self.now(), after) if n in workers]
+        return [n for n in self.prober.suspects(self.now(), after, up=self._stepped) if n in workers]
 
     def tick(self, pending: dict[Any, str]) -> None:
         """Probes, lease expiry and memory limits; handles what they find."""
         now = self.now()
         lz = self.m.launcher
         timeout = self.timeout_s()
-        if now - self._last_tick > MASTER_GAP_S:
+        if now - self._last_tick > max(MASTER_GAP_S, timeout / 2):
             self.m.renew_leases()  # the master was busy elsewhere: its blind time counts against nobody
         self._last_tick = now
         self._enforce_memory(now)
         targets = {lz.ps_name(k): h.stats.remote for k, h in lz.ps.items()}
         targets.update({n: h.ping.remote for n, h in lz.workers.items()})
         targets[DENSE_PS] = lz.dense_ps.ping.remote
-        found = self.prober.poll(now, timeout, targets)
+        found = self.prober.poll(now, timeout, targets, up=self._stepped)
         for name, reply in found.replies.items():
             info = ProcessInfo(int(reply["pid"]), str(reply["node_id"])) if isinstance(reply, dict) else reply
             if isinstance(info, ProcessInfo):
@@ -227,6 +228,7 @@ class Recovery:
     def first_step(self, worker: str) -> None:
         """A worker trained its first step of a run: failures waiting on it are recovered."""
         now = round(self.now(), 3)
+        self._stepped.add(worker)
         for f in self._awaiting.pop(worker, []):
             if f.recovered_s is None:
                 f.recovered_s = now
