@@ -33,7 +33,8 @@ def fault_free(ray_local, synth_dir_large, tmp_path_factory):
 def check_recovered(s: dict, reference: dict, kind: str) -> dict:
     assert s["status"] == "succeeded", s.get("status")
     assert s["samples_lost"] == 0 and s["samples_trained"] == s["samples_expected"]
-    assert abs(s["auc"] - reference["auc"]) < AUC_TOLERANCE, (s["auc"], reference["auc"])
+    # No worse than without the fault; a rollback replays samples, which may train it further.
+    assert s["auc"] > reference["auc"] - AUC_TOLERANCE, (s["auc"], reference["auc"])
     failures = [f for f in s["failures"] if f["kind"] == kind]
     assert failures, s["failures"]
     f = failures[0]
