@@ -23,7 +23,6 @@ LINE_LIMIT_EXEMPT = frozenset(
     {
         "dlrover/master/master.py",
         "dlrover/master/control.py",
-        "dlrover/worker/worker.py",
     }
 )
 

@@ -1,0 +1,57 @@
+"""What flows through a worker: a batch on its way (``Step``), the books of a shard it
+holds (``ShardProgress``), and the reading of a shard's rows as batches."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from dlrover.data.criteo import Batch, FileIndex
+from dlrover.data.reader import FileReader
+from dlrover.data.shards import Shard
+from dlrover.model.dlrm import make_kjt
+
+
+@dataclass
+class Step:
+    """One batch on its way through the worker (``shard`` is None when evaluating)."""
+
+    shard: Shard | None
+    batch: Batch
+    last_of_shard: bool
+    bad_lines: int = 0
+    kjt: Any = None
+    routed: Any = None  # the batch split by owning PS, computed on the input thread
+    dense: torch.Tensor | None = None
+    labels: torch.Tensor | None = None
+
+
+@dataclass
+class ShardProgress:
+    """A held shard's books. ``refs``: its pushes, which must all be applied before the
+    shard is reported done ("done" means "applied"); rows and lines feed checkpoint cuts."""
+
+    shard: Shard
+    rows: int = 0
+    bad_lines: int = 0
+    refs: list[Any] = field(default_factory=list)
+
+
+def batches_of(reader: FileReader, index: FileIndex, start: int, stop: int, batch_size: int) -> Iterator[tuple[Batch, int, bool]]:
+    """Read rows [start, stop) of a file as batches of ``batch_size`` (last one shorter),
+    each with its count of skipped lines and whether it is the last."""
+    for a in range(start, stop, batch_size):
+        batch, bad = reader.read(index, a, min(stop, a + batch_size))
+        yield batch, bad, a + batch_size >= stop
+
+
+def with_tensors(step: Step) -> Step:
+    """Fill in the model's inputs (KJT, dense features, labels) from the step's batch."""
+    b = step.batch
+    step.kjt = make_kjt(b.sparse)
+    step.dense = torch.from_numpy(b.dense)
+    step.labels = torch.from_numpy(b.labels)
+    return step

@@ -1,0 +1,74 @@
+"""Scoring held-out rows on a worker (periodic and final evaluation), beside training."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import ray
+import torch
+
+from dlrover.data.criteo import Batch, FileIndex
+from dlrover.data.reader import FileReader
+from dlrover.data.synth import Oracle
+from dlrover.model.dlrm import PSClient, PSEmbeddingBagCollection, build_dense_dlrm, dense_parameters, table_configs
+from dlrover.spec import ModelSpec
+from dlrover.worker.batches import Step, batches_of, with_tensors
+
+
+class Evaluator:
+    """A model replica with its own PS client and reader, so that evaluation can run while
+    the worker trains without touching the training state. Built for one routing (PS set
+    and vshard map): the worker drops it when the routing changes."""
+
+    def __init__(
+        self,
+        client: PSClient,
+        name: str,
+        model: ModelSpec,
+        seed: int,
+        on_bad_line: str,
+        batch_size: int,
+        files: dict[str, FileIndex],
+    ) -> None:
+        eval_client = PSClient(client.ps, client.vmap, client.dim, f"{name}/eval", get=ray.get)
+        self.model = build_dense_dlrm(model, PSEmbeddingBagCollection(table_configs(model), eval_client), seed).eval()
+        self.params = dense_parameters(self.model)
+        self.reader = FileReader(on_bad_line=on_bad_line)
+        self.batch_size = batch_size
+        self.files = files
+
+    def evaluate(self, ranges: list[tuple[str, int, int]], dense_ps: Any) -> dict:
+        """Labels, logits and (synthetic data only) true probabilities of rows [start, stop)
+        of each file, scored with the dense PS's latest parameters."""
+        torch.nn.utils.vector_to_parameters(torch.as_tensor(ray.get(dense_ps.pull.remote())[1]), self.params)
+        labels, logits, batches = [], [], []
+        with torch.no_grad():
+            for path, start, stop in ranges:
+                for batch, _bad, _last in batches_of(self.reader, self.files[path], start, stop, self.batch_size):
+                    if len(batch) == 0:
+                        continue
+                    step = with_tensors(Step(None, batch, False))
+                    logits.append(self.model(step.dense, step.kjt).squeeze(-1).numpy())
+                    labels.append(batch.labels)
+                    batches.append((path, batch))
+        return {
+            "labels": np.concatenate(labels) if labels else np.zeros(0, np.float32),
+            "logits": np.concatenate(logits) if logits else np.zeros(0, np.float32),
+            "oracle": _oracle_scores(batches),
+        }
+
+
+def _oracle_scores(batches: list[tuple[str, Batch]]) -> np.ndarray | None:
+    """The synthetic generator's true probabilities for these rows, if the data is synthetic."""
+    cache: dict[str, Any] = {}
+    out = []
+    for path, batch in batches:
+        d = os.path.dirname(path)
+        if d not in cache:
+            cache[d] = Oracle.from_dir(d)
+        if cache[d] is None:
+            return None
+        out.append(cache[d].probability(batch))
+    return np.concatenate(out) if out else None
