@@ -16,7 +16,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from dlrover.data.criteo import NUM_SPARSE
+from dlrover.data.remote import unknown_protocol
 from dlrover.errors import SpecError, format_validation_error
+from dlrover.paths import is_url
 
 
 class _Strict(BaseModel):
@@ -79,6 +81,14 @@ class SynthSpec(_Strict):
 
 
 class DataSpec(_Strict):
+    """Where the rows are and how they are cut into shards.
+
+    ``paths``: local files, directories or globs, or fsspec URLs (``s3://bucket/day_*.tsv``,
+    ``gs://...``, ``file://...``). A store's endpoint and credentials come from the
+    environment, as fsspec and its drivers read them (``FSSPEC_S3_ENDPOINT_URL``,
+    ``AWS_ACCESS_KEY_ID``, ...), never from the spec, which is saved with the run.
+    """
+
     paths: list[str] = Field(min_length=1)
     format: Literal["auto", "tsv", "parquet"] = "auto"
     synth: SynthSpec | None = None
@@ -94,6 +104,17 @@ class DataSpec(_Strict):
     @classmethod
     def _one_path(cls, v: Any) -> Any:
         return [v] if isinstance(v, str) else v
+
+    @field_validator("paths")
+    @classmethod
+    def _known_schemes(cls, v: list[str]) -> list[str]:
+        for path in v:
+            if not path.strip():
+                raise ValueError("empty path")
+            bad = unknown_protocol(path) if is_url(path) else None
+            if bad is not None:
+                raise ValueError(f"{path}: unknown storage scheme {bad!r} (fsspec knows s3, gs, az, http, ...)")
+        return v
 
 
 class ResourceSpec(_Strict):

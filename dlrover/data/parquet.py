@@ -1,7 +1,10 @@
-"""Criteo data as Parquet: reading a file into rows, and converting TSV to Parquet.
+"""Criteo data as Parquet: reading a file (or one row group of it) into rows, and
+converting TSV to Parquet.
 
 Parquet files hold the columns ``label``, ``I1..I13`` (integers) and ``C1..C26``
-(integers or hex strings); a row with a bad value is reported as ``file:row``.
+(integers or hex strings); a row with a bad value is reported as ``file:row``. A row
+group is the unit of reading: a shard of a file in an object store fetches the byte
+ranges of its row groups' column chunks, not the whole object.
 """
 
 from __future__ import annotations
@@ -10,30 +13,51 @@ import os
 
 import numpy as np
 
+from typing import Any
+
 from dlrover.data.criteo import DENSE_COLUMNS, NUM_DENSE, NUM_SPARSE, SPARSE_COLUMNS, RawRows
+from dlrover.data.remote import is_url, open_ranged
 from dlrover.data.tsv import hex_words, read_whole_tsv
 from dlrover.errors import DataError
 
 
-def read_parquet(path: str) -> tuple[RawRows, np.ndarray, list[str]]:
-    """Whole Parquet file -> (good rows, bad row ordinals, reasons); 1-based row
-    numbers stand in for line numbers."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
+COLUMNS = ["label", *DENSE_COLUMNS, *SPARSE_COLUMNS]
+
+
+def open_parquet(path: str) -> Any:
+    """A ``pyarrow.parquet.ParquetFile`` over a local path or URL whose Criteo columns are
+    all there. Reads are pre-buffered: one ranged request per row group, not per column."""
     import pyarrow.parquet as pq
 
     try:
-        names = set(pq.read_schema(path).names)
-        missing = [c for c in ["label", *DENSE_COLUMNS, *SPARSE_COLUMNS] if c not in names]
-        if missing:
-            raise DataError(f"{path}: Parquet file lacks column(s) {', '.join(missing)}")
-        table = pq.read_table(path, columns=["label", *DENSE_COLUMNS, *SPARSE_COLUMNS])
+        pf = pq.ParquetFile(open_ranged(path) if is_url(path) else path, pre_buffer=True)
+        missing = [c for c in COLUMNS if c not in set(pf.schema_arrow.names)]
     except DataError:
         raise
     except FileNotFoundError:
         raise DataError(f"{path}: no such file") from None
     except Exception as e:
         raise DataError(f"{path}: not a readable Parquet file: {e}") from None
+    if missing:
+        raise DataError(f"{path}: Parquet file lacks column(s) {', '.join(missing)}")
+    return pf
+
+
+def read_row_group(pf: Any, path: str, group: int, first_row: int) -> tuple[RawRows, np.ndarray, list[str]]:
+    """Row group ``group`` of an :func:`open_parquet` file, whose first row is file row
+    ``first_row`` -> (good rows, bad row ordinals within the group, reasons)."""
+    try:
+        table = pf.read_row_group(group, columns=COLUMNS)
+    except Exception as e:
+        raise DataError(f"{path}: not a readable Parquet file: {e}") from None
+    return table_rows(table, path, first_row)
+
+
+def table_rows(table: Any, path: str, first_row: int) -> tuple[RawRows, np.ndarray, list[str]]:
+    """Criteo rows of an Arrow table read from ``path`` (its first row is file row
+    ``first_row``, for messages) -> (good rows, bad row ordinals, reasons)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
 
     n = table.num_rows
     problems: list[tuple[np.ndarray, str]] = []  # (bad-row mask, reason)
@@ -80,7 +104,7 @@ def read_parquet(path: str) -> tuple[RawRows, np.ndarray, list[str]]:
     reason_of: dict[int, str] = {}
     for mask, reason in problems:
         for row in np.flatnonzero(mask & ~bad_mask).tolist():
-            reason_of[row] = f"{path}:{row + 1}: {reason}"
+            reason_of[row] = f"{path}:{first_row + row + 1}: {reason}"
         bad_mask |= mask
     keep = ~bad_mask
     raw = RawRows(

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
+from typing import Callable
 
 from dlrover.data.criteo import FileIndex, expand_paths, index_file
+from dlrover.data.shards import ShardQueue, split_rows
 from dlrover.errors import DataError
 from dlrover.spec import JobSpec
 
 
 @dataclass
 class DataPlan:
-    """Files with their row counts, split into training and held-out rows."""
+    """Files (local paths or URLs) with their row counts, split into training and
+    held-out rows."""
 
     files: dict[str, FileIndex]
     train_rows: dict[str, int]
@@ -32,9 +36,35 @@ class DataPlan:
             )
         return cls(files, train)
 
+    def cuts(self) -> dict[str, list[int]]:
+        """First rows of the Parquet row groups of each file: no shard spans one, so a
+        shard's read fetches the row groups it covers and nothing more."""
+        out = {}
+        for p, idx in self.files.items():
+            if idx.groups and len(idx.groups) > 1:
+                starts, row = [], 0
+                for n in idx.groups[:-1]:
+                    row += n
+                    starts.append(row)
+                out[p] = starts
+        return out
+
+    def shard_queue(self, spec: JobSpec, clock: Callable[[], float] = time.monotonic) -> ShardQueue:
+        """The training rows as the job's shard queue (row groups cut, seed-shuffled)."""
+        return ShardQueue(
+            list(self.train_rows.items()),
+            shard_rows=spec.data.shard_rows,
+            epochs=spec.data.epochs,
+            shuffle_seed=spec.seed if spec.data.shuffle else None,
+            clock=clock,
+            cuts=self.cuts(),
+        )
+
     def eval_ranges(self, shard_rows: int) -> list[tuple[str, int, int]]:
         out = []
+        cuts = self.cuts()
         for p, idx in self.files.items():
-            for a in range(self.train_rows[p], idx.rows, shard_rows):
-                out.append((p, a, min(idx.rows, a + shard_rows)))
+            first = self.train_rows[p]
+            tail = split_rows(idx.rows - first, shard_rows, [c - first for c in cuts.get(p, [])])
+            out += [(p, first + a, first + b) for a, b in tail]
         return out

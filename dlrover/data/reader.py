@@ -1,24 +1,31 @@
-"""Reading row ranges (shards) of Criteo data files, whatever their format."""
+"""Reading row ranges (shards) of Criteo data files, whatever their format and wherever
+they are (a local path or an fsspec URL)."""
 
 from __future__ import annotations
 
 import os
 from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from dlrover.data.criteo import Batch, FileIndex, line_bounds
-from dlrover.data.parquet import read_parquet
+from dlrover.data.parquet import open_parquet, read_row_group
+from dlrover.data.remote import is_url, read_range, size_of
 from dlrover.data.tsv import check_on_bad_line, parse_buffer, read_whole_tsv
 from dlrover.errors import DataError
+
+Rows = tuple[Batch, np.ndarray, list[str]]  # good rows, ordinals of the bad ones, why
 
 
 class FileReader:
     """Reads row ranges [start, stop) of data files; on_bad_line: 'fail' | 'skip'.
 
-    Plain TSV is read by seeking to the nearest indexed row, so a read costs about
-    the rows asked for. ``.gz`` and Parquet files are parsed whole once and kept in
-    an LRU of ``cache_files`` files, because they cannot be seeked by row. Bad lines
+    Plain TSV is read by seeking to the nearest indexed row (for a URL: one ranged
+    request from there), so a read costs about the rows asked for. Parquet is read by
+    row group, ``.gz`` whole, since neither can be seeked by row; what was parsed is
+    kept in an LRU of ``cache_files`` entries (row groups or whole files). Bad lines
     are then remembered, so 'fail' raises only for a range that contains one, exactly
     as for plain TSV.
     """
@@ -27,7 +34,8 @@ class FileReader:
         check_on_bad_line(on_bad_line)
         self.on_bad_line = on_bad_line
         self.cache_files = max(0, int(cache_files))
-        self._cache: OrderedDict[str, tuple[Batch, np.ndarray, list[str]]] = OrderedDict()
+        self._cache: OrderedDict[tuple[str, int], Rows] = OrderedDict()
+        self._parquet: OrderedDict[str, Any] = OrderedDict()  # open Parquet files (footers read)
 
     def read(self, index: FileIndex, start: int, stop: int) -> tuple[Batch, int]:
         """Rows [start, stop) of ``index.path`` (rows = non-blank lines, 0-based);
@@ -38,29 +46,63 @@ class FileReader:
             return Batch.empty(), 0
         if index.fmt == "tsv" and index.offsets is not None:
             return self._read_seek(index, start, stop)
-        batch, bad, reasons = self._whole(index)
-        # `bad` holds file row ordinals of bad rows; map file rows to batch rows.
+        if index.fmt == "parquet" and index.groups is not None:
+            return self._read_groups(index, start, stop)
+        return self._pick(self._whole(index), start, stop)
+
+    def _pick(self, rows: Rows, start: int, stop: int) -> tuple[Batch, int]:
+        """Rows [start, stop) of parsed rows (ordinals counting bad rows too)."""
+        batch, bad, reasons = rows
+        # `bad` holds row ordinals of bad rows; map them to batch rows.
         first_bad, end_bad = np.searchsorted(bad, [start, stop])
         if end_bad > first_bad and self.on_bad_line == "fail":
             raise DataError(reasons[int(first_bad)])
         lo, hi = start - int(first_bad), stop - int(end_bad)
         return batch.slice(lo, hi), int(end_bad - first_bad)
 
-    def _whole(self, index: FileIndex) -> tuple[Batch, np.ndarray, list[str]]:
-        key = os.path.abspath(index.path)
+    def _read_groups(self, index: FileIndex, start: int, stop: int) -> tuple[Batch, int]:
+        """Rows [start, stop) of a Parquet file from the row groups they fall in."""
+        assert index.groups is not None
+        bounds = np.concatenate([[0], np.cumsum(index.groups)]).astype(int)
+        first = int(np.searchsorted(bounds, start, side="right")) - 1
+        parts, skipped = [], 0
+        for g in range(first, len(index.groups)):
+            lo, hi = int(bounds[g]), int(bounds[g + 1])
+            if lo >= stop:
+                break
+            rows = self._cached((index.path, g), index.groups[g], lambda: self._group(index.path, g, lo))
+            batch, bad = self._pick(rows, max(start, lo) - lo, min(stop, hi) - lo)
+            parts.append(batch)
+            skipped += bad
+        return Batch.concat(parts), skipped
+
+    def _group(self, path: str, group: int, first_row: int) -> Rows:
+        if path not in self._parquet:
+            self._parquet[path] = open_parquet(path)
+            while len(self._parquet) > 2:
+                self._parquet.popitem(last=False)
+        raw, bad, reasons = read_row_group(self._parquet[path], path, group, first_row)
+        return raw.batch(), bad, reasons
+
+    def _whole(self, index: FileIndex) -> Rows:
+        def load() -> Rows:
+            raw, bad, reasons = read_whole_tsv(index.path, "skip")
+            return raw.batch(), bad, reasons
+
+        path = index.path if is_url(index.path) else os.path.abspath(index.path)
+        return self._cached((path, -1), index.rows, load)
+
+    def _cached(self, key: tuple[str, int], rows: int, load: Callable[[], Rows]) -> Rows:
+        """``load()`` (checked to hold ``rows`` rows, good and bad), or its cached result."""
         if key in self._cache:
             self._cache.move_to_end(key)
             return self._cache[key]
-        if index.fmt == "parquet":
-            raw, bad, reasons = read_parquet(index.path)
-        else:
-            raw, bad, reasons = read_whole_tsv(index.path, "skip")
-        if len(raw.labels) + len(bad) != index.rows:
+        entry = load()
+        if len(entry[0]) + len(entry[1]) != rows:
             raise DataError(
-                f"{index.path}: has {len(raw.labels) + len(bad)} rows but was indexed with "
-                f"{index.rows}; was it modified during the job?"
+                f"{key[0]}: has {len(entry[0]) + len(entry[1])} rows but was indexed with "
+                f"{rows}; was it modified during the job?"
             )
-        entry = (raw.batch(), bad, reasons)
         if self.cache_files:
             self._cache[key] = entry
             while len(self._cache) > self.cache_files:
@@ -73,28 +115,23 @@ class FileReader:
         skip = start - k * index.stride
         need = skip + (stop - start)
         line0 = index.line_nos[k] if index.line_nos is not None else k * index.stride
-        try:
-            size = os.path.getsize(index.path)
-            f = open(index.path, "rb")
-        except FileNotFoundError:
-            raise DataError(f"{index.path}: no such file") from None
-        with f:
-            f.seek(index.offsets[k])
-            per_row = size / max(index.rows, 1)
-            want = int(need * per_row * 1.1) + (64 << 10)
-            data = f.read(want)
-            while True:
-                at_eof = len(data) >= size - index.offsets[k]
-                starts, ends, is_row = line_bounds(data, at_eof)
-                row_lines = np.flatnonzero(is_row)
-                if len(row_lines) >= need or at_eof:
-                    break
-                more = f.read(max(want, len(data)))
-                if not more:
-                    at_eof = True
-                    size = index.offsets[k] + len(data)
-                    continue
-                data += more
+        offset = index.offsets[k]
+        if is_url(index.path):  # one ranged request per read (more only if rows run long)
+            size = index.size if index.size is not None else size_of(index.path)
+
+            def fetch(at: int, n: int) -> bytes:
+                return read_range(index.path, at, min(at + n, size))
+
+            data, starts, ends, row_lines = _scan(fetch, offset, size, index.rows, need)
+        else:
+            try:
+                size = os.path.getsize(index.path)
+                f = open(index.path, "rb")
+            except FileNotFoundError:
+                raise DataError(f"{index.path}: no such file") from None
+            with f:
+                f.seek(offset)
+                data, starts, ends, row_lines = _scan(lambda _, n: f.read(n), offset, size, index.rows, need)
         if len(row_lines) < need:
             raise DataError(
                 f"{index.path}: ends before row {stop} it was indexed with; "
@@ -104,3 +141,24 @@ class FileReader:
         chunk = data[int(starts[first]) : int(ends[last])]
         raw, bad, _ = parse_buffer(chunk, index.path, line0 + first + 1, self.on_bad_line)
         return raw.batch(), len(bad)
+
+
+def _scan(
+    fetch: Callable[[int, int], bytes], offset: int, size: int, rows: int, need: int
+) -> tuple[bytes, np.ndarray, np.ndarray, np.ndarray]:
+    """Bytes from ``offset`` until they hold ``need`` rows (or the file ends), fetched
+    in sequential pieces by ``fetch(at, n)``, with their line bounds and row lines.
+    The first piece is sized from the file's bytes per row, so it is usually the only one."""
+    want = int(need * size / max(rows, 1) * 1.1) + (64 << 10)
+    data = fetch(offset, want) if offset < size else b""
+    while True:
+        at_eof = len(data) >= size - offset
+        starts, ends, is_row = line_bounds(data, at_eof)
+        row_lines = np.flatnonzero(is_row)
+        if len(row_lines) >= need or at_eof:
+            return data, starts, ends, row_lines
+        more = fetch(offset + len(data), max(want, len(data)))
+        if not more:
+            size = offset + len(data)  # shorter than when indexed: at_eof next round
+            continue
+        data += more

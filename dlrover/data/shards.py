@@ -8,7 +8,9 @@ can drive it deterministically.
 
 Shard ids are ``epoch * shards_per_epoch + k``, where ``k`` numbers the shards of one
 epoch in file order; the shard for an id is recomputed on demand, so the state is a
-few id lists rather than every shard of every epoch.
+few id lists rather than every shard of every epoch. A file may come with cut points
+(the first rows of its Parquet row groups) that no shard spans, so a shard's read
+fetches one row group.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
 
 import numpy as np
 
@@ -38,6 +40,12 @@ class Shard:
         return self.stop - self.start
 
 
+def split_rows(rows: int, shard_rows: int, cuts: Iterable[int] = ()) -> list[tuple[int, int]]:
+    """Rows ``[0, rows)`` as ranges of at most ``shard_rows``, none spanning a cut."""
+    edges = sorted({0, rows, *(c for c in cuts if 0 < c < rows)})
+    return [(lo, min(lo + shard_rows, b)) for a, b in zip(edges, edges[1:]) for lo in range(a, b, shard_rows)]
+
+
 class ShardQueue:
     """Hands out shards epoch by epoch and tracks who is working on what.
 
@@ -56,6 +64,7 @@ class ShardQueue:
         epochs: int,
         shuffle_seed: int | None = 0,
         clock: Callable[[], float] = time.monotonic,
+        cuts: dict[str, list[int]] | None = None,
     ) -> None:
         if shard_rows < 1:
             raise ValueError(f"shard_rows must be >= 1, got {shard_rows}")
@@ -70,11 +79,12 @@ class ShardQueue:
         self.epochs = int(epochs)
         self.shuffle_seed = shuffle_seed
         self.clock = clock
+        self.cuts = {str(p): sorted({int(c) for c in cs}) for p, cs in (cuts or {}).items() if cs}
         # One epoch's shards in file order: (file index, start, stop).
         self._ranges = [
-            (f, lo, min(lo + self.shard_rows, rows))
-            for f, (_, rows) in enumerate(self.files)
-            for lo in range(0, rows, self.shard_rows)
+            (f, lo, hi)
+            for f, (path, rows) in enumerate(self.files)
+            for lo, hi in split_rows(rows, self.shard_rows, self.cuts.get(path, ()))
         ]
         self._opened = 0  # epochs whose shards have been put in todo
         self._todo: deque[int] = deque()
@@ -255,6 +265,7 @@ class ShardQueue:
             "shard_rows": self.shard_rows,
             "epochs": self.epochs,
             "shuffle_seed": self.shuffle_seed,
+            "cuts": self.cuts,
             "opened": self._opened,
             "todo": list(self._todo),
             "doing": [[i, owner, now - since] for i, (owner, since) in self._doing.items()],
@@ -267,7 +278,7 @@ class ShardQueue:
         if d.get("version") != _STATE_VERSION:
             raise ValueError(f"unsupported ShardQueue state version {d.get('version')!r}")
         q = cls([(p, r) for p, r in d["files"]], d["shard_rows"], d["epochs"],
-                d["shuffle_seed"], clock)
+                d["shuffle_seed"], clock, d.get("cuts"))
         now = clock()
         q._opened = int(d["opened"])
         q._todo = deque(int(i) for i in d["todo"])

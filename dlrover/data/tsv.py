@@ -10,11 +10,10 @@ per-line checks, to name the exact ``file:line`` (or to skip bad lines and count
 from __future__ import annotations
 
 import re
-import zlib
 
 import numpy as np
 
-from dlrover.data.criteo import DENSE_COLUMNS, NUM_DENSE, NUM_FIELDS, NUM_SPARSE, SPARSE_COLUMNS, Batch, RawRows, open_binary
+from dlrover.data.criteo import DENSE_COLUMNS, NUM_DENSE, NUM_FIELDS, NUM_SPARSE, SPARSE_COLUMNS, Batch, RawRows, open_binary, read_bytes
 from dlrover.errors import DataError
 
 _PIECE = 1 << 20  # bytes parsed at once
@@ -317,8 +316,5 @@ def check_on_bad_line(on_bad_line: str) -> None:
 def read_whole_tsv(path: str, on_bad_line: str) -> tuple[RawRows, np.ndarray, list[str]]:
     """A whole (possibly gzip'd) TSV file, parsed as by :func:`parse_buffer`."""
     with open_binary(path) as f:
-        try:
-            data = f.read()
-        except (OSError, EOFError, zlib.error) as e:
-            raise DataError(f"{path}: corrupt file: {e}") from None
+        data = read_bytes(f, path)
     return parse_buffer(data, path, 1, on_bad_line)
