@@ -107,3 +107,17 @@ class Failure:
             checkpoint=CheckpointRef(int(ckpt["seq"]), float(ckpt["at_s"]), str(ckpt["source"])) if ckpt else None,
             **{k: row[k] for k in plain if k in row},
         )
+
+
+@dataclass(frozen=True)
+class LostPs:
+    """The parameter servers found dead: embedding PS by id, and whether the dense PS."""
+
+    ps: tuple[int, ...] = ()
+    dense: bool = False
+
+    def __bool__(self) -> bool:
+        return bool(self.ps) or self.dense
+
+    def __or__(self, other: "LostPs") -> "LostPs":
+        return LostPs(tuple(sorted(set(self.ps) | set(other.ps))), self.dense or other.dense)

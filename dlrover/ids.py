@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 
 
 @dataclass(frozen=True)
@@ -11,3 +12,26 @@ class ProcessInfo:
 
     pid: int
     node_id: str
+
+
+class Role(str, Enum):
+    WORKER = "worker"
+    PS = "ps"
+    DENSE_PS = "dense-ps"
+
+
+@dataclass(frozen=True)
+class ActorId:
+    """Who an actor is in its job. Its Ray name is made from it and never parsed back:
+    the launcher keeps the id of every name it made."""
+
+    role: Role
+    index: int  # workers and PS: counted per role, never reused; the dense PS: 0
+    generation: int = 0  # the dense PS: re-created by a rollback that lost it
+
+    def __str__(self) -> str:
+        return f"{self.role.value}-g{self.generation}" if self.role is Role.DENSE_PS else f"{self.role.value}-{self.index}"
+
+    def ray_name(self, job_id: str) -> str:
+        """``<job_id>/worker-3``: the Ray dashboard groups a job's actors by the prefix."""
+        return f"{job_id}/{self}"

@@ -66,7 +66,7 @@ def required_cpus(spec: JobSpec) -> float:
 def resolve_policy(spec: JobSpec) -> tuple[JobSpec, Policy]:
     """Build the policy here, on the driver (a bad knob is a one-line error before Ray
     starts; the master gets the built policy), and make its paths absolute."""
-    from dlrover.master.control import default_history_dir
+    from dlrover.resource.history import default_history_dir
     from dlrover.resource.policies import load_policy
 
     p = spec.policy

@@ -22,7 +22,7 @@ from dlrover.paths import is_url
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", frozen=True)  # resolved once, on the driver; never changed after
 
 
 class ModelSpec(_Strict):

@@ -301,14 +301,22 @@ class FakeMaster:
         self.spec, self.job_id, self.t0, self.now = spec, "t", 0.0, 0.0
         self.launcher = FakeLauncher("t")
         self.events = SimpleNamespace(add=lambda kind, **fields: None)
-        self.scale_events: list[dict] = []
-        self.queue = SimpleNamespace(samples_done=0, samples_expected=int(total), finished=False)
-        self.metrics: dict[str, dict] = {}
+        self.scale_events: list = []
+        self.books = FakeBooks(self.launcher, total)
         self.evaluator = SimpleNamespace(busy=lambda: False)
         self.recovery = SimpleNamespace(new_failure=lambda *a: SimpleNamespace(), record=lambda f: None)
 
     def clock(self) -> float:
         return self.now
+
+
+class FakeBooks:
+    """The books' calls the Controller makes; a drained worker leaves at once."""
+
+    def __init__(self, launcher: FakeLauncher, total: float) -> None:
+        self.launcher = launcher
+        self.queue = SimpleNamespace(samples_done=0, samples_expected=int(total), finished=False)
+        self.metrics: dict[str, dict] = {}
 
     def worker_reports(self) -> dict[str, dict]:
         return {n: dict(r) for n, r in self.metrics.items()}
@@ -350,20 +358,20 @@ def live_decisions(spec, total: float) -> list[tuple[float, dict]]:
         thr = float(throughput(TRUTH, c.workers, c.ps, c.worker_cpu, c.ps_cpu, 512)[0])
         samples = min(total, samples + thr * REPORT_S)
         m.now += REPORT_S
-        m.queue.samples_done = int(samples)
+        m.books.queue.samples_done = int(samples)
         for w in m.launcher.workers:
-            m.metrics[w] = {"step_time_s": c.workers * 512 / thr, "rss_mb": NEEDS_MB["worker"], "at_s": m.now}
-            ctl.on_report(w, m.metrics[w], m.now, int(samples))
+            m.books.metrics[w] = {"step_time_s": c.workers * 512 / thr, "rss_mb": NEEDS_MB["worker"], "at_s": m.now}
+            ctl.on_report(w, m.books.metrics[w], m.now, int(samples))
         if m.now % TICK_S == 0:
             ctl.tick({})
     ctl.finish({"status": "running"})
-    return [(e["at_s"], e["to"]) for e in m.scale_events]
+    return [(e.at_s, e.new.to_dict()) for e in m.scale_events]
 
 
 def simulated_decisions(spec, total: float) -> list[tuple[float, dict]]:
     """When the simulator moved the same job, and to what: one node with room, no
     noise, no start-up or switch costs, ticks and warm-up as live."""
-    from dlrover.master.control import job_budget
+    from dlrover.resource.configs import job_budget
     from dlrover.sim import ClusterSpec, SimSettings, simulate
 
     r = spec.resources

@@ -200,7 +200,7 @@ def simulated_configs(spec) -> list[dict]:
     """The configurations a job spec's policy moves to when the simulator runs it."""
     import pandas as pd
 
-    from dlrover.master.control import job_budget
+    from dlrover.resource.configs import job_budget
     from dlrover.resource.perf_model import DEFAULT_PRIOR
     from dlrover.resource.configs import Config
     from dlrover.sim import ClusterSpec, SimSettings, simulate

@@ -4,6 +4,7 @@ records what the states ask of it, and a fake run group queues the events."""
 from __future__ import annotations
 
 from dlrover.errors import DataError
+from dlrover.failures import LostPs
 from dlrover.master.states import (
     BadInput,
     Evaluating,
@@ -69,10 +70,10 @@ class FakeJob:
         self.calls.append(("died", worker))
 
     def ps_unreachable(self, worker, error):
-        return self.ps_gone
+        return LostPs((0,)) if self.ps_gone else LostPs()
 
-    def recover(self, worker, error):
-        self.calls.append(("recover", worker))
+    def recover(self, worker, error, lost):
+        self.calls.append(("recover", worker, lost.ps))
         self.ps_gone = False
 
     def bad_input(self, worker, error):
@@ -141,7 +142,7 @@ def test_a_run_failing_on_a_live_ps_counts_as_the_workers_death():
     job = FakeJob(["w0"])
     loop = loop_for(job)
     loop.step([PsUnreachable("w0", RuntimeError("ps call failed"))])
-    assert ("died", "w0") in job.calls and ("recover", "w0") not in job.calls
+    assert ("died", "w0") in job.calls and not [c for c in job.calls if c[0] == "recover"]
 
 
 def test_a_lost_ps_recovers_through_the_recovering_state_and_trains_again():
@@ -149,7 +150,7 @@ def test_a_lost_ps_recovers_through_the_recovering_state_and_trains_again():
     job.ps_gone = True
     loop = loop_for(job)
     loop.step([PsUnreachable("w0", RuntimeError("ps-1 died"))])
-    assert ("recover", "w0") in job.calls
+    assert ("recover", "w0", (0,)) in job.calls  # what was found lost travels with the transition
     assert job.statuses == [JobStatus.TRAINING, JobStatus.RECOVERING, JobStatus.TRAINING]
     assert isinstance(loop.state, Running)
 

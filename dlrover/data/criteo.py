@@ -20,7 +20,8 @@ from typing import IO, NamedTuple
 
 import numpy as np
 
-from dlrover.data.remote import expand_url, is_url, local_path, open_ranged, open_url, store_errors
+from dlrover.data.remote import expand_url, local_path, open_ranged, open_url, store_errors
+from dlrover.paths import is_url
 from dlrover.errors import DataError
 
 NUM_DENSE = 13

@@ -16,7 +16,8 @@ import numpy as np
 from typing import Any
 
 from dlrover.data.criteo import DENSE_COLUMNS, NUM_DENSE, NUM_SPARSE, SPARSE_COLUMNS, RawRows
-from dlrover.data.remote import is_url, open_ranged
+from dlrover.data.remote import open_ranged
+from dlrover.paths import is_url
 from dlrover.data.tsv import hex_words, read_whole_tsv
 from dlrover.errors import DataError
 

@@ -12,7 +12,8 @@ import numpy as np
 
 from dlrover.data.criteo import Batch, FileIndex, line_bounds
 from dlrover.data.parquet import open_parquet, read_row_group
-from dlrover.data.remote import is_url, read_range, size_of
+from dlrover.data.remote import read_range, size_of
+from dlrover.paths import is_url
 from dlrover.data.tsv import check_on_bad_line, parse_buffer, read_whole_tsv
 from dlrover.errors import DataError
 

@@ -18,7 +18,6 @@ from contextlib import contextmanager
 from typing import IO, Any
 
 from dlrover.errors import DataError
-from dlrover.paths import is_url
 
 
 def local_path(path: str) -> str:

@@ -56,7 +56,7 @@ class ChaosInjector:
     def _hit(self, ev: ChaosEvent, role: str, i: int, now: float) -> None:
         lz = self.m.launcher
         if role == "worker":  # the i-th running worker, in the order they joined the job
-            draining = self.m.draining()
+            draining = self.m.books.draining()
             actors = [(n, h) for n, h in lz.workers.items() if n not in draining]
         else:
             actors = [(lz.ps_name(k), lz.ps[k]) for k in sorted(lz.ps)]

@@ -25,6 +25,7 @@ import numpy as np
 import ray
 
 from dlrover.checkpoint.store import CheckpointError, CheckpointStore
+from dlrover.master.books import Cut, held_samples
 from dlrover.master.scaler import get_alive
 from dlrover.metrics.reliability import failure_rate_per_s, young_daly_interval_s
 
@@ -52,6 +53,10 @@ class Checkpoint:
     durable_path: str | None = None
     extra: dict = field(default_factory=dict)  # job state persisted with it (plan, ...)
 
+    def cut(self) -> Cut:
+        """The books as they were at this checkpoint."""
+        return Cut(self.queue, self.bad_lines, self.steps)
+
     def meta(self) -> dict:
         return {
             "seq": self.seq,
@@ -62,11 +67,6 @@ class Checkpoint:
             "steps": self.steps,
             "extra": self.extra,
         }
-
-
-def held_samples(queue_state: dict) -> int:
-    """Rows a cut queue state holds: done shards plus offsets of half-trained ones."""
-    return int(sum(r for _, _, r in queue_state["done"]) + sum(v[1] for _, v in queue_state.get("offsets", [])))
 
 
 class Checkpointer:
@@ -138,7 +138,7 @@ class Checkpointer:
             ps = dict(lz.ps)
             ray.get([h.snapshot.remote() for h in ps.values()], timeout=timeout_s)
             dense = ray.get(lz.dense_ps.state.remote(), timeout=timeout_s)
-            queue, bad, steps = m.cut_books(trained)
+            cut = m.books.cut(trained)
         except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError) as e:
             m.events.add("checkpoint_skipped", why=str(e).strip().splitlines()[0][:200])
             return None
@@ -149,8 +149,8 @@ class Checkpointer:
         pause = m.clock() - t0
         refs = [h.snapshot_payload.remote() for h in ps.values()]
         self._seq += 1
-        ckpt = Checkpoint(self._seq, now, queue, held_samples(queue), bad, steps, dense, refs, pause, extra=dict(extra or {}))
-        ckpt.extra["config"] = lz.config(exclude=m.draining()).to_dict()
+        ckpt = Checkpoint(self._seq, now, cut.queue, held_samples(cut.queue), cut.bad_lines, cut.steps, dense, refs, pause, extra=dict(extra or {}))
+        ckpt.extra["config"] = lz.config(exclude=m.books.draining()).to_dict()
         ckpt.extra["vmap"] = {"table_sizes": lz.vmap.table_sizes, "num_vshards": lz.vmap.num_vshards, "owner": lz.vmap.owner.tolist(), "version": lz.vmap.version}
         with self._lock:
             self.latest = ckpt

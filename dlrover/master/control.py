@@ -11,7 +11,6 @@ the actors' reports and reports what it measured as events and in the summary.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from dataclasses import dataclass
@@ -19,32 +18,19 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
+from dlrover.master.actor_stats import ActorStats
+from dlrover.master.scale_events import FirstSteps, ScaleEvent, ScaleKind
 from dlrover.master.scaler import MigrationAborted, ScaleOp, ScalePhase, Scaler, ScaleResult, scale_plan
-from dlrover.resource.configs import Budget, Config, describe_change
+from dlrover.resource.configs import Config, job_budget
 from dlrover.resource.driver import DecisionKind, PolicyDriver, Progress
-from dlrover.resource.history import HistoryRecord, HistoryStore, dataset_signature, job_signature
+from dlrover.resource.history import HistoryRecord, HistoryStore, dataset_signature, default_history_dir, job_signature
 from dlrover.failures import FailureKind
-from dlrover.resource.plan import ActorMetrics, CorrectionKind, JobView, Measurement, Policy, ResourcePlan
+from dlrover.resource.plan import CorrectionKind, JobView, Measurement, Policy, ResourcePlan
 
 from dlrover.master.job import Job
 
 if TYPE_CHECKING:
     from dlrover.data.plan import DataPlan
-
-PS_STATS_TIMEOUT_S = 5.0
-
-
-def default_history_dir() -> str:
-    return os.environ.get("DLROVER_HISTORY_DIR") or os.path.expanduser("~/.dlrover/history")
-
-
-def job_budget(spec: Any, requested: Config) -> Budget:
-    """The job's budget: ``resources.budget_*``, else the request. Memory without its own
-    budget grows with the CPU budget (same MB per CPU as the request)."""
-    r = spec.resources
-    cpu = r.budget_cpu or requested.cpu
-    memory = r.budget_memory_mb or int(requested.memory_mb * cpu / requested.cpu)
-    return Budget(cpu=cpu, memory_mb=memory, max_ps=spec.train.vshards)
 
 
 @dataclass
@@ -85,11 +71,8 @@ class Controller:
         self._running: list[str] = []
         self._lock = threading.Lock()
         self._next_tick = 0.0
-        self.peak_rss = {"worker": 0.0, "ps_total": 0.0}  # for the history record (memory right-sizing)
-        self._ps_prev: dict[int, tuple[float, float]] = {}
-        self._ps_metrics: dict[int, ActorMetrics] = {}
-        self._await_first_step: dict[str, dict | None] = {}  # new worker -> its scale event (None: not written yet)
-        self._early_first_step: dict[str, float] = {}
+        self.stats = ActorStats(master, self._rss)
+        self._first_steps = FirstSteps()
         self._op: Rescale | None = None
         self._pending: dict[Any, str] = {}
         self._initial_plan: ResourcePlan | None = None
@@ -104,7 +87,7 @@ class Controller:
             plan = self.driver.initial(self.now())
         self.m.events.add("initial_config", stage=plan.stage, reason=plan.reason, config=plan.config.to_dict())
         if plan.config != self.requested:
-            self.m.scale_events.append(self._event("warm_start", plan, self.requested, plan.config, self.now()))
+            self.m.scale_events.append(ScaleEvent.of(ScaleKind.WARM_START, plan, self.requested, plan.config, self.now()))
         self._initial_plan = plan
         return plan.config
 
@@ -157,27 +140,20 @@ class Controller:
             self.driver.observe(now, samples)
             if "rss_mb" in metrics:
                 self.driver.rss(worker, now, float(metrics["rss_mb"]))
-                self.peak_rss["worker"] = max(self.peak_rss["worker"], float(metrics["rss_mb"]))
+                self.stats.worker_rss(float(metrics["rss_mb"]))
+
+    def _rss(self, actor: str, now: float, mb: float) -> None:
+        with self._lock:
+            self.driver.rss(actor, now, mb)
 
     def first_step(self, worker: str, now: float) -> None:
-        """A new worker's first step: its time since the plan goes into the scale event
-        (kept aside if the step comes before the event is written)."""
+        """A new worker's first step: its time since the plan goes into the scale event."""
         with self._lock:
-            ev = self._await_first_step.get(worker)
-            if ev is None:  # no event for it yet (or a worker of the first launch)
-                self._early_first_step[worker] = now
-                return
-            del self._await_first_step[worker]
-            ev.setdefault("first_step_s", {})[worker] = round(now - ev["at_s"], 3)
+            self._first_steps.stepped(worker, now)
 
-    def _bind_first_steps(self, workers: list[str], ev: dict) -> None:
+    def _bind_first_steps(self, workers: list[str], ev: ScaleEvent) -> None:
         with self._lock:
-            for w in workers:
-                if w in self._early_first_step:
-                    ev.setdefault("first_step_s", {})[w] = round(self._early_first_step.pop(w) - ev["at_s"], 3)
-                    self._await_first_step.pop(w, None)
-                else:
-                    self._await_first_step[w] = ev
+            self._first_steps.bind(workers, ev)
 
     def forget(self, name: str) -> None:
         with self._lock:
@@ -207,7 +183,7 @@ class Controller:
         """Start carrying out ``plan``: new actors are created now, the switch happens on a
         later tick once they run (training goes on meanwhile)."""
         lz = self.m.launcher
-        draining = self.m.draining()
+        draining = self.m.books.draining()
         workers = {n: lz.resources[n] for n in lz.workers if n not in draining and n in lz.resources}
         ps = {k: lz.resources[lz.ps_name(k)] for k in lz.ps}
         sp = scale_plan(plan, workers, ps, lz.ps_name)
@@ -243,14 +219,14 @@ class Controller:
             ready, error = False, f"a new actor failed to start: {str(e).strip().splitlines()[0]}"
         else:
             error = None if ready or not self.scaler.late(op) else f"new actors not running after {self.scaler.launch_timeout_s:.0f}s (cluster full?)"
-        finished = self.m.queue.finished
+        finished = self.m.books.queue.finished
         if error or (finished and not ready):
             self._op = None
             self.scaler.abort(op)
             self.m.events.add("scale_failed", reason=plan.reason, error=error or "job finished first")
             self.policy.rejected(plan, error or "job finished first")
             if error:
-                self.m.scale_events.append(dict(self._event("failed", plan, r.old, r.old, r.begun_s), error=error))
+                self.m.scale_events.append(ScaleEvent.of(ScaleKind.FAILED, plan, r.old, r.old, r.begun_s, error=error))
             return {}
         if not ready or self.m.evaluator.busy():  # no switch under a periodic evaluation
             return {}
@@ -262,7 +238,7 @@ class Controller:
         started = self.scaler.start_new_workers(op)
         self._running += list(started.values())
         try:
-            self.scaler.start_migration(op, {k: a.busy for k, a in self._ps_metrics.items()})
+            self.scaler.start_migration(op, {k: a.busy for k, a in self.stats.ps().items()})
         except MigrationAborted as e:
             self._aborted(r, str(e))
             return started
@@ -273,7 +249,7 @@ class Controller:
         self._op = None
         self.scaler.abort(r.op, workers=False)
         new = self._config()
-        ev = dict(self._event("failed", r.plan, r.old, new, r.begun_s), error=error)
+        ev = ScaleEvent.of(ScaleKind.FAILED, r.plan, r.old, new, r.begun_s, error=error)
         self.m.events.add("scale_failed", reason=r.plan.reason, error=error)
         self.policy.rejected(r.plan, error)
         self.m.scale_events.append(ev)
@@ -283,9 +259,6 @@ class Controller:
     def busy(self) -> bool:
         """A rescale is under way (no checkpoint cut in the middle of one)."""
         return self._op is not None
-
-    def ps_metrics(self) -> dict[int, ActorMetrics]:
-        return dict(self._ps_metrics)
 
     def memory_after_oom(self, memory_mb: int) -> int:
         """Memory for the replacement of an actor killed over its limit: 1.5x, within the budget."""
@@ -304,27 +277,24 @@ class Controller:
 
     def _switched(self, r: Rescale, res: ScaleResult) -> None:
         op, plan, old, t0 = r.op, r.plan, r.old, r.begun_s
-        self.m.drain(res.drained)
+        self.m.books.drain(res.drained)
         self.retired_ps_stats += res.retired_ps_stats
         new = self._config()
-        ev = self._event(_kind(old, new, plan), plan, old, new, t0)
-        ev.update(
+        ev = ScaleEvent.of(
+            ScaleKind.of(old, new, plan),
+            plan,
+            old,
+            new,
+            t0,
             ops=op.plan.ops(),
             spares_used=op.spares_used,
             duration_s=round(self.now() - t0, 3),
-            launch_s=round(res.launch_s, 3),
-            pause_s=round(res.pause_s, 3),
-            vshards_moved=res.vshards_moved,
-            bytes_moved=res.bytes_moved,
-            ps_switch_s=res.ps_switch_s,
-            bytes_in_pause=res.bytes_in_pause,
-            copy_s=round(res.copy_s, 3),
-            migration_bytes_per_s=(res.bytes_moved / res.copy_s) if res.copy_s > 0 and res.bytes_moved else None,
+            **res.timings(),
         )
         self._bind_first_steps(res.new_workers, ev)
         self._proactive_failures(plan, op, t0)
         self.m.scale_events.append(ev)
-        self.m.events.add("scale", **{k: v for k, v in ev.items() if k != "kind"}, scale_kind=ev["kind"])
+        self._log(ev)
         self._open(new, self.now(), plan)
         self._spares(new)
 
@@ -349,100 +319,30 @@ class Controller:
         t0 = self.now()
         self._close()
         res = stop_checkpoint_restart(self.m, plan.config, self._pending)
-        self.retired_ps_stats += res.pop("retired_ps_stats")
-        started = res.pop("started")
+        self.retired_ps_stats += res.retired_ps_stats
         new = self._config()
-        ev = self._event(_kind(old, new, plan), plan, old, new, t0)
-        ev.update(ops=["stop", "checkpoint", "relaunch", "restore"], duration_s=round(self.now() - t0, 3), **res)
-        self._bind_first_steps(list(started.values()), ev)
+        ev = ScaleEvent.of(ScaleKind.of(old, new, plan), plan, old, new, t0, ops=["stop", "checkpoint", "relaunch", "restore"], duration_s=round(self.now() - t0, 3), **res.timings())
+        self._bind_first_steps(list(res.started.values()), ev)
         self.m.scale_events.append(ev)
-        self.m.events.add("scale", **{k: v for k, v in ev.items() if k != "kind"}, scale_kind=ev["kind"])
+        self._log(ev)
         self._open(new, self.now(), plan)
-        return started
+        return res.started
 
-    def _event(self, kind: str, plan: ResourcePlan, old: Config, new: Config, at: float) -> dict:
-        return {
-            "kind": kind,
-            "at_s": round(at, 3),
-            "stage": plan.stage,
-            "reason": plan.reason,
-            "from": old.to_dict(),
-            "to": new.to_dict(),
-            "summary": describe_change(old, new),
-            "predicted_throughput": plan.predicted_throughput,
-        }
+    def _log(self, ev: ScaleEvent) -> None:
+        row = ev.to_dict()
+        self.m.events.add("scale", **{k: v for k, v in row.items() if k != "kind"}, scale_kind=row["kind"])
 
     def _config(self) -> Config:
         lz = self.m.launcher
-        return lz.config(exclude=self.m.draining())
+        return lz.config(exclude=self.m.books.draining())
 
     # -- the view -----------------------------------------------------------------------
     def _view(self, now: float, config: Config) -> JobView:
-        q = self.m.queue
+        q = self.m.books.queue
         progress = Progress(q.samples_done, q.samples_expected) if q is not None else Progress(0.0, 1.0)
-        reports = self._actor_metrics(now) if self.m.launcher.vmap is not None else []
+        reports = self.stats.poll(now) if self.m.launcher.vmap is not None else []
         with self._lock:
             return self.driver.view(now, config, progress, reports)
-
-    def _actor_metrics(self, now: float) -> list[ActorMetrics]:
-        """Every worker's latest report and every PS's stats, as the driver takes them."""
-        lz = self.m.launcher
-        reports = {n: r for n, r in self.m.worker_reports().items() if n in lz.workers}
-        out = []
-        for name, r in reports.items():
-            cpu, mem = lz.resources.get(name, (1.0, 0))
-            out.append(
-                ActorMetrics(
-                    name=name,
-                    role="worker",
-                    cpu=cpu,
-                    memory_limit_mb=mem,
-                    rss_mb=float(r.get("rss_mb", 0.0)),
-                    cpu_util=float(r.get("cpu_percent", 0.0)) / 100.0 / max(cpu, 1e-9),
-                    step_time_s=float(r.get("step_time_s", 0.0)),
-                    samples_per_s=float(r.get("samples_per_s", 0.0)),
-                    wait_ps_s=float(r.get("wait_ps_s", 0.0)),
-                    queue_depth=int(r.get("queue_depth", 0)),
-                    at_s=float(r.get("at_s", now)),
-                )
-            )
-        return out + list(self._poll_ps(now).values())
-
-    def _poll_ps(self, now: float) -> dict[int, ActorMetrics]:
-        lz = self.m.launcher
-        ids = list(lz.ps)
-        try:
-            stats = ray.get([lz.ps[k].stats.remote() for k in ids], timeout=PS_STATS_TIMEOUT_S)
-        except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError):
-            return self._ps_metrics
-        out = {}
-        for k, st in zip(ids, stats):
-            name = lz.ps_name(k)
-            prev = self._ps_prev.get(k)
-            busy = 0.0
-            if prev is not None and st["uptime_s"] > prev[0]:
-                busy = (st["busy_s"] - prev[1]) / (st["uptime_s"] - prev[0])
-            self._ps_prev[k] = (st["uptime_s"], st["busy_s"])
-            with self._lock:
-                self.driver.rss(name, now, float(st.get("rss_mb", 0.0)))
-            cpu, mem = lz.resources.get(name, (1.0, 0))
-            out[k] = ActorMetrics(
-                name=name,
-                role="ps",
-                cpu=cpu,
-                memory_limit_mb=mem,
-                rss_mb=float(st.get("rss_mb", 0.0)),
-                cpu_util=float(st.get("cpu_percent", 0.0)) / 100.0 / max(cpu, 1e-9),
-                busy=max(0.0, busy),
-                queue_depth=int(st.get("pending", 0)),
-                at_s=now,
-            )
-        self._ps_metrics = out
-        if len(out) == len(ids):
-            self.peak_rss["ps_total"] = max(self.peak_rss["ps_total"], sum(m.rss_mb for m in out.values()))
-        for m in out.values():
-            self.m.events.add("ps_metrics", actor=m.name, busy=m.busy, rss_mb=m.rss_mb, cpu_util=m.cpu_util, pending=m.queue_depth)
-        return out
 
     # -- end of job ---------------------------------------------------------------------
     def finish(self, summary: dict) -> dict:
@@ -484,7 +384,7 @@ class Controller:
                 samples=int(summary.get("samples_trained", 0)),
                 wall_time_s=float(summary.get("wall_time_s", 0.0)),
                 status="completed",
-                peak_rss_mb={k: round(v, 1) for k, v in self.peak_rss.items() if v > 0},
+                peak_rss_mb={k: round(v, 1) for k, v in self.stats.peak_rss.items() if v > 0},
             )
             try:
                 out["history_record"] = str(self.store.add(record))
@@ -492,17 +392,3 @@ class Controller:
                 self.m.events.add("history_error", error=f"{self.history_dir}: {e}")
         return out
 
-
-def _kind(old: Config, new: Config, plan: ResourcePlan) -> str:
-    """One word for the event: what changed most visibly."""
-    if plan.replace and old == new:
-        return "replace"
-    if plan.rebalance_ps and old == new:
-        return "rebalance"
-    if (old.workers, old.ps) == (new.workers, new.ps):
-        return "resize"
-    if new.workers + new.ps > old.workers + old.ps:
-        return "scale_out"
-    if new.workers + new.ps < old.workers + old.ps:
-        return "scale_in"
-    return "rescale"

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from typing import Any, Callable, Protocol
 
-from dlrover.data.shards import Shard, ShardQueue
 from dlrover.failures import Failure
+from dlrover.master.books import ShardBooks
 from dlrover.master.events import EventLog
 from dlrover.master.launcher import Launcher
+from dlrover.master.scale_events import ScaleEvent
 from dlrover.spec import JobSpec
 
 
@@ -21,13 +22,9 @@ class Job(Protocol):
     t0: float  # clock value at the job's start: job time = clock() - t0
     events: EventLog
     launcher: Launcher
-    queue: ShardQueue
-    bad_lines: int
-    steps_done: int
-    train_start: float | None
-    train_end: float | None
+    books: ShardBooks  # the shard queue and what workers reported, behind its own lock
     failures: list[Failure]
-    scale_events: list[dict]
+    scale_events: list[ScaleEvent]
     restarts: int
     status: Any  # JobStatus
     control: Any  # Controller
@@ -35,23 +32,5 @@ class Job(Protocol):
     checkpointer: Any  # Checkpointer
     evaluator: Any  # Evaluator
     chaos: Any  # ChaosInjector
-
-    def worker_reports(self) -> dict[str, dict]: ...
-
-    def draining(self) -> frozenset[str]: ...
-
-    def drain(self, names: list[str]) -> None: ...
-
-    def retire(self, worker: str) -> list[Shard]: ...
-
-    def expired_leases(self, timeout_s: float) -> dict[str, float]: ...
-
-    def renew_leases(self) -> None: ...
-
-    def cut_books(self, trained: dict[int, tuple[int, int]]) -> tuple[dict, int, int]: ...
-
-    def restore_books(self, queue_state: dict, bad_lines: int, steps: int, new_generation: bool) -> int: ...
-
-    def stop(self) -> None: ...
 
     def crash(self) -> None: ...

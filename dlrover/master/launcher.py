@@ -1,7 +1,8 @@
 """Launcher: creates the job's actors on Ray with the names and resources of the spec.
 
-Names follow ``<job_id>/ps-<i>``, ``<job_id>/dense-ps-g<generation>``, ``<job_id>/worker-<i>`` so the Ray
-dashboard groups a job's actors. The launcher knows how to create and kill single actors
+Each actor has a typed :class:`~dlrover.ids.ActorId`; its Ray name (``<job_id>/ps-<i>``,
+``<job_id>/dense-ps-g<generation>``, ``<job_id>/worker-<i>``) lets the Ray dashboard group
+a job's actors, and ``id_of`` gives the id back without parsing the name. The launcher knows how to create and kill single actors
 and remembers each one's resources; ``dlrover.master.scaler`` decides what to create.
 PS ids are stable (``ps-3`` stays ``ps-3`` when ``ps-1`` retires).
 """
@@ -13,12 +14,13 @@ import glob
 import itertools
 import os
 from collections import Counter
-from typing import Any
+from typing import Any, Callable
 
 import ray
 
 from dlrover.data.criteo import FileIndex
 from dlrover.errors import DLRoverError
+from dlrover.ids import ActorId, Role
 from dlrover.model.dlrm import initial_dense_vector
 from dlrover.ps.dense_ps import DenseParamServer
 from dlrover.ps.embedding_ps import EmbeddingPS
@@ -33,8 +35,11 @@ ACTOR_START_TIMEOUT_S = 180.0
 
 
 class Launcher:
-    def __init__(self, job_id: str, spec: JobSpec, files: dict[str, FileIndex], master: Any) -> None:
+    def __init__(self, job_id: str, spec: JobSpec, files: dict[str, FileIndex], master: Any, generation: Callable[[], int]) -> None:
+        """``generation``: the job's rollback count now (the books'): a worker's run
+        carries it, and the dense PS re-created by a rollback is named by it."""
         self.job_id = job_id
+        self.generation = generation
         self.spec = spec
         self.worker_spec = WorkerSpec.of(spec)  # built once: each worker gets only its section
         self.files = files
@@ -50,13 +55,22 @@ class Launcher:
         self.spare_ps: dict[int, Any] = {}
         self._worker_ids = itertools.count()
         self._ps_ids = itertools.count()
-        self.generation = 0  # bumped by each rollback; a worker's run carries it
+        self.ids: dict[str, ActorId] = {}  # Ray name -> id, of every actor made
         self.nodes: dict[str, str] = {}  # actor name -> node id, once it answered
         self.avoid: set[str] = set()  # bad nodes: new actors go elsewhere when they can
         self._node_rr = itertools.count()
 
-    def _name(self, role: str) -> str:
-        return f"{self.job_id}/{role}"
+    def _name(self, actor: ActorId) -> str:
+        name = actor.ray_name(self.job_id)
+        self.ids[name] = actor
+        return name
+
+    def id_of(self, name: str) -> ActorId | None:
+        return self.ids.get(name)
+
+    @property
+    def dense_ps_name(self) -> str:
+        return self._dense_name
 
     def launch(self, config: Config) -> None:
         """Start the job's first actors: ``config.ps`` PS, the dense PS, ``config.workers`` workers."""
@@ -77,9 +91,10 @@ class Launcher:
         if self.dense_ps is not None:
             ray.kill(self.dense_ps, no_restart=True)
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+        self._dense_name = self._name(ActorId(Role.DENSE_PS, 0, self.generation()))
         self.dense_ps = (
             ray.remote(DenseParamServer)
-            .options(name=self._name(f"dense-ps-g{self.generation}"), num_cpus=0, max_concurrency=1, scheduling_strategy=here)
+            .options(name=self._dense_name, num_cpus=0, max_concurrency=1, scheduling_strategy=here)
             .remote(initial_dense_vector(self.spec.model, self.spec.seed).numpy(), self.spec.optimizer.dense.model_dump())
         )
 
@@ -95,13 +110,13 @@ class Launcher:
         return {"scheduling_strategy": NodeAffinitySchedulingStrategy(good[next(self._node_rr) % len(good)], soft=True)}
 
     def ps_name(self, ps_id: int) -> str:
-        return self._name(f"ps-{ps_id}")
+        return ActorId(Role.PS, ps_id).ray_name(self.job_id)
 
     def add_ps(self, cpu: float, memory_mb: int) -> int:
         """Create one PS actor; it owns the vshards ``self.vmap`` gives its id (none for a
         PS added to a running job, until a migration hands it some)."""
         ps_id = next(self._ps_ids)
-        name = self.ps_name(ps_id)
+        name = self._name(ActorId(Role.PS, ps_id))
         self.ps[ps_id] = (
             ray.remote(EmbeddingPS)
             .options(name=name, num_cpus=cpu, memory=memory_mb * MB, **self._placement())
@@ -141,7 +156,7 @@ class Launcher:
         res = self.spec.resources
         cpu = res.worker_cpu if cpu is None else cpu
         memory_mb = res.worker_memory_mb if memory_mb is None else memory_mb
-        name = self._name(f"worker-{next(self._worker_ids)}")
+        name = self._name(ActorId(Role.WORKER, next(self._worker_ids)))
         # Threads: run, evaluate, pause and set_routing may overlap.
         self.workers[name] = (
             ray.remote(Worker)
@@ -176,13 +191,18 @@ class Launcher:
 
     def start(self, name: str) -> Any:
         """Begin training on worker ``name``; returns the ObjectRef of its ``run``."""
-        return self.workers[name].run.remote(self.generation)
+        return self.workers[name].run.remote(self.generation())
 
     def handle(self, name: str) -> Any:
-        """The handle of a worker or PS of the job by name (None if gone)."""
-        if name in self.workers:
-            return self.workers[name]
-        return next((h for k, h in self.ps.items() if self.ps_name(k) == name), None)
+        """The handle of an actor of the job by name (None if gone)."""
+        actor = self.ids.get(name)
+        if actor is None:
+            return None
+        if actor.role is Role.WORKER:
+            return self.workers.get(name)
+        if actor.role is Role.PS:
+            return self.ps.get(actor.index)
+        return self.dense_ps if name == self._dense_name else None
 
     def forget_worker(self, name: str) -> None:
         handle = self.workers.pop(name, None)

@@ -1,8 +1,8 @@
 """JobMaster actor: owns the shard queue, launches PS and worker actors, and watches them.
 
 The master is a threaded Ray actor: ``run`` is one long call that drives the job, while
-workers call ``next_shard`` / ``shard_done`` / ``report`` concurrently (guarded by one
-lock and a condition variable that wakes workers waiting for work). ``run`` steps the
+workers call ``next_shard`` / ``shard_done`` / ``report`` concurrently; those calls go to
+the job's books (``dlrover.master.books``), which guard themselves. ``run`` steps the
 job's states (``dlrover.master.states``) with the events of the workers' runs; the
 master is the ``JobContext`` those states act through. Every ``policy.interval_s`` the
 control loop (``dlrover.master.control``) builds a ``JobView``, asks the policy, and has
@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-import threading
 import time
 from typing import Callable
 
@@ -22,13 +21,14 @@ import numpy as np
 import ray
 
 from dlrover.data.plan import DataPlan
-from dlrover.data.shards import Shard, ShardQueue
+from dlrover.data.shards import Shard
+from dlrover.master.books import ShardBooks
 from dlrover.errors import DLRoverError
-from dlrover.failures import Failure
+from dlrover.failures import Failure, LostPs
 from dlrover.ids import ProcessInfo
 from dlrover.checkpoint.store import CheckpointStore
 from dlrover.master.chaos import ChaosInjector
-from dlrover.master.checkpoint import Checkpointer, held_samples
+from dlrover.master.checkpoint import Checkpointer
 from dlrover.master.control import Controller
 from dlrover.master.evaluation import Evaluator
 from dlrover.master.events import NOTABLE_EVENTS, EventLog
@@ -36,13 +36,13 @@ from dlrover.master.launcher import Launcher
 from dlrover.master.persist import MasterState
 from dlrover.master.recovery import Recovery
 from dlrover.master.rollback import resume_after_restart
+from dlrover.master.scale_events import ScaleEvent
 from dlrover.master.summary import actor_rows, export_final, reliability_fields, reliability_of, summary_of
 from dlrover.master.states import TERMINAL, JobLoop, JobStatus, RunGroup
 from dlrover.master.telemetry import Telemetry
 from dlrover.resource.plan import Policy
 from dlrover.spec import JobSpec
 
-NEXT_SHARD_WAIT_S = 1.0
 TICK_S = 1.0  # the control loop wakes at least this often while workers train
 PUBLISH_EVERY_S = 1.0  # metrics export (Ray's agent takes them every few seconds)
 
@@ -58,36 +58,21 @@ class JobMaster:
         self.clock = clock
         self.t0 = clock()
         self.events = EventLog(clock=lambda: self.clock() - self.t0)
-        self._lock = threading.Lock()
-        self._work = threading.Condition(self._lock)
-        self.queue: ShardQueue | None = None
+        self.books = ShardBooks(data.shard_queue(spec, clock), clock, deterministic=spec.train.deterministic)
         self.data = data
         self.policy = policy
         self.launcher: Launcher | None = None
-        self.bad_lines = 0
-        self.metrics: dict[str, dict] = {}
-        self.samples_done = 0
-        self.steps_done = 0
         self.evaluator = Evaluator(data, spec.data.shard_rows, spec.data.eval_every_steps, self.events)
-        self.train_start: float | None = None
-        self.train_end: float | None = None
         self.failures: list[Failure] = []
-        self.scale_events: list[dict] = []
+        self.scale_events: list[ScaleEvent] = []
         self.status = JobStatus.STARTING
-        self._stop_requested = False  # stop(): workers get no more shards, the job ends "stopped"
         self._user_error: DLRoverError | None = None  # bad input a worker hit: raised to the driver
-        self._lost_ps: tuple[list[int], bool] = ([], False)  # what ps_unreachable found
         self.runs = RunGroup()
-        # Workers that died or were removed: a call of theirs still running in this actor
-        # (Ray does not cancel it) must not lease a shard to a name nobody trains under.
-        self._retired: set[str] = set()
-        self._draining: set[str] = set()  # finish their leased shards, then get "stop"
         self.control: Controller | None = None
         self.chaos: ChaosInjector | None = None
         self.recovery = Recovery(self)
         self.checkpointer: Checkpointer | None = None
         self.restarts = 0
-        self._stepped: set[str] = set()  # workers that trained a step (actor up and running)
         self.telemetry = Telemetry(job_id)
         self._published = float("-inf")
 
@@ -95,111 +80,25 @@ class JobMaster:
     def next_shard(self, worker: str, generation: int = 0) -> Shard | None | str:
         """A shard to train, ``None`` (nothing right now: ask again) or ``"stop"``.
         ``generation``: the worker's run's; a run from before a rollback gets "stop"."""
-        with self._work:
-            if self.train_start is None:
-                self.train_start = self.clock()
-            deadline = self.clock() + NEXT_SHARD_WAIT_S
-            while True:
-                stale = generation != self.launcher.generation
-                if stale or self.queue.finished or self._stop_requested or worker in self._retired or worker in self._draining:
-                    return "stop"
-                # Deterministic mode: one shard at a time across the job.
-                busy = self.spec.train.deterministic and self.queue.doing_count > 0
-                shard = None if busy else self.queue.next(worker)
-                self.queue.renew(worker)
-                if shard is not None:
-                    return shard
-                left = deadline - self.clock()
-                if left <= 0:
-                    return None
-                self._work.wait(left)
+        return self.books.next_shard(worker, generation)
 
     def shard_done(self, worker: str, shard_id: int, rows: int, bad_lines: int, generation: int = 0) -> None:
-        with self._work:
-            if worker in self._retired or generation != self.launcher.generation:
-                return  # requeued when it was retired, or rolled back since
-            self.queue.done(shard_id, worker, rows)
-            self.queue.renew(worker)
-            self.bad_lines += bad_lines
-            if self.queue.finished:
-                self.train_end = self.clock()
-            self._work.notify_all()
+        self.books.shard_done(worker, shard_id, rows, bad_lines, generation)
 
     def report(self, worker: str, metrics: dict) -> None:
         now = self.clock() - self.t0
         if metrics.get("first_step"):
             self.events.add("first_step", actor=worker)
+            self.books.stepped(worker)
             self.recovery.first_step(worker)
-            self._stepped.add(worker)
             if self.control is not None:
                 self.control.first_step(worker, now)
             return
-        with self._lock:
-            if self.queue is not None:
-                self.queue.renew(worker)  # progress: its leases live on
-            self.samples_done += metrics.get("samples", 0)
-            self.steps_done += metrics.get("steps", 0)
-            metrics = dict(metrics, at_s=now)
-            self.metrics[worker] = metrics
-            samples = self.samples_done
+        metrics = dict(metrics, at_s=now)
+        samples = self.books.report(worker, metrics)
         if self.control is not None:
             self.control.on_report(worker, metrics, now, samples)
         self.events.add("metrics", actor=worker, **metrics)
-
-    # -- the books, for the master's own modules (recovery, rollback, checkpoints) -------------
-    def worker_reports(self) -> dict[str, dict]:
-        """A copy of each worker's latest report."""
-        with self._lock:
-            return {n: dict(r) for n, r in self.metrics.items()}
-
-    def draining(self) -> frozenset[str]:
-        """Workers finishing their leased shards before they leave (a scale-in)."""
-        with self._lock:
-            return frozenset(self._draining)
-
-    def retire(self, worker: str) -> list[Shard]:
-        """``worker`` is gone: its late calls count for nothing, its leased shards go back."""
-        with self._work:
-            self._retired.add(worker)
-            self._draining.discard(worker)
-            self.metrics.pop(worker, None)
-            requeued = self.queue.requeue_owner(worker)
-            self._work.notify_all()
-        return requeued
-
-    def expired_leases(self, timeout_s: float) -> dict[str, float]:
-        """Workers holding a lease their progress has not renewed for ``timeout_s``, with
-        the job time of their last renewal."""
-        with self._lock:
-            expired = self.queue.expired(timeout_s)
-            ages, owners = self.queue.lease_ages(), self.queue.doing_owners()
-        now = self.clock() - self.t0
-        return {w: now - max(a for i, a in ages.items() if owners[i] == w) for w in expired}
-
-    def renew_leases(self) -> None:
-        """Every running worker's leases start afresh (the master could not watch them)."""
-        with self._lock:
-            for name in list(self.launcher.workers):
-                self.queue.renew(name)
-
-    def cut_books(self, trained: dict[int, tuple[int, int]]) -> tuple[dict, int, int]:
-        """For a checkpoint, every worker parked: the queue's cut, bad lines and steps."""
-        with self._lock:
-            return self.queue.cut(trained), self.bad_lines, self.steps_done
-
-    def restore_books(self, queue_state: dict, bad_lines: int, steps: int, new_generation: bool) -> int:
-        """Back to a checkpoint's books; the samples trained since, now to train again.
-        ``new_generation``: runs from before are stale (their calls get "stop")."""
-        with self._work:
-            replayed = max(0, self.queue.samples_done - held_samples(queue_state)) if self.queue else 0
-            self.queue = ShardQueue.from_state_dict(queue_state, clock=self.clock)
-            self.bad_lines, self.steps_done = bad_lines, steps
-            self.train_end = None
-            self._draining.clear()
-            if new_generation:
-                self.launcher.generation += 1
-            self._work.notify_all()
-        return replayed
 
     # -- called by the driver ----------------------------------------------------------------
     def progress(self, since: int = 0) -> dict:
@@ -208,23 +107,21 @@ class JobMaster:
         that index (``events``) and the index to ask from next (``events_next``)."""
         now = self.clock() - self.t0
         fresh_s = max(3 * self.spec.train.log_every_s, 5.0)  # a worker silent for longer is not training
-        with self._lock:
-            q = self.queue
-            loss = [m["loss"] for m in self.metrics.values() if "loss" in m]
-            samples_seen = self.samples_done
-            throughput = sum(m.get("samples_per_s", 0.0) for m in self.metrics.values() if now - m.get("at_s", now) <= fresh_s)
-            reports = {n: dict(r) for n, r in self.metrics.items()}
+        b = self.books
+        q, samples_seen, reports = b.queue, b.samples_seen, b.worker_reports()
+        loss = [m["loss"] for m in reports.values() if "loss" in m]
+        throughput = sum(m.get("samples_per_s", 0.0) for m in reports.values() if now - m.get("at_s", now) <= fresh_s)
         lz, ctl = self.launcher, self.control
         events, events_next = self.events.since(since)
         predicted, measured = ctl.window_now() if ctl else (None, None)
         return {
             "job_id": self.job_id,
-            "status": (JobStatus.STOPPING if self._stop_requested and self.status not in TERMINAL else self.status).value,
+            "status": (JobStatus.STOPPING if b.stop_requested and self.status not in TERMINAL else self.status).value,
             "policy": self.spec.policy.name,
-            "samples_expected": q.samples_expected if q else 0,
+            "samples_expected": q.samples_expected,
             "samples_seen": samples_seen,
-            "samples_done": q.samples_done if q else 0,
-            "progress": q.samples_done / max(q.samples_expected, 1) if q else 0.0,
+            "samples_done": q.samples_done,
+            "progress": q.samples_done / max(q.samples_expected, 1),
             "samples_per_s": throughput,
             "loss": float(np.mean(loss)) if loss else None,
             "auc": self.evaluator.last_auc,
@@ -239,7 +136,7 @@ class JobMaster:
             "checkpoint_age_s": self.checkpointer.age_s(now) if self.checkpointer else {},
             "actors": actor_rows(self, reports),
             # Copies of the fields readers use: the originals gain keys on other threads.
-            "scale_events": [{"kind": e["kind"]} for e in list(self.scale_events)],
+            "scale_events": [{"kind": e.kind.value} for e in list(self.scale_events)],
             "failures": [{k: f.to_dict()[k] for k in ("kind", "cause_class", "at_s", "recovered_s")} for f in list(self.failures)],
             "restarts": self.restarts,
             "events": [e for e in events if e["kind"] in NOTABLE_EVENTS],
@@ -248,12 +145,13 @@ class JobMaster:
 
     def _ettr_now(self) -> float | None:
         """ETTR of the job so far (None before training starts)."""
-        if self.train_start is None or self.queue is None:
+        b = self.books
+        if b.train_start is None:
             return None
         now = self.clock()
         wall = now - self.t0
-        train = (self.train_end or now) - self.train_start
-        return reliability_of(self, wall, train, self.queue.samples_done).ettr
+        train = (b.train_end or now) - b.train_start
+        return reliability_of(self, wall, train, b.queue.samples_done).ettr
 
     def node_id(self) -> str:
         return ray.get_runtime_context().get_node_id()
@@ -262,22 +160,15 @@ class JobMaster:
         return ProcessInfo(os.getpid(), ray.get_runtime_context().get_node_id())
 
     def stop(self) -> None:
-        with self._work:
-            self._stop_requested = True
-            self._work.notify_all()
+        """Workers get no more shards; the job ends "stopped"."""
+        self.books.stop()
 
     def run(self) -> dict:
         """Drive the job to the end and return the summary (the driver writes it)."""
         spec = self.spec
-        self.queue = ShardQueue(
-            [(p, n) for p, n in self.data.train_rows.items()],
-            shard_rows=spec.data.shard_rows,
-            epochs=spec.data.epochs,
-            shuffle_seed=spec.seed if spec.data.shuffle else None,
-            clock=self.clock,
-        )
-        self.events.add("job_start", job_id=self.job_id, samples_expected=self.queue.samples_expected)
-        self.launcher = Launcher(self.job_id, spec, self.data.files, master=ray.get_runtime_context().current_actor)
+        self.events.add("job_start", job_id=self.job_id, samples_expected=self.books.queue.samples_expected)
+        master = ray.get_runtime_context().current_actor
+        self.launcher = Launcher(self.job_id, spec, self.data.files, master, generation=lambda: self.books.generation)
         self.checkpointer = Checkpointer(self, CheckpointStore(self._checkpoint_root(), keep=spec.checkpoint.keep))
         state = self._load_state()
         self.control = Controller(self, self.data, self.policy)
@@ -298,11 +189,11 @@ class JobMaster:
             job_id=self.job_id,
             started_wall=time.time() - now,
             crash_at_s=crash_at_s if crash_at_s is not None else now,
-            samples_done=self.queue.samples_done if self.queue else 0,
-            train_start_s=None if self.train_start is None else self.train_start - self.t0,
+            samples_done=self.books.queue.samples_done,
+            train_start_s=None if self.books.train_start is None else self.books.train_start - self.t0,
             samples_replayed=self.recovery.samples_replayed,
             failures=list(self.failures),
-            scale_events=self.scale_events,
+            scale_events=[e.to_dict() for e in self.scale_events],
             chaos_fired=self.chaos.fired if self.chaos else [],
             chaos_s=self.chaos.chaos_s() if self.chaos else 0.0,
             restarts=self.restarts,
@@ -314,10 +205,10 @@ class JobMaster:
             return None
         self.t0 = self.clock() - (time.time() - state.started_wall)
         self.failures = list(state.failures)
-        self.scale_events = list(state.scale_events)
+        self.scale_events = [ScaleEvent.from_dict(e) for e in state.scale_events]
         self.restarts = state.restarts + 1
         if state.train_start_s is not None:
-            self.train_start = self.t0 + state.train_start_s
+            self.books.train_start = self.t0 + state.train_start_s
         self.recovery.samples_replayed = state.samples_replayed
         return state
 
@@ -349,11 +240,11 @@ class JobMaster:
             raise type(self._user_error)(str(self._user_error)) from None
         self.control.abort_pending()
         self.evaluator.settle()
-        if self.train_end is None:
-            self.train_end = self.clock()
+        if self.books.train_end is None:
+            self.books.train_end = self.clock()
         self.entered(JobStatus.EVALUATING)
         metrics = self.evaluator.final(self.launcher)
-        self.entered(JobStatus.SUCCEEDED if self.queue.finished else JobStatus.STOPPED if self._stop_requested else JobStatus.FAILED)
+        self.entered(JobStatus.SUCCEEDED if self.finished() else JobStatus.STOPPED if self.stopping() else JobStatus.FAILED)
         self.events.add("job_end", status=self.status.value)
         self.recovery.finish()
         summary = summary_of(self, metrics)
@@ -380,21 +271,20 @@ class JobMaster:
     # -- internals --------------------------------------------------------------------------------
     # -- the job loop's context (dlrover.master.states.JobContext) ----------------------
     def entered(self, status: JobStatus) -> None:
-        with self._lock:
-            self.status = status
+        self.status = status
 
     def tick(self) -> None:
-        self.evaluator.tick(self.steps_done, self.launcher)
+        self.evaluator.tick(self.books.steps_done, self.launcher)
         self._publish()
 
     def finished(self) -> bool:
-        return self.queue.finished
+        return self.books.queue.finished
 
     def stopping(self) -> bool:
-        return self._stop_requested
+        return self.books.stop_requested
 
     def unstarted(self, workers: list[str]) -> bool:
-        return not any(n in self._stepped for n in workers)
+        return not (self.books.running() & set(workers))
 
     def drop_unstarted(self) -> None:
         """No work left, and the workers still pending never trained a step (a replacement
@@ -421,23 +311,20 @@ class JobMaster:
 
     def worker_exited(self, worker: str, stats: dict) -> None:
         self.events.add("worker_exit", actor=worker, **{k: v for k, v in stats.items() if np.isscalar(v)})
-        with self._lock:
-            self.metrics.pop(worker, None)
-        if worker in self._draining:  # removed by a scale-in: its work is done
+        self.books.forget_report(worker)
+        if worker in self.books.draining():  # removed by a scale-in: its work is done
             self.launcher.forget_worker(worker)
             self.control.forget(worker)
 
     def worker_died(self, worker: str, error: Exception) -> None:
         self.recovery.worker_failed(worker, error, self.runs.pending)
 
-    def ps_unreachable(self, worker: str, error: Exception) -> bool:
-        self._lost_ps = self.recovery.dead_ps_now()
-        return bool(self._lost_ps[0] or self._lost_ps[1])
+    def ps_unreachable(self, worker: str, error: Exception) -> LostPs:
+        return self.recovery.dead_ps_now()
 
-    def recover(self, worker: str, error: Exception) -> None:
-        dead, dense = self._lost_ps
+    def recover(self, worker: str, error: Exception, lost: LostPs) -> None:
         cause = str(getattr(error, "cause", error)).strip().splitlines()[0][:120]
-        self.recovery.ps_failed(self.runs.pending, dead, dense, f"{worker}: {cause}")
+        self.recovery.ps_failed(self.runs.pending, lost, f"{worker}: {cause}")
 
     def bad_input(self, worker: str, error: DLRoverError) -> None:
         """Bad input (a malformed data line): replacing the worker would only hit it again.
@@ -453,7 +340,7 @@ class JobMaster:
         ck = self.checkpointer
         if not ck.due(now) or self.control.busy() or self.evaluator.busy():
             return
-        if any(n not in self._stepped for n in pending.values()):
+        if set(pending.values()) - self.books.running():
             return  # a replacement still starting: pausing it would stall the others until it runs
         lz = self.launcher
         running = {n: lz.workers[n] for n in pending.values() if n in lz.workers}
@@ -461,17 +348,6 @@ class JobMaster:
         if taken is not None and ck.durable_due(now, len(self.failures)):
             ck.write_durable(taken, now)
         self._persist()
-
-    def drain(self, names: list[str]) -> None:
-        """Give these workers no more shards; they finish what they hold and exit."""
-        with self._work:
-            self._draining.update(names)
-            self._work.notify_all()
-
-    def undrain(self, worker: str) -> None:
-        """A drained worker left: forget it."""
-        with self._lock:
-            self._draining.discard(worker)
 
     def _publish(self, force: bool = False) -> None:
         """Export the job's metrics (at most every ``PUBLISH_EVERY_S``). A metrics problem

@@ -33,8 +33,8 @@ from typing import Any
 
 import ray
 
-from dlrover.failures import Failure, FailureKind
-from dlrover.ids import ProcessInfo
+from dlrover.failures import Failure, FailureKind, LostPs
+from dlrover.ids import ProcessInfo, Role
 from dlrover.master.liveness import SUSPECT_AFTER_S, Prober, kill_process, liveness_timeout_s
 from dlrover.master.rollback import Rollback, roll_back
 
@@ -42,7 +42,6 @@ from dlrover.master.job import Job
 
 
 MASTER_GAP_S = 2.0  # a gap this long (and half the timeout) between the master's ticks renews every lease
-DENSE_PS = "dense-ps"  # the dense PS's key among probe targets
 ABORT_TIMEOUT_S = 30.0
 BAD_NODE_STRIKES = 2  # failures or stragglers on one node before new actors avoid it
 
@@ -69,7 +68,6 @@ class Recovery:
         self.samples_replayed = 0
         self.rollbacks = 0
         self._awaiting: dict[str, list[Failure]] = {}  # worker -> failures its first step ends
-        self._stepped: set[str] = set()  # workers that trained a step: running, even if no probe answered yet
 
     def now(self) -> float:
         return self.m.clock() - self.m.t0
@@ -77,7 +75,7 @@ class Recovery:
     # -- detection ----------------------------------------------------------------------
     def timeout_s(self) -> float:
         """The liveness timeout: the spec's, or sized for the workers' step times."""
-        steps = [float(r["step_time_s"]) for r in self.m.worker_reports().values() if r.get("step_time_s")]
+        steps = [float(r["step_time_s"]) for r in self.m.books.worker_reports().values() if r.get("step_time_s")]
         return liveness_timeout_s(self.m.spec.train.liveness_timeout_s, steps, self.m.spec.train.log_every_s)
 
     def suspects(self) -> list[str]:
@@ -86,7 +84,7 @@ class Recovery:
         may well answer late without anything being wrong."""
         after = max(SUSPECT_AFTER_S, self.timeout_s() / 4)
         workers = self.m.launcher.workers
-        return [n for n in self.prober.suspects(self.now(), after, up=self._stepped) if n in workers]
+        return [n for n in self.prober.suspects(self.now(), after, up=self.m.books.running()) if n in workers]
 
     def tick(self, pending: dict[Any, str]) -> None:
         """Probes, lease expiry and memory limits; handles what they find."""
@@ -94,39 +92,34 @@ class Recovery:
         lz = self.m.launcher
         timeout = self.timeout_s()
         if now - self._last_tick > max(MASTER_GAP_S, timeout / 2):
-            self.m.renew_leases()  # the master was busy elsewhere: its blind time counts against nobody
+            self.m.books.renew_leases(list(lz.workers))  # the master was busy elsewhere: its blind time counts against nobody
         self._last_tick = now
         self._enforce_memory(now)
         targets = {lz.ps_name(k): h.stats.remote for k, h in lz.ps.items()}
         targets.update({n: h.ping.remote for n, h in lz.workers.items()})
-        targets[DENSE_PS] = lz.dense_ps.ping.remote
-        found = self.prober.poll(now, timeout, targets, up=self._stepped)
+        targets[lz.dense_ps_name] = lz.dense_ps.ping.remote
+        found = self.prober.poll(now, timeout, targets, up=self.m.books.running())
         for name, reply in found.replies.items():
             info = ProcessInfo(int(reply["pid"]), str(reply["node_id"])) if isinstance(reply, dict) else reply
             if isinstance(info, ProcessInfo):
                 self.processes[name] = info
                 lz.nodes[name] = info.node_id
         hung = {n: since for n, since in found.silent.items()}
-        for name, since in self.m.expired_leases(timeout).items():
+        for name, since in self.m.books.expired_leases(timeout, self.m.t0).items():
             if name in lz.workers and name not in hung:
                 hung[name] = since
                 self.m.events.add("lease_expired", actor=name, after_s=round(timeout, 1))
-        dead_ps, dense_dead = [], False
         for name, since in hung.items():
             if name not in found.dead:
                 self.m.events.add("hung", actor=name, silent_s=round(now - since, 1), timeout_s=round(timeout, 1))
             self.kill_hung(name, since)
-            if name == DENSE_PS:
-                dense_dead = True
-            elif (k := self._ps_id(name)) is not None:
-                dead_ps.append(k)
-        for name in found.dead:
-            if name == DENSE_PS:
-                dense_dead = True
-            elif (k := self._ps_id(name)) is not None:
-                dead_ps.append(k)
-        if dead_ps or dense_dead:
-            self.ps_failed(pending, sorted(set(dead_ps)), dense_dead, "probe")
+        lost = self._lost_ps([*hung, *found.dead])
+        if lost:
+            self.ps_failed(pending, lost, "probe")
+
+    def _lost_ps(self, names: list[str]) -> LostPs:
+        ids = [a for a in map(self.m.launcher.id_of, names) if a is not None]
+        return LostPs(tuple(sorted({a.index for a in ids if a.role is Role.PS})), any(a.role is Role.DENSE_PS for a in ids))
 
     def kill_hung(self, name: str, since: float) -> None:
         """Declare ``name`` hung since job time ``since`` and kill its process for real; a
@@ -135,7 +128,7 @@ class Recovery:
         if name in lz.workers:
             self.injected.setdefault(name, since)
             self.injected_kind.setdefault(name, FailureKind.WORKER_HANG)
-        handle = lz.dense_ps if name == DENSE_PS else lz.handle(name)
+        handle = lz.handle(name)
         if handle is not None:
             self._kill(handle)
         info = self.processes.pop(name, None)
@@ -143,17 +136,13 @@ class Recovery:
             kill_process(info.node_id, info.pid)
         self.prober.forget(name)
 
-    def _ps_id(self, name: str) -> int | None:
-        lz = self.m.launcher
-        return next((k for k in lz.ps if lz.ps_name(k) == name), None)
-
     def _enforce_memory(self, now: float) -> None:
         if not self.m.spec.resources.enforce_memory:
             return
         lz = self.m.launcher
-        rss = {n: float(r.get("rss_mb", 0.0)) for n, r in self.m.worker_reports().items() if n in lz.workers}
+        rss = {n: float(r.get("rss_mb", 0.0)) for n, r in self.m.books.worker_reports().items() if n in lz.workers}
         if self.m.control is not None:
-            rss.update({a.name: a.rss_mb for a in self.m.control.ps_metrics().values()})
+            rss.update({a.name: a.rss_mb for a in self.m.control.stats.ps().values()})
         for name, mb in rss.items():
             limit = lz.resources.get(name, (0, 0))[1]
             if limit and mb > limit and name not in self.oom_killed:
@@ -170,20 +159,17 @@ class Recovery:
         except Exception:  # noqa: BLE001 - already gone
             pass
 
-    def dead_ps_now(self, timeout_s: float = 10.0) -> tuple[list[int], bool]:
+    def dead_ps_now(self, timeout_s: float = 10.0) -> LostPs:
         """Ask every PS and the dense PS now (a worker's run failed on a remote call)."""
         lz = self.m.launcher
-        items = [(k, h.stats.remote()) for k, h in lz.ps.items()] + [(None, lz.dense_ps.ping.remote())]
-        dead, dense = [], False
-        for k, ref in items:
+        items = [(lz.ps_name(k), h.stats.remote()) for k, h in lz.ps.items()] + [(lz.dense_ps_name, lz.dense_ps.ping.remote())]
+        dead = []
+        for name, ref in items:
             try:
                 ray.get(ref, timeout=timeout_s)
             except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-                if k is None:
-                    dense = True
-                else:
-                    dead.append(k)
-        return dead, dense
+                dead.append(name)
+        return self._lost_ps(dead)
 
     # -- handling -----------------------------------------------------------------------
     def expect_failure(self, actor: str, at_s: float, kind: FailureKind | None = None) -> None:
@@ -222,13 +208,12 @@ class Recovery:
             self.note_bad(failure.node)
         limit = self.m.spec.checkpoint.max_failures
         if len(self.m.failures) > limit:
-            self.m.stop()
+            self.m.books.stop()
             raise JobFailed(f"{len(self.m.failures)} failures (checkpoint.max_failures: {limit}); last: {failure.kind.value} of {failure.actor}: {failure.cause}")
 
     def first_step(self, worker: str) -> None:
         """A worker trained its first step of a run: failures waiting on it are recovered."""
         now = round(self.now(), 3)
-        self._stepped.add(worker)
         for f in self._awaiting.pop(worker, []):
             if f.recovered_s is None:
                 f.recovered_s = now
@@ -256,8 +241,8 @@ class Recovery:
             self.restart_all(pending, failure)
             return
         m, lz = self.m, self.m.launcher
-        drained = name in m.draining()
-        requeued = m.retire(name)
+        drained = name in m.books.draining()
+        requeued = m.books.retire(name)
         size = lz.resources.get(name, (None, None))
         if name in self.oom_killed and m.control is not None:
             size = (size[0], m.control.memory_after_oom(size[1]))
@@ -267,29 +252,29 @@ class Recovery:
         failure.shards_requeued = len(requeued)
         failure.capacity_lost = round(1.0 / max(len(lz.workers) + 1, 1), 4)  # the others train on
         resumes = None
-        if not m.queue.finished and not drained:
+        if not m.books.queue.finished and not drained:
             new = lz.add_worker(*size)
             failure.replacement = new
             pending[lz.start(new)] = new
             resumes = [new]
         self.record(failure, resumes)
 
-    def ps_failed(self, pending: dict[Any, str], dead_ps: list[int], dense_dead: bool, how: str) -> None:
+    def ps_failed(self, pending: dict[Any, str], lost: LostPs, how: str) -> None:
         lz = self.m.launcher
         detected = self.now()
-        names = [lz.ps_name(k) for k in dead_ps] + (["dense-ps"] if dense_dead else [])
+        names = [lz.ps_name(k) for k in lost.ps] + ([lz.dense_ps_name] if lost.dense else [])
         failures = [self.new_failure(FailureKind.PS_DEATH, n, f"{n} unreachable ({how})", detected) for n in names]
         if self.m.spec.checkpoint.on_failure == "restart":
             self.restart_all(pending, failures[0], more=failures[1:])
             return
-        back = self.rollback(pending, dead_ps, dense_dead)
+        back = self.rollback(pending, lost)
         for f in failures:
             back.apply_to(f)
             self.record(f, list(pending.values()))
 
-    def rollback(self, pending: dict[Any, str], dead_ps: list[int], dense_dead: bool, replace_all: bool = False) -> Rollback:
+    def rollback(self, pending: dict[Any, str], lost: LostPs, replace_all: bool = False) -> Rollback:
         """Roll the whole job back to the newest usable checkpoint (see module doc)."""
-        back = roll_back(self.m, pending, dead_ps, dense_dead, replace_all)
+        back = roll_back(self.m, pending, lost, replace_all)
         self.samples_replayed += back.samples_replayed
         self.rollbacks += 1
         return back
@@ -297,9 +282,9 @@ class Recovery:
     def restart_all(self, pending: dict[Any, str], failure: Failure, more: list[Failure] | None = None) -> None:
         """Baseline handling: every actor restarts from the last durable checkpoint."""
         m = self.m
-        m.retire(failure.actor)  # its late calls must not count
+        m.books.retire(failure.actor)  # its late calls must not count
         m.checkpointer.latest = None  # only what is on disk survives a whole-job restart
-        back = self.rollback(pending, [], False, replace_all=True)
+        back = self.rollback(pending, LostPs(), replace_all=True)
         for f in [failure, *(more or [])]:
             back.apply_to(f)
             self.record(f, list(pending.values()))

@@ -11,6 +11,7 @@ reload those, so this baseline errs on the fast side.
 from __future__ import annotations
 
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,12 +43,29 @@ def select(payload: dict, vshards: np.ndarray, rows_per_vshard: list[int]) -> di
     return {"vshards": keep, "tables": export_blocks(payload["tables"], pos, rows_per_vshard)}
 
 
-def stop_checkpoint_restart(master: Job, config: Config, pending: dict[Any, str]) -> dict:
+@dataclass
+class RestartResult:
+    started: dict[Any, str]  # run ObjectRef -> new worker
+    retired_ps_stats: list[dict]
+    stop_s: float
+    checkpoint_s: float
+    launch_s: float
+    restore_s: float
+    pause_s: float  # no worker trains from the stop to the end of the restore
+    bytes_moved: int
+    vshards_moved: int
+
+    def timings(self) -> dict:
+        """The scale event's fields of this restart."""
+        return {k: v for k, v in vars(self).items() if k not in ("started", "retired_ps_stats")}
+
+
+def stop_checkpoint_restart(master: Job, config: Config, pending: dict[Any, str]) -> RestartResult:
     lz = master.launcher
     t0 = master.clock()
     # 1. Stop: no more shards for anyone; each worker finishes what it holds and exits.
     names = list(lz.workers)
-    master.drain(names)
+    master.books.drain(names)
     refs = [r for r, n in pending.items() if n in names]
     get_alive(refs)  # a worker dying now: its shards were requeued when it died
     for r in refs:
@@ -86,14 +104,14 @@ def stop_checkpoint_restart(master: Job, config: Config, pending: dict[Any, str]
     ckpt.rmdir()
     started = {lz.start(w): w for w in workers}
     done = master.clock()
-    return {
-        "started": started,
-        "retired_ps_stats": retired,
-        "stop_s": round(t_stopped - t0, 3),
-        "checkpoint_s": round(t_saved - t_stopped, 3),
-        "launch_s": round(t_launched - t_saved, 3),
-        "restore_s": round(done - t_launched, 3),
-        "pause_s": round(done - t_stopped, 3),  # no worker trains from the stop to here
-        "bytes_moved": int(nbytes),
-        "vshards_moved": int(lz.vmap.num_vshards),
-    }
+    return RestartResult(
+        started,
+        retired,
+        stop_s=round(t_stopped - t0, 3),
+        checkpoint_s=round(t_saved - t_stopped, 3),
+        launch_s=round(t_launched - t_saved, 3),
+        restore_s=round(done - t_launched, 3),
+        pause_s=round(done - t_stopped, 3),
+        bytes_moved=int(nbytes),
+        vshards_moved=int(lz.vmap.num_vshards),
+    )

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
-from dlrover.failures import CheckpointRef, Failure, FailureKind
+from dlrover.failures import CheckpointRef, Failure, FailureKind, LostPs
 from dlrover.ps.vshard import VShardMap
 from dlrover.resource.configs import Config
 
@@ -56,7 +56,7 @@ def stop_workers(m: Job, pending: dict[Any, str]) -> list[str]:
     pending.clear()
     return lost
 
-def roll_back(m: Job, pending: dict[Any, str], dead_ps: list[int], dense_dead: bool, replace_all: bool = False) -> Rollback:
+def roll_back(m: Job, pending: dict[Any, str], lost_ps: LostPs, replace_all: bool = False) -> Rollback:
     """Roll the whole job back to the newest usable checkpoint (see module doc)."""
     lz = m.launcher
     t0 = m.clock() - m.t0
@@ -74,14 +74,11 @@ def roll_back(m: Job, pending: dict[Any, str], dead_ps: list[int], dense_dead: b
             ray.get(ref)
         except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
             lost.append(n)
-    more, dense_more = m.recovery.dead_ps_now()
-    dead_ps = sorted(set(dead_ps) | set(more))
-    dense_dead = dense_dead or dense_more
+    lost_ps = lost_ps | m.recovery.dead_ps_now()
     if replace_all:
         lost = list(lz.workers)
-        dead_ps = list(lz.ps)
-        dense_dead = True
-    draining = m.draining()
+        lost_ps = LostPs(tuple(lz.ps), True)
+    draining = m.books.draining()
     for name in set(lost) | draining:
         if name in lz.workers:
             size = lz.resources.get(name, (None, None))
@@ -92,13 +89,13 @@ def roll_back(m: Job, pending: dict[Any, str], dead_ps: list[int], dense_dead: b
                 lz.add_worker(*size)
     # Replace lost PS; the new ones take over exactly their vshards.
     owner = lz.vmap.owner.copy()
-    for k in dead_ps:
+    for k in lost_ps.ps:
         size = lz.resources.get(lz.ps_name(k), (lz.spec.resources.ps_cpu, lz.spec.resources.ps_memory_mb))
         if lz.ps_name(k) in m.recovery.oom_killed and m.control is not None:
             size = (size[0], m.control.memory_after_oom(size[1]))
         lz.remove_ps(k)
         owner[owner == k] = lz.add_ps(*size)
-    if dense_dead:
+    if lost_ps.dense:
         lz.new_dense_ps()
     lz.wait_started()
     ckpt, payloads, source = m.checkpointer.payloads()
@@ -107,7 +104,7 @@ def roll_back(m: Job, pending: dict[Any, str], dead_ps: list[int], dense_dead: b
     ray.get([h.restore.remote(vmap, refs) for h in lz.ps.values()])
     ray.get(lz.dense_ps.set_state.remote(ckpt.dense))
     lz.vmap = vmap
-    replayed = m.restore_books(ckpt.queue, ckpt.bad_lines, ckpt.steps, new_generation=True)
+    replayed = m.books.restore(ckpt.cut(), new_generation=True)
     ray.get([h.set_routing.remote(dict(lz.ps), vmap, lz.dense_ps) for h in lz.workers.values()])
     for name in lz.workers:
         pending[lz.start(name)] = name
@@ -115,7 +112,7 @@ def roll_back(m: Job, pending: dict[Any, str], dead_ps: list[int], dense_dead: b
         m.control.after_rollback()
     back = Rollback(CheckpointRef(ckpt.seq, round(ckpt.at_s, 3), source), int(replayed), round((m.clock() - m.t0) - t0, 3))
     m.events.add("rollback", checkpoint=asdict(back.checkpoint), samples_replayed=back.samples_replayed, rollback_s=back.rollback_s,
-                 generation=lz.generation, dead_ps=[int(k) for k in dead_ps], dense=dense_dead)
+                 generation=m.books.generation, dead_ps=[int(k) for k in lost_ps.ps], dense=lost_ps.dense)
     return back
 
 
@@ -129,7 +126,7 @@ def resume_after_restart(m: Job, state: "MasterState") -> Config:
     refs = [ray.put(p) for p in payloads]
     ray.get([h.restore.remote(lz.vmap, refs) for h in lz.ps.values()])
     ray.get(lz.dense_ps.set_state.remote(ckpt.dense))
-    m.restore_books(ckpt.queue, ckpt.bad_lines, ckpt.steps, new_generation=False)
+    m.books.restore(ckpt.cut(), new_generation=False)
     replayed = max(0, state.samples_done - ckpt.samples)
     m.recovery.samples_replayed += replayed
     failure = m.recovery.new_failure(FailureKind.MASTER_DEATH, f"{m.job_id}/master", "master process exited", detected)

@@ -101,6 +101,14 @@ class ScaleResult:
     vshards_moved: int = 0
     ps_switch_s: dict = field(default_factory=dict)  # slowest PS: receive / allocate / copy seconds
 
+    def timings(self) -> dict:
+        """The scale event's fields of this switch."""
+        rate = self.bytes_moved / self.copy_s if self.copy_s > 0 and self.bytes_moved else None
+        return dict(
+            launch_s=round(self.launch_s, 3), pause_s=round(self.pause_s, 3), vshards_moved=self.vshards_moved, bytes_moved=self.bytes_moved,
+            ps_switch_s=self.ps_switch_s, bytes_in_pause=self.bytes_in_pause, copy_s=round(self.copy_s, 3), migration_bytes_per_s=rate,
+        )
+
 
 class ScalePhase(str, Enum):
     LAUNCHING = "launching"  # new actors starting; training goes on

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 import ray
 
 from dlrover.errors import DLRoverError
+from dlrover.failures import LostPs
 
 
 class JobStatus(str, Enum):
@@ -164,11 +165,11 @@ class JobContext(Protocol):
 
     def worker_died(self, worker: str, error: Exception) -> None: ...
 
-    def ps_unreachable(self, worker: str, error: Exception) -> bool:
-        """A run failed on a PS: True when a PS is really gone (the job must recover)."""
+    def ps_unreachable(self, worker: str, error: Exception) -> LostPs:
+        """A run failed on a PS: the PS really gone (none: the job need not recover)."""
 
-    def recover(self, worker: str, error: Exception) -> None:
-        """Roll back to a checkpoint with the lost PS replaced; runs restart."""
+    def recover(self, worker: str, error: Exception, lost: LostPs) -> None:
+        """Roll back to a checkpoint with the ``lost`` PS replaced; runs restart."""
 
     def bad_input(self, worker: str, error: DLRoverError) -> None: ...
 
@@ -206,8 +207,9 @@ class Running(State):
         elif isinstance(event, WorkerDied):
             job.worker_died(event.worker, event.error)
         elif isinstance(event, PsUnreachable):
-            if job.ps_unreachable(event.worker, event.error):
-                return Recovering(event.worker, event.error)
+            lost = job.ps_unreachable(event.worker, event.error)
+            if lost:
+                return Recovering(event.worker, event.error, lost)
             job.worker_died(event.worker, event.error)
         elif isinstance(event, BadInput):
             job.bad_input(event.worker, event.error)
@@ -234,11 +236,11 @@ class Recovering(State):
     status = JobStatus.RECOVERING
     immediate = True
 
-    def __init__(self, worker: str, error: Exception) -> None:
-        self.worker, self.error = worker, error
+    def __init__(self, worker: str, error: Exception, lost: LostPs) -> None:
+        self.worker, self.error, self.lost = worker, error, lost
 
     def on(self, event: Event, job: JobContext) -> State:
-        job.recover(self.worker, self.error)
+        job.recover(self.worker, self.error, self.lost)
         return Running()
 
 

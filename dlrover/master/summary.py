@@ -31,7 +31,7 @@ def actor_rows(m: Job, reports: dict[str, dict]) -> list[dict]:
             "cpu_util": r["cpu_percent"] / 100.0 / max(cpu, 1e-9) if "cpu_percent" in r else None,
             "step_time_s": r.get("step_time_s"), "pull_s": r.get("pull_s"), "push_s": r.get("push_s"),
         })  # fmt: skip
-    ps = m.control.ps_metrics() if m.control else {}
+    ps = m.control.stats.ps() if m.control else {}
     for k in list(lz.ps):
         name = lz.ps_name(k)
         cpu, mem = lz.resources.get(name, (1.0, 0))
@@ -66,9 +66,10 @@ def reliability_fields(m: Job, summary: dict) -> dict:
 
 def summary_of(m: Job, metrics: dict) -> dict:
     """``summary.json`` without the policy and reliability parts (added by their owners)."""
-    q, spec = m.queue, m.spec
-    train_s = max((m.train_end or m.clock()) - (m.train_start or m.t0), 1e-9)
-    expected = q.samples_expected - m.bad_lines
+    b, spec = m.books, m.spec
+    q = b.queue
+    train_s = max((b.train_end or m.clock()) - (b.train_start or m.t0), 1e-9)
+    expected = q.samples_expected - b.bad_lines
     trained = q.samples_done
     return {
         "job_id": m.job_id,
@@ -76,7 +77,7 @@ def summary_of(m: Job, metrics: dict) -> dict:
         "samples_expected": int(expected),
         "samples_trained": int(trained),
         "samples_lost": int(max(expected - trained, 0)),
-        "bad_lines_skipped": int(m.bad_lines),
+        "bad_lines_skipped": int(b.bad_lines),
         "auc": metrics.get("auc"),
         "logloss": metrics.get("logloss"),
         "best_auc": metrics.get("best_auc"),
@@ -93,7 +94,7 @@ def summary_of(m: Job, metrics: dict) -> dict:
             "batch_size": spec.data.batch_size,
             "vshards": spec.train.vshards,
         },
-        "scale_events": m.scale_events,
+        "scale_events": [e.to_dict() for e in m.scale_events],
         "failures": [f.to_dict() for f in m.failures],
         "events": m.events.rows(),
     }

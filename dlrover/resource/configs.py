@@ -101,3 +101,12 @@ def clip_to_budget(config: Config, budget: Budget) -> Config:
         f = budget.memory_mb / c.memory_mb
         c = c.replace(worker_memory_mb=int(c.worker_memory_mb * f), ps_memory_mb=int(c.ps_memory_mb * f))
     return c
+
+
+def job_budget(spec: Any, requested: Config) -> Budget:
+    """The job's budget: ``resources.budget_*``, else the request. Memory without its own
+    budget grows with the CPU budget (same MB per CPU as the request)."""
+    r = spec.resources
+    cpu = r.budget_cpu or requested.cpu
+    memory = r.budget_memory_mb or int(requested.memory_mb * cpu / requested.cpu)
+    return Budget(cpu=cpu, memory_mb=memory, max_ps=spec.train.vshards)

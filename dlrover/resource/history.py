@@ -204,3 +204,7 @@ class HistoryStore:
         """Records with the same job signature (and dataset, if given), newest first."""
         hits = [r for r in self.records() if r.signature == signature and (dataset is None or r.dataset == dataset)]
         return hits[: max(0, int(limit))]
+
+
+def default_history_dir() -> str:
+    return os.environ.get("DLROVER_HISTORY_DIR") or os.path.expanduser("~/.dlrover/history")

@@ -1,0 +1,89 @@
+"""What the policy measures of each actor: the workers' latest reports and the PS's stats,
+polled each control step, as the :class:`ActorMetrics` the policy driver takes."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import ray
+
+from dlrover.master.job import Job
+from dlrover.resource.plan import ActorMetrics
+
+PS_STATS_TIMEOUT_S = 5.0
+
+
+class ActorStats:
+    def __init__(self, job: Job, rss: Callable[[str, float, float], None]) -> None:
+        """``rss(actor, now, mb)``: each PS's resident memory goes to the driver's trends."""
+        self.m = job
+        self._rss = rss
+        self.peak_rss = {"worker": 0.0, "ps_total": 0.0}  # for the history record (memory right-sizing)
+        self._ps_prev: dict[int, tuple[float, float]] = {}  # PS id -> (uptime, busy seconds) at the last poll
+        self._ps: dict[int, ActorMetrics] = {}
+
+    def worker_rss(self, mb: float) -> None:
+        self.peak_rss["worker"] = max(self.peak_rss["worker"], mb)
+
+    def ps(self) -> dict[int, ActorMetrics]:
+        """Each PS's metrics at the last poll."""
+        return dict(self._ps)
+
+    def poll(self, now: float) -> list[ActorMetrics]:
+        """Every worker's latest report and every PS's stats (asked now)."""
+        lz = self.m.launcher
+        reports = {n: r for n, r in self.m.books.worker_reports().items() if n in lz.workers}
+        out = []
+        for name, r in reports.items():
+            cpu, mem = lz.resources.get(name, (1.0, 0))
+            out.append(
+                ActorMetrics(
+                    name=name,
+                    role="worker",
+                    cpu=cpu,
+                    memory_limit_mb=mem,
+                    rss_mb=float(r.get("rss_mb", 0.0)),
+                    cpu_util=float(r.get("cpu_percent", 0.0)) / 100.0 / max(cpu, 1e-9),
+                    step_time_s=float(r.get("step_time_s", 0.0)),
+                    samples_per_s=float(r.get("samples_per_s", 0.0)),
+                    wait_ps_s=float(r.get("wait_ps_s", 0.0)),
+                    queue_depth=int(r.get("queue_depth", 0)),
+                    at_s=float(r.get("at_s", now)),
+                )
+            )
+        return out + list(self._poll_ps(now).values())
+
+    def _poll_ps(self, now: float) -> dict[int, ActorMetrics]:
+        lz = self.m.launcher
+        ids = list(lz.ps)
+        try:
+            stats = ray.get([lz.ps[k].stats.remote() for k in ids], timeout=PS_STATS_TIMEOUT_S)
+        except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError):
+            return self._ps  # a PS lost: recovery's probes find it
+        out = {}
+        for k, st in zip(ids, stats):
+            name = lz.ps_name(k)
+            prev = self._ps_prev.get(k)
+            busy = 0.0
+            if prev is not None and st["uptime_s"] > prev[0]:
+                busy = (st["busy_s"] - prev[1]) / (st["uptime_s"] - prev[0])
+            self._ps_prev[k] = (st["uptime_s"], st["busy_s"])
+            self._rss(name, now, float(st.get("rss_mb", 0.0)))
+            cpu, mem = lz.resources.get(name, (1.0, 0))
+            out[k] = ActorMetrics(
+                name=name,
+                role="ps",
+                cpu=cpu,
+                memory_limit_mb=mem,
+                rss_mb=float(st.get("rss_mb", 0.0)),
+                cpu_util=float(st.get("cpu_percent", 0.0)) / 100.0 / max(cpu, 1e-9),
+                busy=max(0.0, busy),
+                queue_depth=int(st.get("pending", 0)),
+                at_s=now,
+            )
+        self._ps = out
+        if len(out) == len(ids):
+            self.peak_rss["ps_total"] = max(self.peak_rss["ps_total"], sum(m.rss_mb for m in out.values()))
+        for m in out.values():
+            self.m.events.add("ps_metrics", actor=m.name, busy=m.busy, rss_mb=m.rss_mb, cpu_util=m.cpu_util, pending=m.queue_depth)
+        return out

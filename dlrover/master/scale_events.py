@@ -1,0 +1,121 @@
+"""Typed records of the resource changes a job went through (``summary.json``'s
+``scale_events``), and the bookkeeping that ties a new worker's first step to its event.
+
+A ``ScaleEvent`` is built when a plan is carried out (or fails) and serialised once, by
+``to_dict``, into the documented summary row; a restarted master reads it back with
+``from_dict``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from enum import Enum
+from typing import Any
+
+from dlrover.resource.configs import Config, describe_change
+from dlrover.resource.plan import ResourcePlan
+
+
+class ScaleKind(str, Enum):
+    """What changed most visibly."""
+
+    WARM_START = "warm_start"
+    FAILED = "failed"
+    REPLACE = "replace"
+    REBALANCE = "rebalance"
+    RESIZE = "resize"
+    SCALE_OUT = "scale_out"
+    SCALE_IN = "scale_in"
+    RESCALE = "rescale"
+
+    @classmethod
+    def of(cls, old: Config, new: Config, plan: ResourcePlan) -> "ScaleKind":
+        if plan.replace and old == new:
+            return cls.REPLACE
+        if plan.rebalance_ps and old == new:
+            return cls.REBALANCE
+        if (old.workers, old.ps) == (new.workers, new.ps):
+            return cls.RESIZE
+        if new.workers + new.ps > old.workers + old.ps:
+            return cls.SCALE_OUT
+        if new.workers + new.ps < old.workers + old.ps:
+            return cls.SCALE_IN
+        return cls.RESCALE
+
+
+ROW_BASE = ("kind", "at_s", "stage", "reason", "old", "new", "predicted_throughput")  # always in the row
+
+
+@dataclass
+class ScaleEvent:
+    """One resource change. The timings are those of the way it was carried out: a live
+    switch (launch, pre-copy, pause) or a stop-checkpoint-restart (stop, checkpoint,
+    launch, restore); the ones that do not apply stay ``None`` and are left out of the row."""
+
+    kind: ScaleKind
+    at_s: float  # job time of the plan
+    stage: str
+    reason: str
+    old: Config
+    new: Config
+    predicted_throughput: float | None = None
+    error: str | None = None
+    ops: list[str] | None = None
+    duration_s: float | None = None
+    spares_used: int | None = None
+    launch_s: float | None = None
+    pause_s: float | None = None
+    vshards_moved: int | None = None
+    bytes_moved: int | None = None
+    ps_switch_s: dict[str, float] | None = None
+    bytes_in_pause: int | None = None
+    copy_s: float | None = None
+    migration_bytes_per_s: float | None = None
+    stop_s: float | None = None
+    checkpoint_s: float | None = None
+    restore_s: float | None = None
+    first_step_s: dict[str, float] = field(default_factory=dict)  # new worker -> plan to its first step
+
+    @classmethod
+    def of(cls, kind: ScaleKind, plan: ResourcePlan, old: Config, new: Config, at_s: float, **timings: Any) -> "ScaleEvent":
+        return cls(kind, round(at_s, 3), plan.stage, plan.reason, old, new, plan.predicted_throughput, **timings)
+
+    def to_dict(self) -> dict:
+        row = {"kind": self.kind.value, "at_s": self.at_s, "stage": self.stage, "reason": self.reason}
+        row.update({"from": self.old.to_dict(), "to": self.new.to_dict(), "summary": describe_change(self.old, self.new)})
+        row["predicted_throughput"] = self.predicted_throughput
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name not in ROW_BASE and value is not None and value != {}:
+                row[f.name] = value
+        return row
+
+    @classmethod
+    def from_dict(cls, row: dict) -> "ScaleEvent":
+        rest = {f.name: row[f.name] for f in fields(cls) if f.name not in ROW_BASE and f.name in row}
+        rest["predicted_throughput"] = row.get("predicted_throughput")
+        return cls(ScaleKind(row["kind"]), row["at_s"], row["stage"], row["reason"], Config(**row["from"]), Config(**row["to"]), **rest)
+
+
+class FirstSteps:
+    """A new worker's first step goes into the event of the change that started it. The
+    step may come before the event is written (the switch is still finishing): it is
+    kept aside until then. Not thread-safe: the caller holds its lock."""
+
+    def __init__(self) -> None:
+        self._waiting: dict[str, ScaleEvent] = {}
+        self._early: dict[str, float] = {}
+
+    def stepped(self, worker: str, now: float) -> None:
+        ev = self._waiting.pop(worker, None)
+        if ev is None:  # no event for it yet (or a worker of the first launch)
+            self._early[worker] = now
+        else:
+            ev.first_step_s[worker] = round(now - ev.at_s, 3)
+
+    def bind(self, workers: list[str], ev: ScaleEvent) -> None:
+        for w in workers:
+            if w in self._early:
+                ev.first_step_s[w] = round(self._early.pop(w) - ev.at_s, 3)
+            else:
+                self._waiting[w] = ev
