@@ -3,27 +3,34 @@
 ``--policies`` takes a comma-separated list; an entry is a policy name (its knobs from
 ``policies/cluster/<name>.yaml``), a policy YAML file (e.g. one ``dlrover tune`` wrote:
 the name inside says which policy), and either may end in ``+pal`` for PAL's
-variability-aware placement instead of best-fit packing.
+variability-aware placement instead of best-fit packing. ``--truth`` picks the ground
+truth (``dlrover.sim.truth``; a comma-separated list compares several) and ``--seeds N``
+repeats the comparison on N synthetic traces (seeds ``--seed`` ..), printing mean and
+spread. ``python -m dlrover.sim.cli`` takes the same options.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
 
 from dlrover.errors import DLRoverError
 from dlrover.paths import out_dir
+from dlrover.sim.seeds import Entry as PolicyEntry
+from dlrover.sim.truth import DEFAULT_TRUTH, TRUTHS
 
 
-@dataclasses.dataclass(frozen=True)
-class PolicyEntry:
-    label: str
-    policy: str
-    config: str | None
-    placement: str
+def parse_truths(text: str) -> list[str]:
+    """``model,saturating`` -> the truths, each once; one-line errors."""
+    out = list(dict.fromkeys(x.strip() for x in text.split(",") if x.strip()))
+    bad = [x for x in out if x not in TRUTHS]
+    if bad or not out:
+        raise DLRoverError(f"--truth: expected one or more of {', '.join(TRUTHS)} (comma-separated), got {text!r}")
+    return out
 
 
 def parse_policies(text: str) -> list[PolicyEntry]:
@@ -53,30 +60,45 @@ def parse_policies(text: str) -> list[PolicyEntry]:
     return out
 
 
-def cmd_simulate(args) -> int:
-    from tqdm import tqdm
-
-    from dlrover.sim import ClusterSpec, SimSettings, read_trace, simulate, synthetic_trace
-    from dlrover.sim.report import JSON_KEYS, metrics, table, write_outputs
+def cmd_simulate(args: argparse.Namespace) -> int:
+    """Run ``dlrover simulate`` (``--truth`` and ``--seeds`` optional on ``args``)."""
+    from dlrover.sim import ClusterSpec, read_trace, synthetic_trace
 
     entries = parse_policies(args.policies)
+    truths = parse_truths(getattr(args, "truth", None) or DEFAULT_TRUTH)
+    n_seeds = int(getattr(args, "seeds", None) or 1)
     out = Path(out_dir(args.out or str(Path("runs") / f"sim-{time.strftime('%Y%m%d-%H%M%S')}")))
     cluster = ClusterSpec(
         nodes=args.nodes, node_cpu=args.node_cpu, node_memory_mb=args.node_memory_gb * 1024,
         failure_rate=0.0 if args.no_failures else args.failure_rate, p_slow=0.0 if args.no_stragglers else ClusterSpec.p_slow,
     )  # fmt: skip
+    if n_seeds > 1 and args.trace != "synthetic":
+        raise DLRoverError("--seeds: only with the synthetic trace (a trace file is one draw)")
     if args.trace == "synthetic":
         trace = synthetic_trace(args.jobs, args.seed, nodes=args.nodes, node_cpu=args.node_cpu, node_memory_mb=args.node_memory_gb * 1024)
-        source = f"synthetic trace: {args.jobs} jobs, seed {args.seed}"
+        source = f"synthetic trace: {args.jobs} jobs, seed {args.seed}" + (f"..{args.seed + n_seeds - 1}" if n_seeds > 1 else "")
     else:
         trace = read_trace(args.trace)
         source = f"{args.trace}: {len(trace)} jobs"
     quiet = args.json
     if not quiet:
-        print(f"{source}; cluster {args.nodes} nodes x {args.node_cpu:g} CPU / {args.node_memory_gb:g} GB", file=sys.stderr)
+        print(f"{source}; cluster {args.nodes} nodes x {args.node_cpu:g} CPU / {args.node_memory_gb:g} GB; truth {', '.join(truths)}", file=sys.stderr)
+    if n_seeds > 1:
+        return _many_seeds(args, entries, truths, n_seeds, cluster, out)
+    for truth in truths:
+        _one_trace(args, entries, truth, trace, cluster, out / truth if len(truths) > 1 else out, quiet)
+    return 0
+
+
+def _one_trace(args: argparse.Namespace, entries: list[PolicyEntry], truth: str, trace, cluster, out: Path, quiet: bool) -> None:
+    from tqdm import tqdm
+
+    from dlrover.sim import SimSettings, simulate
+    from dlrover.sim.report import JSON_KEYS, metrics, table, write_outputs
+
     results, rows = [], []
     for e in entries:
-        settings = SimSettings(placement=e.placement, control_interval_s=args.tick)
+        settings = SimSettings(placement=e.placement, control_interval_s=args.tick, truth=truth)
         t0 = time.monotonic()
         with tqdm(total=len(trace), desc=f"{e.label:<16}", unit="job", file=sys.stderr, disable=quiet, leave=True) as bar:
             done = [0]
@@ -94,8 +116,77 @@ def cmd_simulate(args) -> int:
     if args.json:
         print(json.dumps([{k: m[k] for k in JSON_KEYS} for m in rows]))
     else:
+        print(f"truth: {truth}")
         print(table(rows))
     paths = write_outputs(results, rows, out)
     if not quiet:
         print(f"wrote {len(paths)} files to {out}/ (summary.csv, jobs_*.csv, timeline_*.csv, jct_cdf.png, utilisation.png)")
+
+
+def _many_seeds(args: argparse.Namespace, entries: list[PolicyEntry], truths: list[str], n: int, cluster, out: Path) -> int:
+    from dlrover.sim import synthetic_trace
+    from dlrover.sim.seeds import run_seeds, seeds_frame, seeds_table
+
+    def trace_of(seed: int):
+        return synthetic_trace(args.jobs, seed, nodes=args.nodes, node_cpu=args.node_cpu, node_memory_mb=args.node_memory_gb * 1024)
+
+    log = None if args.json else (lambda line: print(line, file=sys.stderr))
+    rows = run_seeds(entries, truths, range(args.seed, args.seed + n), trace_of, cluster, args.tick, log)
+    frame = seeds_frame(rows)
+    out.mkdir(parents=True, exist_ok=True)
+    frame.to_csv(out / "summary_seeds.csv", index=False)
+    if args.json:
+        print(frame.to_json(orient="records"))
+    else:
+        print(seeds_table(rows))
+        print(f"wrote {out / 'summary_seeds.csv'}")
     return 0
+
+
+def _number(kind: type, low: float, strict: bool):
+    def parse(text: str):
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not math.isfinite(v) or (v <= low if strict else v < low):
+            raise argparse.ArgumentTypeError(f"must be {'>' if strict else '>='} {low:g}, got {text!r}")
+        return v
+
+    return parse
+
+
+def parser() -> argparse.ArgumentParser:
+    """The options of ``dlrover simulate``, ``--truth`` and ``--seeds`` included."""
+    pos_int, pos = _number(int, 0, True), _number(float, 0, True)
+    p = argparse.ArgumentParser(prog="python -m dlrover.sim.cli", description="compare allocation policies in the cluster simulator")
+    p.add_argument("--trace", default="synthetic", help="trace CSV/Parquet, or 'synthetic' (default)")
+    p.add_argument("--jobs", type=pos_int, default=400, help="jobs of the synthetic trace")
+    p.add_argument("--nodes", type=pos_int, default=40)
+    p.add_argument("--node-cpu", type=pos, default=64.0)
+    p.add_argument("--node-memory-gb", type=pos, default=256.0)
+    p.add_argument("--seed", type=_number(int, 0, False), default=0)
+    p.add_argument("--seeds", type=pos_int, default=1, help="synthetic traces of seeds --seed.. (mean and spread)")
+    p.add_argument("--truth", default=DEFAULT_TRUTH, help=f"ground truth: {', '.join(TRUTHS)} (comma-separated: several)")
+    p.add_argument("--policies", default="static,dlrover_rm", help="comma-separated names or policy YAML files, each optionally +pal")
+    p.add_argument("--tick", type=_number(float, 1, False), default=300.0, help="seconds between a job's policy decisions")
+    p.add_argument("--failure-rate", type=_number(float, 0, False), default=6.5e-3, help="node failures per node-day")
+    p.add_argument("--no-failures", action="store_true")
+    p.add_argument("--no-stragglers", action="store_true")
+    p.add_argument("--json", action="store_true", help="print only JSON metrics")
+    p.add_argument("--out", help="directory for CSV and PNG outputs (default runs/sim-<time>)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m dlrover.sim.cli``: ``dlrover simulate`` with ``--truth`` and ``--seeds``."""
+    args = parser().parse_args(argv)
+    try:
+        return cmd_simulate(args)
+    except DLRoverError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

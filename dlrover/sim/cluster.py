@@ -41,6 +41,14 @@ class ClusterSpec:
     node_cores: float | None = None  # physical cores per node when CPUs are over-committed (None: node_cpu, no over-commit)
 
 
+def cores_speed(load: float, cores: float, smt_gain: float) -> float:
+    """Speed of actors keeping ``load`` CPUs busy on ``cores`` physical cores: 1 up to the
+    cores; past them each busy CPU beyond a core gets ``smt_gain`` of one."""
+    if load <= cores or load <= 0:
+        return 1.0
+    return (cores + smt_gain * (load - cores)) / load
+
+
 def kmeans_classes(perf: np.ndarray, k: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """PAL's performance classes: ``(class of each node, score of each class)``; a score
     is the class centroid over the median centroid. Classes are numbered fastest first."""
@@ -85,20 +93,25 @@ class Cluster:
         """Current speed factor of ``nodes`` (stragglers included)."""
         return self.perf[nodes] * np.where(self.slow[nodes], self.spec.slow_factor, 1.0)
 
-    def job_speed(self, worker_nodes: np.ndarray, ps_nodes: np.ndarray, worker_cpu: float = 0.0, ps_cpu: float = 0.0) -> float:
+    def job_speed(
+        self, worker_nodes: np.ndarray, ps_nodes: np.ndarray, worker_cpu: float = 0.0, ps_cpu: float = 0.0,
+        cores: float | None = None, smt_gain: float = 0.0,
+    ) -> float:  # fmt: skip
         """A job's speed factor: workers train asynchronously (dynamic shards), so the job
         goes at their mean speed; every step waits on every PS, so the slowest PS bounds
-        it; actors spread over several nodes pay the locality factor; with
-        ``node_cores`` a node whose actors (of this job) hold more CPUs than it has cores
-        runs cores / CPUs as fast."""
+        it; actors spread over several nodes pay the locality factor; with ``cores``
+        (default ``node_cores``) the node where this job's actors compete with the most
+        CPUs (``worker_cpu`` each worker, ``ps_cpu`` each PS: held or busy, as the truth
+        says) runs at :func:`cores_speed` (cores / CPUs without ``smt_gain``)."""
         f = float(self.speed(worker_nodes).sum()) / len(worker_nodes) * float(self.speed(ps_nodes).min())
         if len(np.unique(np.concatenate([worker_nodes, ps_nodes]))) > 1:
             f *= self.spec.locality_factor
-        cores = self.spec.node_cores
+        cores = self.spec.node_cores if cores is None else cores
         if cores and (worker_cpu or ps_cpu):
             n = len(self.cpu)
             load = np.bincount(worker_nodes, minlength=n) * worker_cpu + np.bincount(ps_nodes, minlength=n) * ps_cpu
-            f /= max(1.0, float(load.max()) / cores)
+            top = float(load.max())
+            f = f / max(1.0, top / cores) if smt_gain == 0 else f * cores_speed(top, cores, smt_gain)
         return f
 
     # -- resources ----------------------------------------------------------------------

@@ -24,7 +24,7 @@ import numpy as np
 from dlrover.resource.driver import DecisionKind, Progress
 from dlrover.resource.configs import Budget
 from dlrover.resource.plan import ActorMetrics, ResourcePlan
-from dlrover.sim.job import SimJob, mem_fraction, peaks, t_iter
+from dlrover.sim.job import SimJob, mem_fraction, peaks
 
 
 class ControlMixin:
@@ -129,7 +129,7 @@ class ControlMixin:
         assert c is not None and j.worker_nodes is not None and j.ps_nodes is not None
         pw, pp = peaks(j)
         f = mem_fraction(self.s, j.done / j.total)
-        step = t_iter(j.truth, c, int(j.row["batch_size"]))
+        step = j.truth.step_time(c, int(j.row["batch_size"]))
         cl = self.cluster
         on_slow = cl.slow[j.worker_nodes]
         if on_slow.any():

@@ -6,7 +6,8 @@ the same factory the live JobMaster uses, inside the same loop: a
 ``JobView``, checks the budget, marks stragglers and fits RSS trends, exactly as it does
 for the live ``Controller``. What differs is the runtime:
 
-* **truth vs model.** A job's throughput is ``throughput(truth, config) x speed`` (the
+* **truth vs model.** A job's throughput is ``truth.throughput(config) x speed`` (a
+  :class:`~dlrover.sim.truth.Truth` of the kind ``SimSettings.truth`` names, from the
   trace's ``t0..t4`` or a measured profile; speed from the nodes it runs on). The policy
   never sees the truth: its driver is fed the job's progress (times a per-window noise),
   step times and RSS samples (:mod:`dlrover.sim.control`) and the policy fits its own
@@ -42,15 +43,15 @@ import pandas as pd
 
 from dlrover.resource.driver import PolicyDriver
 from dlrover.resource.history import HistoryRecord
-from dlrover.resource.perf_model import PerfParams
 from dlrover.resource.configs import Budget, Config
 from dlrover.resource.plan import Policy
 from dlrover.sim.cluster import Cluster, ClusterSpec
 from dlrover.sim.control import ControlMixin
 from dlrover.sim.faults import DAY_S, FaultsMixin
-from dlrover.sim.job import SimJob, SimResult, SimSettings, oom_progress, peaks, rss_total, t_iter
+from dlrover.sim.job import SimJob, SimResult, SimSettings, oom_progress, peaks, rss_total
 from dlrover.sim.placement import PlacementMixin
-from dlrover.sim.trace import TRUTH, validate_trace
+from dlrover.sim.profile_truth import make_truth
+from dlrover.sim.trace import validate_trace
 
 class Simulator(ControlMixin, FaultsMixin, PlacementMixin):
     """One policy, one trace, one cluster. ``run()`` returns a :class:`SimResult`."""
@@ -62,7 +63,6 @@ class Simulator(ControlMixin, FaultsMixin, PlacementMixin):
         cluster: ClusterSpec | None = None,
         settings: SimSettings | None = None,
         seed: int = 0,
-        profiles: dict[str, PerfParams] | None = None,
         policy_name: str | None = None,
         progress: Callable[[float], None] | None = None,
     ) -> None:
@@ -77,7 +77,7 @@ class Simulator(ControlMixin, FaultsMixin, PlacementMixin):
         self.progress = progress
         self.history: dict[str, list[HistoryRecord]] = {}
         trace = validate_trace(trace, source="trace", csv=False)  # defaults filled, sorted by submission
-        self.jobs = [self._job(i, row, profiles or {}) for i, row in enumerate(trace.to_dict("records"))]
+        self.jobs = [self._job(i, row) for i, row in enumerate(trace.to_dict("records"))]
         self.queue: list[int] = []
         self.heap: list[tuple] = []
         self.seq = 0
@@ -94,15 +94,8 @@ class Simulator(ControlMixin, FaultsMixin, PlacementMixin):
         self.running = 0
 
     # ------------------------------------------------------------------ set-up
-    def _job(self, i: int, row: dict, profiles: dict[str, PerfParams]) -> SimJob:
-        if isinstance(row.get("profile"), str) and row["profile"]:
-            if row["profile"] not in profiles:
-                from dlrover.sim.profile import load_profile
-
-                profiles[row["profile"]] = load_profile(row["profile"]).truth()
-            truth = profiles[row["profile"]]
-        else:
-            truth = PerfParams(*(float(row[c]) for c in TRUTH))
+    def _job(self, i: int, row: dict) -> SimJob:
+        truth = make_truth(self.s.truth, row)
         req = Config(
             int(row["req_workers"]), int(row["req_ps"]), float(row["req_worker_cpu"]), float(row["req_ps_cpu"]),
             int(row["req_worker_memory_mb"]), int(row["req_ps_memory_mb"]),
@@ -228,7 +221,10 @@ class Simulator(ControlMixin, FaultsMixin, PlacementMixin):
         c = j.config
         assert c is not None and j.worker_nodes is not None and j.ps_nodes is not None
         b = int(j.row["batch_size"])
-        return c.workers * b / t_iter(j.truth, c, b) * self.cluster.job_speed(j.worker_nodes, j.ps_nodes, c.worker_cpu, c.ps_cpu)
+        ct = j.truth.contention(c, b)
+        cores = self.spec.node_cores or (self.spec.node_cpu / ct.threads_per_core if ct.threads_per_core else None)
+        speed = self.cluster.job_speed(j.worker_nodes, j.ps_nodes, ct.worker_cpu, ct.ps_cpu, cores, ct.smt_gain)
+        return j.truth.throughput(c, b) * speed
 
     def _settle(self, j: SimJob) -> None:
         """Advance ``j`` to ``self.now`` at its current rate."""
@@ -278,12 +274,7 @@ class Simulator(ControlMixin, FaultsMixin, PlacementMixin):
         if j.rate <= 0:
             self._set_used(j, 0.05 * c.cpu, rss_total(self.s, j))
             return
-        b = int(j.row["batch_size"])
-        step = t_iter(j.truth, c, b)
-        t = j.truth
-        worker_busy = min(1.0, t.t1 * b / c.worker_cpu / step + 0.05)
-        ps_busy = min(1.0, t.t2 * c.workers / (c.ps * c.ps_cpu) / step + 0.05)
-        self._set_used(j, c.workers * c.worker_cpu * worker_busy + c.ps * c.ps_cpu * ps_busy, rss_total(self.s, j))
+        self._set_used(j, j.truth.used_cpu(c, int(j.row["batch_size"])), rss_total(self.s, j))
 
     # ------------------------------------------------------------------ completion
     def _done(self, i: int, version: int) -> None:

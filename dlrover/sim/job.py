@@ -1,7 +1,7 @@
 """A simulated job: its record, the simulated platform's settings, and the job's truth.
 
-The truth (step time from the trace's ``t0..t4`` or a profile, memory from its peak
-need) is what the job *does*; its policy never sees it, only what the job's
+The truth (throughput from :mod:`dlrover.sim.truth`, memory from its peak need) is what
+the job *does*; its policy never sees it, only what the job's
 :class:`~dlrover.resource.driver.PolicyDriver` was fed: windows measured from the job's
 progress (times the window's noise), actors' step times and RSS samples.
 """
@@ -17,6 +17,7 @@ from dlrover.resource.driver import PolicyDriver
 from dlrover.resource.perf_model import PerfParams
 from dlrover.resource.configs import Budget, Config
 from dlrover.sim.cluster import ClusterSpec
+from dlrover.sim.truth import Truth
 
 PS_BASE_MB = 512.0  # per-PS process overhead over its share of the embeddings (a PS of this repo idles at ~400 MB)
 
@@ -43,6 +44,7 @@ class SimSettings:
     mem_start: float = 0.6  # RSS at the start, as a fraction of the peak
     mem_fill: float = 0.5  # fraction of the job by which RSS reaches its peak
     placement: str = "packed"  # packed | pal
+    truth: str = "model"  # model | saturating | profile (dlrover.sim.truth); `dlrover simulate` defaults to DEFAULT_TRUTH
     backfill: int = 64  # queued jobs looked at for each scheduling pass
     horizon_s: float | None = None  # stop here (unfinished jobs count as not completed)
     max_workers: int = 64
@@ -53,7 +55,7 @@ class SimSettings:
 class SimJob:
     idx: int
     row: dict
-    truth: PerfParams
+    truth: Truth
     driver: PolicyDriver  # the policy, its model, measurements and actor marks
     requested: Config
     quota: Budget
