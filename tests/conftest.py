@@ -88,3 +88,21 @@ def fault_spec(synth_dir, tmp_path, chaos, **over):
         chaos=chaos,
         **over,
     )
+
+
+def batches_expected(spec) -> int:
+    """Batches a job trains: each shard's rows in ``batch_size`` chunks (data without bad
+    lines), counted from the same shard queue the master builds."""
+    from dlrover.data.plan import DataPlan
+
+    queue = DataPlan.build(spec).shard_queue(spec)
+    bs = spec.data.batch_size
+    return sum(-(-queue.shard(i).rows // bs) for i in range(queue.total_shards))
+
+
+def check_exactly_once(s: dict, spec) -> None:
+    """Every batch updated the model exactly once: each (sample, table) bag on one PS, and
+    one dense update per batch (the job had no rollback)."""
+    assert s["samples_replayed"] == 0
+    assert s["ps_bags_updated"] == 26 * s["samples_expected"], (s["ps_bags_updated"], s["samples_expected"])
+    assert s["dense_updates"] == batches_expected(spec), (s["dense_updates"], batches_expected(spec))

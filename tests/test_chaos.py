@@ -28,8 +28,8 @@ def fault_free_auc(spec, tmp_path) -> float:
     """AUC of the same job without its chaos (own history dir: no warm start from the run under test)."""
     from dlrover.runner import run_job
 
-    ref = spec.model_copy(deep=True, update={"chaos": []})
-    ref.policy.history_dir = str(tmp_path / "h-ref")
+    policy = spec.policy.model_copy(update={"history_dir": str(tmp_path / "h-ref")})
+    ref = spec.model_copy(update={"chaos": [], "policy": policy})
     s, _ = run_job(ref, runs_dir=str(tmp_path / "ref"), progress="none")
     assert s["status"] == "succeeded" and not s["failures"]
     return s["auc"]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import fault_spec, small_spec
+from conftest import check_exactly_once, fault_spec, small_spec
 
 AUC_TOLERANCE = 0.01
 
@@ -52,7 +52,7 @@ def test_worker_kill(fault_free, synth_dir_large, tmp_path):
     s, _ = run_job(spec, runs_dir=str(tmp_path / "runs"), progress="none")
     f = check_recovered(s, fault_free, "worker_death")
     assert f["actor"].endswith("worker-0") and f["replacement"] and f["node"]
-    assert s["samples_replayed"] == 0  # PS state survived: no rollback
+    check_exactly_once(s, spec)  # PS state survived: no rollback, and no batch applied twice
 
 
 def test_ps_kill_rolls_back_to_in_memory_checkpoint(fault_free, synth_dir_large, tmp_path):

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from conftest import fault_spec
+from conftest import check_exactly_once, fault_spec
 
 
 def liveness_spec(data_dir, tmp_path, **over):
@@ -92,13 +92,15 @@ def test_a_frozen_worker_is_declared_hung_killed_and_replaced(ray_local, synth_d
     assert f["actor"].endswith("/worker-0") and f["replacement"] and f["shards_requeued"] >= 1
     assert f["detected_s"] - f["at_s"] >= 6.0  # silent for the whole timeout first
     assert gone(out["pid"])  # its process was killed, not left stopped
+    check_exactly_once(s, spec)
 
 
 def test_a_sigkilled_worker_process_is_replaced(ray_local, synth_dir_large, tmp_path):
-    s, out = run_with_signal(liveness_spec(synth_dir_large, tmp_path), tmp_path, "worker-1", signal.SIGKILL)
+    spec = liveness_spec(synth_dir_large, tmp_path)
+    s, out = run_with_signal(spec, tmp_path, "worker-1", signal.SIGKILL)
     f = check_survived(s, "worker_death")
     assert f["actor"].endswith("/worker-1") and f["replacement"]
-    assert s["samples_replayed"] == 0  # the PS kept their state: no rollback
+    check_exactly_once(s, spec)  # the PS kept their state: no rollback, no batch applied twice
 
 
 def test_a_sigkilled_ps_process_is_recovered_from_a_checkpoint(ray_local, synth_dir_large, tmp_path):

@@ -207,3 +207,41 @@ def test_cut_turns_leases_into_done_or_offsets():
     assert (nxt.shard_id, nxt.start) == (s2.shard_id, 80)  # untouched lease: whole shard again
     back.done(nxt.shard_id, "w2", 20)
     assert back.finished and back.samples_done == 99
+
+
+def test_a_dead_workers_shard_resumes_after_the_progress_it_reported():
+    q = ShardQueue([("a.tsv", 1000)], shard_rows=1000, epochs=1, shuffle_seed=None)
+    s = q.next("w0")
+    q.progress(s.shard_id, "w0", lines=512, rows=510)  # 2 bad lines in the applied prefix
+    (back,) = q.requeue_owner("w0")
+    assert (back.start, back.stop, back.skipped) == (512, 1000, 512)
+    again = q.next("w1")
+    assert again == back
+    q.done(again.shard_id, "w1", again.rows)
+    assert q.finished and q.samples_done == 510 + 488
+
+
+def test_progress_of_a_worker_not_holding_the_lease_is_ignored():
+    q = ShardQueue([("a.tsv", 1000)], shard_rows=1000, epochs=1, shuffle_seed=None)
+    s = q.next("w0")
+    q.progress(s.shard_id, "w-gone", lines=512, rows=512)
+    (back,) = q.requeue_owner("w0")
+    assert back.start == 0 and back.skipped == 0
+
+
+def test_a_shard_wholly_applied_before_its_worker_died_is_done_not_redone():
+    q = ShardQueue([("a.tsv", 600)], shard_rows=300, epochs=1, shuffle_seed=None)
+    a, b = q.next("w0"), q.next("w0")
+    q.progress(a.shard_id, "w0", lines=300, rows=300)  # every push acknowledged, not reported done
+    back = q.requeue_owner("w0")
+    assert [s.shard_id for s in back] == [b.shard_id]
+    assert q.done_count == 1 and q.samples_done == 300
+
+
+def test_progress_past_the_shard_is_rejected():
+    q = ShardQueue([("a.tsv", 100)], shard_rows=100, epochs=1, shuffle_seed=None)
+    s = q.next("w0")
+    with pytest.raises(ValueError, match="outside shard"):
+        q.progress(s.shard_id, "w0", lines=101, rows=101)
+    with pytest.raises(ValueError, match="outside shard"):
+        q.progress(s.shard_id, "w0", lines=10, rows=11)

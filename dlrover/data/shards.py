@@ -27,13 +27,16 @@ _STATE_VERSION = 2
 
 @dataclass(frozen=True)
 class Shard:
-    """Rows ``[start, stop)`` of file ``path`` in epoch ``epoch``."""
+    """Rows ``[start, stop)`` of file ``path`` in epoch ``epoch``. ``skipped``: lines of
+    the shard trained before ``start`` (a shard resumed where a checkpoint or a dead
+    worker's progress left it); batches are counted from the shard's first line."""
 
     shard_id: int
     epoch: int
     path: str
     start: int
     stop: int
+    skipped: int = 0
 
     @property
     def rows(self) -> int:
@@ -93,6 +96,7 @@ class ShardQueue:
         # Shards whose first rows are already in the model (a checkpoint was cut while they
         # were half trained): id -> (lines, rows) trained. Leasing one hands out the rest.
         self._offset: dict[int, tuple[int, int]] = {}
+        self._progress: dict[int, tuple[int, int]] = {}  # leased shard -> (lines, rows) applied of the lease
         self._samples_done = 0
 
     # -- shards ----------------------------------------------------------------
@@ -111,8 +115,8 @@ class ShardQueue:
             raise ValueError(f"unknown shard id {shard_id}")
         epoch, k = divmod(shard_id, self.shards_per_epoch)
         f, start, stop = self._ranges[k]
-        lines = self._offset.get(shard_id, (0, 0))[0]
-        return Shard(shard_id, epoch, self.files[f][0], min(start + lines, stop), stop)
+        lines = min(self._offset.get(shard_id, (0, 0))[0], stop - start)
+        return Shard(shard_id, epoch, self.files[f][0], start + lines, stop, lines)
 
     def _epoch_order(self, epoch: int) -> list[int]:
         n = self.shards_per_epoch
@@ -151,19 +155,43 @@ class ShardQueue:
         if not 0 <= rows_trained <= rows:
             raise ValueError(f"rows_trained {rows_trained} outside 0..{rows} for shard {shard_id}")
         del self._doing[shard_id]
+        self._progress.pop(shard_id, None)
         rows_trained = int(rows_trained) + self._offset.pop(shard_id, (0, 0))[1]
         self._done[shard_id] = (owner, rows_trained)
         self._samples_done += rows_trained
 
     def requeue_owner(self, owner: str) -> list[Shard]:
         """Return a dead or removed worker's leased shards to the front of todo (in the
-        order they were leased) so they are redone first; returns them."""
+        order they were leased) so they are redone first, each from where its reported
+        ``progress`` left it (one it had wholly applied is done); returns those requeued."""
         ids = sorted((i for i, (o, _) in self._doing.items() if o == owner),
                      key=lambda i: self._doing[i][1])
+        back = []
         for shard_id in reversed(ids):
+            lines, rows = self._progress.get(shard_id, (0, 0))
+            if lines and lines >= self.shard(shard_id).rows:
+                self.done(shard_id, owner, rows)
+                continue
             del self._doing[shard_id]
+            self._progress.pop(shard_id, None)
+            if lines:
+                base = self._offset.get(shard_id, (0, 0))
+                self._offset[shard_id] = (base[0] + lines, base[1] + rows)
             self._todo.appendleft(shard_id)
-        return [self.shard(i) for i in ids]
+            back.insert(0, shard_id)
+        return [self.shard(i) for i in back]
+
+    def progress(self, shard_id: int, owner: str, lines: int, rows: int) -> None:
+        """The leaseholder applied the first ``lines`` lines (``rows`` rows) of its lease:
+        a replacement resumes after them. A report of anyone else is ignored (a late
+        call of a worker that is gone)."""
+        lease = self._doing.get(shard_id)
+        if lease is None or lease[0] != owner:
+            return
+        left = self.shard(shard_id)
+        if not (0 <= rows <= lines <= left.rows):
+            raise ValueError(f"progress ({lines} lines, {rows} rows) outside shard {shard_id}'s {left.rows} lines")
+        self._progress[shard_id] = (int(lines), int(rows))
 
     def renew(self, owner: str) -> None:
         """``owner`` showed progress: its leases start counting again from now."""

@@ -52,6 +52,7 @@ class ShardBooks:
         self._retired: set[str] = set()
         self._draining: set[str] = set()  # finish their leased shards, then get "stop"
         self._stepped: set[str] = set()  # trained a step: up and running
+        self._newly_done: list[int] = []  # shards done since ``take_done``
 
     # -- workers' calls -----------------------------------------------------------------
     def next_shard(self, worker: str, generation: int) -> Shard | None | str:
@@ -83,10 +84,27 @@ class ShardBooks:
                 return  # requeued when it was retired, or rolled back since
             self.queue.done(shard_id, worker, rows)
             self.queue.renew(worker)
+            self._newly_done.append(shard_id)
             self.bad_lines += bad_lines
             if self.queue.finished:
                 self.train_end = self.clock()
             self._work.notify_all()
+
+    def progress(self, worker: str, applied: dict[int, tuple[int, int]], generation: int) -> None:
+        """How far each of its leased shards ``worker`` has applied (lines, rows of the
+        lease): a replacement resumes from there."""
+        with self._lock:
+            if worker in self._retired or generation != self.generation:
+                return
+            for shard_id, (lines, rows) in applied.items():
+                self.queue.progress(int(shard_id), worker, lines, rows)
+            self.queue.renew(worker)
+
+    def take_done(self) -> list[int]:
+        """Shards done since the last call (the PS forget their applied batches)."""
+        with self._lock:
+            done, self._newly_done = self._newly_done, []
+            return done
 
     def stepped(self, worker: str) -> None:
         """``worker`` trained its first step."""
@@ -130,12 +148,18 @@ class ShardBooks:
             self._work.notify_all()
 
     def retire(self, worker: str) -> list[Shard]:
-        """``worker`` is gone: its late calls count for nothing, its leased shards go back."""
+        """``worker`` is gone: its late calls count for nothing, its leased shards go back
+        (from where its progress left them; one it had wholly applied is done)."""
         with self._work:
             self._retired.add(worker)
             self._draining.discard(worker)
             self._reports.pop(worker, None)
+            held = [i for i, owner in self.queue.doing_owners().items() if owner == worker]
             requeued = self.queue.requeue_owner(worker)
+            back = {s.shard_id for s in requeued}
+            self._newly_done += [i for i in held if i not in back]
+            if self.queue.finished and self.train_end is None:
+                self.train_end = self.clock()
             self._work.notify_all()
         return requeued
 

@@ -85,6 +85,10 @@ class JobMaster:
     def shard_done(self, worker: str, shard_id: int, rows: int, bad_lines: int, generation: int = 0) -> None:
         self.books.shard_done(worker, shard_id, rows, bad_lines, generation)
 
+    def shard_progress(self, worker: str, applied: dict[int, tuple[int, int]], generation: int = 0) -> None:
+        """How far ``worker`` has applied each shard it holds (see ``ShardBooks.progress``)."""
+        self.books.progress(worker, applied, generation)
+
     def report(self, worker: str, metrics: dict) -> None:
         now = self.clock() - self.t0
         if metrics.get("first_step"):
@@ -251,6 +255,11 @@ class JobMaster:
         ps_stats = ray.get([ps.stats.remote() for ps in self.launcher.ps.values()]) + self.control.retired_ps_stats
         # Each (sample, feature) bag is pushed to exactly one PS: this counts applied updates.
         summary["ps_bags_updated"] = int(sum(s["rows_updated"] for s in ps_stats))
+        dense = ray.get(self.launcher.dense_ps.stats.remote())
+        summary["dense_updates"] = int(dense["updates"])  # one per batch trained (since the dense PS started)
+        # Pushes of a batch a PS had applied before (a replacement redoing a dead worker's
+        # unreported batches): skipped, so no update is applied twice.
+        summary["duplicate_updates_skipped"] = int(sum(s.get("duplicates", 0) for s in ps_stats) + dense["duplicates"])
         summary.update(self.control.finish(summary), chaos=self.chaos.fired)
         self.checkpointer.flush()
         if self.status == JobStatus.SUCCEEDED and not self.spec.checkpoint.dir:
@@ -275,7 +284,15 @@ class JobMaster:
 
     def tick(self) -> None:
         self.evaluator.tick(self.books.steps_done, self.launcher)
+        self._forget_done()
         self._publish()
+
+    def _forget_done(self) -> None:
+        """Shards done: every PS drops their applied batches (its memory stays bounded)."""
+        done = self.books.take_done()
+        if done:
+            for h in [*self.launcher.ps.values(), self.launcher.dense_ps]:
+                h.forget.remote(done)
 
     def finished(self) -> bool:
         return self.books.queue.finished

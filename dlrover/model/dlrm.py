@@ -22,6 +22,7 @@ from torchrec.models.dlrm import DLRM, DenseArch, OverArch, choose
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
+from dlrover.ps.applied import BatchId
 from dlrover.ps.routing import RoutedBatch, assemble, route, split_grad
 from dlrover.ps.vshard import VShardMap
 from dlrover.data.criteo import NUM_DENSE, NUM_SPARSE
@@ -87,6 +88,7 @@ class Lookup:
     routed: RoutedBatch
     refs: list[Any]
     train: bool
+    batch: BatchId | None = None  # the pushes carry it: each PS applies a batch at most once
     pooled: torch.Tensor | None = None
 
 
@@ -128,7 +130,7 @@ class PSClient:
         """Switch to a new vshard map (only between steps, with no lookup in flight)."""
         self.ps, self.vmap = dict(ps), vmap
 
-    def start(self, kjt: KeyedJaggedTensor, train: bool = True, routed: RoutedBatch | None = None) -> Lookup:
+    def start(self, kjt: KeyedJaggedTensor, train: bool = True, routed: RoutedBatch | None = None, batch: BatchId | None = None) -> Lookup:
         """Issue the pulls of one batch to its PS without waiting for them. A batch routed
         under an older vshard map (before a migration) is routed again."""
         if routed is None or routed.version != self.vmap.version:
@@ -137,7 +139,7 @@ class PSClient:
         key = (self.owner_name, next(self._seq))
         refs = [self.ps[r.ps].pull.remote(key, r.indices, r.offsets, train) for r in routed.requests]
         self.timings["issue_pull_s"] += time.perf_counter() - t0
-        return Lookup(key, routed, refs, train)
+        return Lookup(key, routed, refs, train, batch)
 
     def wait(self, lookup: Lookup) -> torch.Tensor:
         if lookup.pooled is None:
@@ -149,7 +151,7 @@ class PSClient:
     def push(self, lookup: Lookup, grad: torch.Tensor) -> list[Any]:
         t0 = time.perf_counter()
         grads = split_grad(lookup.routed, grad, self.dim)
-        refs = [self.ps[r.ps].push.remote(lookup.key, g) for r, g in zip(lookup.routed.requests, grads)]
+        refs = [self.ps[r.ps].push.remote(lookup.key, g, lookup.batch) for r, g in zip(lookup.routed.requests, grads)]
         self.timings["push_s"] += time.perf_counter() - t0
         return refs
 
@@ -185,9 +187,10 @@ class PSEmbeddingBagCollection(nn.Module):
     def embedding_bag_configs(self) -> list[EmbeddingBagConfig]:
         return self._configs
 
-    def prefetch(self, kjt: KeyedJaggedTensor, routed: RoutedBatch | None = None) -> None:
-        """Start the lookups of ``kjt`` now; ``forward(kjt)`` later collects them."""
-        self._prefetched[id(kjt)] = (kjt, self.client.start(kjt, train=self.training, routed=routed))
+    def prefetch(self, kjt: KeyedJaggedTensor, routed: RoutedBatch | None = None, batch: BatchId | None = None) -> None:
+        """Start the lookups of ``kjt`` now; ``forward(kjt)`` later collects them (and its
+        pushes carry ``batch``)."""
+        self._prefetched[id(kjt)] = (kjt, self.client.start(kjt, train=self.training, routed=routed, batch=batch))
 
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
         hit = self._prefetched.pop(id(features), None)

@@ -1,7 +1,8 @@
 """DenseParamServer: the DLRM's dense (MLP) parameters and their optimizer, as one flat vector.
 
 Workers push the flat gradient of a step and get the updated parameters back in the same
-call. Keeping dense state here (instead of an all-reduce group) is what lets workers come
+call, tagged with its batch: a batch applied before is not applied again (see
+``dlrover.ps.applied``). Keeping dense state here (instead of an all-reduce group) is what lets workers come
 and go without rebuilding a process group. Adagrad, SGD and Adam are element-wise, so one
 optimizer over the flat vector is the same as one per parameter tensor.
 """
@@ -16,6 +17,7 @@ import ray
 import torch
 
 from dlrover.ids import ProcessInfo
+from dlrover.ps.applied import AppliedLog, BatchId
 from dlrover.ps.shm import ShmArray
 
 
@@ -36,19 +38,30 @@ class DenseParamServer:
         self.param = torch.nn.Parameter(torch.as_tensor(np.array(flat_params, dtype=np.float32)))
         self.opt = make_dense_optimizer([self.param], optimizer)
         self.version = 0
+        self.applied = AppliedLog()
+        self.updates = 0  # gradients applied by this server (a rollback does not take them back)
+        self.duplicates = 0  # pushes of a batch applied before, skipped
         self._lock = threading.Lock()
         self._segments: dict[str, ShmArray] = {}
 
-    def push_pull(self, grad: np.ndarray | None) -> tuple[int, np.ndarray]:
-        """Apply one step's gradient (if any) and return (version, parameters)."""
+    def push_pull(self, grad: np.ndarray | None, batch: BatchId | None = None) -> tuple[int, np.ndarray]:
+        """Apply one step's gradient (if any, and if its ``batch`` is new) and return
+        (version, parameters)."""
         with self._lock:
             if grad is not None:
-                self.param.grad = torch.as_tensor(grad)
-                self.opt.step()
-                self.param.grad = None
-                self.version += 1
+                self._step(torch.as_tensor(grad), batch)
             # No copy: Ray serialises the return value before the next call can run.
             return self.version, self.param.detach().numpy()
+
+    def _step(self, grad: torch.Tensor, batch: BatchId | None) -> None:
+        if batch is not None and not self.applied.first_time(BatchId(*batch)):
+            self.duplicates += 1
+            return
+        self.param.grad = grad
+        self.opt.step()
+        self.param.grad = None
+        self.version += 1
+        self.updates += 1
 
     def state(self) -> dict:
         """Parameters and optimizer state (a checkpoint; workers parked, so consistent)."""
@@ -69,23 +82,30 @@ class DenseParamServer:
             opt["state"] = {0: {k: torch.as_tensor(np.asarray(v)).clone() if isinstance(v, np.ndarray) or torch.is_tensor(v) else v for k, v in state["opt_state"].items()}} if state["opt_state"] else {}
             self.opt.load_state_dict(opt)
             self.version = int(state["version"])
+            self.applied.clear()  # batches after the checkpoint's cut are pushed again
 
     def pull(self) -> tuple[int, np.ndarray]:
         return self.push_pull(None)
 
-    def push_pull_shm(self, name: str, size: int) -> tuple[int, None]:
+    def push_pull_shm(self, name: str, size: int, batch: BatchId | None = None) -> tuple[int, None]:
         """``push_pull`` through a worker's shared-memory segment: read the gradient from
         it, write the updated parameters back into it (see ``dlrover.ps.shm``)."""
         buf = self._segments.get(name)
         if buf is None:
             buf = self._segments[name] = ShmArray(name, size, create=False)
         with self._lock:
-            self.param.grad = torch.from_numpy(buf.array)
-            self.opt.step()
-            self.param.grad = None
-            self.version += 1
+            self._step(torch.from_numpy(buf.array), batch)
             buf.array[:] = self.param.detach().numpy()
             return self.version, None
+
+    def forget(self, shards: list[int]) -> None:
+        """These shards are done: their batches leave the applied log."""
+        with self._lock:
+            self.applied.forget(shards)
+
+    def stats(self) -> dict:
+        with self._lock:
+            return {"updates": self.updates, "duplicates": self.duplicates, "version": self.version, "applied_log": self.applied.entries()}
 
     def release(self, name: str) -> None:
         seg = self._segments.pop(name, None)

@@ -20,6 +20,7 @@ import psutil
 import torch
 
 from dlrover.chaos import ChaosState
+from dlrover.ps.applied import AppliedLog, BatchId
 from dlrover.ps.migration import DirtyRows, apply_dirty, copy_blocks, copy_dirty_local, export_blocks, export_dirty
 from dlrover.ps.routing import nonempty_bags
 from dlrover.ps.vshard import VShardMap
@@ -87,7 +88,8 @@ class EmbeddingPS:
         self._pending: dict[tuple, tuple[torch.Tensor, torch.Tensor | None]] = {}
         self._dropped: set[str] = set()  # workers gone: their late pulls keep no graph
         self._lock = threading.Lock()
-        self._stats = {"pulls": 0, "pushes": 0, "rows_updated": 0, "busy_s": 0.0}
+        self._stats = {"pulls": 0, "pushes": 0, "rows_updated": 0, "duplicates": 0, "busy_s": 0.0}
+        self.applied = AppliedLog()  # batches applied: a batch pushed again is skipped
         self._started = time.monotonic()
         self._proc = psutil.Process()
         self._prepared: tuple | None = None  # (vmap version, thread, {"tbe": ..., "bytes": ...}) from prepare()
@@ -144,12 +146,16 @@ class EmbeddingPS:
         self.chaos.after_step(time.perf_counter() - t0)
         return out.numpy()
 
-    def push(self, key: tuple, grad: np.ndarray) -> int:
+    def push(self, key: tuple, grad: np.ndarray, batch: BatchId | None = None) -> int:
         """Apply the gradient of a pulled batch (fused optimizer update), in the layout
-        ``pull`` returned. Returns the number of bags updated."""
+        ``pull`` returned. Returns the number of bags updated: 0 for a ``batch`` this PS
+        applied before (a replacement worker pushing again what a dead one had pushed)."""
         t0 = time.perf_counter()
         with self._lock:
             out, nz, idx, off = self._pending.pop(key)
+            if batch is not None and not self.applied.first_time(BatchId(*batch)):
+                self._stats["duplicates"] += 1
+                return 0
         num_tables = len(self.vmap.table_sizes)
         batch = out.shape[0]
         if nz is None:
@@ -166,6 +172,11 @@ class EmbeddingPS:
         self._stats["rows_updated"] += bags
         self._stats["busy_s"] += time.perf_counter() - t0
         return bags
+
+    def forget(self, shards: list[int]) -> None:
+        """These shards are done: their batches leave the applied log."""
+        with self._lock:
+            self.applied.forget(shards)
 
     def drop(self, key_prefix) -> int:
         """Forget pulled-but-never-pushed batches of a worker (it died or was removed)."""
@@ -330,6 +341,7 @@ class EmbeddingPS:
         nbytes = self._fill(tbe, vmap, payloads, keep=False)
         with self._lock:
             self._pending.clear()
+            self.applied.clear()  # batches after the checkpoint's cut are pushed again
             self.tbe, self.vmap, self._prepared, self._dirty = tbe, vmap, None, None
         return nbytes
 
@@ -359,6 +371,7 @@ class EmbeddingPS:
     def stats(self) -> dict:
         s = dict(self._stats)
         s["pending"] = len(self._pending)
+        s["applied_log"] = self.applied.entries()
         s["uptime_s"] = time.monotonic() - self._started
         s["pid"] = os.getpid()
         s["node_id"] = self._node

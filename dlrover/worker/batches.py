@@ -3,9 +3,10 @@ holds (``ShardProgress``), and the reading of a shard's rows as batches."""
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -13,6 +14,7 @@ from dlrover.data.criteo import Batch, FileIndex
 from dlrover.data.reader import FileReader
 from dlrover.data.shards import Shard
 from dlrover.model.dlrm import make_kjt
+from dlrover.ps.applied import BatchId
 
 
 @dataclass
@@ -23,6 +25,7 @@ class Step:
     batch: Batch
     last_of_shard: bool
     bad_lines: int = 0
+    batch_id: BatchId | None = None  # its updates carry it (applied at most once)
     kjt: Any = None
     routed: Any = None  # the batch split by owning PS, computed on the input thread
     dense: torch.Tensor | None = None
@@ -32,12 +35,31 @@ class Step:
 @dataclass
 class ShardProgress:
     """A held shard's books. ``refs``: its pushes, which must all be applied before the
-    shard is reported done ("done" means "applied"); rows and lines feed checkpoint cuts."""
+    shard is reported done ("done" means "applied"); rows and lines feed checkpoint cuts.
+    ``pending``: per batch not known applied yet, (lines, rows) after it and its pushes;
+    ``applied``: (lines, rows) of the prefix whose pushes every PS acknowledged, what the
+    master resumes the shard from if this worker dies."""
 
     shard: Shard
     rows: int = 0
     bad_lines: int = 0
     refs: list[Any] = field(default_factory=list)
+    pending: deque = field(default_factory=deque)
+    applied: tuple[int, int] = (0, 0)
+
+    def add(self, rows: int, bad_lines: int, refs: list[Any]) -> None:
+        self.rows += rows
+        self.bad_lines += bad_lines
+        self.refs.extend(refs)
+        self.pending.append((self.rows + self.bad_lines, self.rows, refs))
+
+    def advance(self, ready: Callable[[list[Any]], bool]) -> bool:
+        """Move ``applied`` past the batches whose pushes are all ``ready``; True if it moved."""
+        moved = False
+        while self.pending and ready(self.pending[0][2]):
+            lines, rows, _ = self.pending.popleft()
+            self.applied, moved = (lines, rows), True
+        return moved
 
 
 def batches_of(reader: FileReader, index: FileIndex, start: int, stop: int, batch_size: int) -> Iterator[tuple[Batch, int, bool]]:

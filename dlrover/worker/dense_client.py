@@ -16,6 +16,7 @@ import numpy as np
 import ray
 import torch
 
+from dlrover.ps.applied import BatchId
 from dlrover.ps.shm import ShmArray
 
 
@@ -43,13 +44,14 @@ class DenseClient:
         """Load the current parameters (start of training, evaluation)."""
         self._load(self._get(self.dense_ps.pull.remote())[1])
 
-    def push(self) -> Any:
-        """Send this step's gradient; returns the ObjectRef that completes when applied."""
+    def push(self, batch: BatchId | None = None) -> Any:
+        """Send this step's gradient (of ``batch``: the dense PS applies it at most once);
+        returns the ObjectRef that completes when applied."""
         grads = [p.grad.reshape(-1) for p in self.params]
         if self._shm is None:
-            return self.dense_ps.push_pull.remote(torch.cat(grads).numpy())
+            return self.dense_ps.push_pull.remote(torch.cat(grads).numpy(), batch)
         torch.cat(grads, out=torch.from_numpy(self._shm.array))
-        return self.dense_ps.push_pull_shm.remote(self._shm.name, self._shm.array.size)
+        return self.dense_ps.push_pull_shm.remote(self._shm.name, self._shm.array.size, batch)
 
     def apply(self, ref: Any) -> None:
         """Wait for a push and load the parameters it returned."""

@@ -13,6 +13,7 @@ from dlrover.data.criteo import FileIndex
 from dlrover.data.reader import FileReader
 from dlrover.data.shards import Shard
 from dlrover.model.dlrm import PSClient
+from dlrover.ps.applied import BatchId
 from dlrover.worker.batches import Step, batches_of, with_tensors
 
 PAUSE_POLL_S = 0.05  # how often a worker idle on input checks for a pause request
@@ -98,11 +99,13 @@ class ShardInput:
         """Queue the shard's batches; False if the run ended meanwhile. The last batch is
         queued even when empty: it closes the shard's books."""
         carried_bad = 0
-        for batch, bad, last in batches_of(self._reader, self._files[shard.path], shard.start, shard.stop, self._batch_size):
+        first = shard.skipped // self._batch_size  # a resumed shard skipped whole batches
+        batches = batches_of(self._reader, self._files[shard.path], shard.start, shard.stop, self._batch_size)
+        for i, (batch, bad, last) in enumerate(batches, start=first):
             if len(batch) == 0 and not last:  # every line skipped: nothing to train
                 carried_bad += bad
                 continue
-            step = Step(shard, batch, last, bad + carried_bad)
+            step = Step(shard, batch, last, bad + carried_bad, BatchId(shard.shard_id, i))
             carried_bad = 0
             if len(batch):
                 with_tensors(step)

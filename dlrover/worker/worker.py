@@ -5,7 +5,10 @@ rows into batches, so file reading overlaps training. The main loop keeps one lo
 flight: the pull for step i+1 is issued before step i's forward (``train.staleness: 1``),
 so the PS work of the next batch overlaps this batch's MLP compute. A shard is reported
 done only after every PS has acknowledged the pushes of its last batch: "done" means
-"applied".
+"applied". Every update carries its batch's id, and the worker tells the master how far
+each held shard is applied (with each metrics report, and whenever it parks): a
+replacement resumes there, and a PS skips a batch it applied before
+(``dlrover.ps.applied``), so each batch updates each PS exactly once.
 
 Elastic operations pause the loop at a step boundary (``gate.PauseGate``): ``pause``
 (called by the master on another of the actor's threads) returns once every push of this
@@ -141,10 +144,25 @@ class Worker:
         self._gate.abort()
 
     def _park(self) -> None:
-        """Training thread: settle every unapplied push, then wait for resume."""
+        """Training thread: settle every unapplied push, tell the master how far each held
+        shard is applied (no replacement goes back past a pause), then wait for resume."""
         refs = [r for p in [*self._in_flight.values(), *self._finished] for r in p.refs]
         ray.get(refs + ([self._dense_ref] if self._dense_ref is not None else []))
+        self._send_progress(block=True)
         self._gate.park()
+
+    def _send_progress(self, block: bool) -> None:
+        """Report the applied prefix of each held shard whose prefix moved."""
+        held = [*self._in_flight.values(), *self._finished]
+        moved = {p.shard.shard_id: p.applied for p in held if p.advance(self._ready)}
+        if moved:
+            ref = self.master.shard_progress.remote(self.name, moved, self._gen)
+            if block:
+                ray.get(ref)
+
+    @staticmethod
+    def _ready(refs: list[Any]) -> bool:
+        return not refs or len(ray.wait(refs, num_returns=len(refs), timeout=0)[0]) == len(refs)
 
     # -- training loop -----------------------------------------------------------------------------
     def run(self, generation: int = 0) -> dict:
@@ -221,7 +239,7 @@ class Worker:
     def _prefetch(self, step: Step | None) -> None:
         """Issue a batch's embedding pull now, so that it runs beside other work."""
         if step is not None and step.kjt is not None:
-            self.ebc.prefetch(step.kjt, step.routed)
+            self.ebc.prefetch(step.kjt, step.routed, step.batch_id)
 
     def _train_step(self, step: Step) -> list[Any]:
         """Forward, backward and pushes of one batch; the refs of its embedding pushes."""
@@ -244,7 +262,7 @@ class Worker:
         loss = self.loss_fn(self.model(step.dense, step.kjt).squeeze(-1), step.labels)
         loss.backward()
         self._stats["compute_s"] += time.perf_counter() - t0
-        self._dense_ref = self.dense.push()
+        self._dense_ref = self.dense.push(step.batch_id)
         push_refs = self.ebc.take_push_refs()
         if self._stats["steps"] == 0:
             self.master.report.remote(self.name, {"first_step": True})
@@ -264,12 +282,9 @@ class Worker:
     def _book(self, step: Step, push_refs: list[Any]) -> None:
         """Enter the step in its shard's books; report shards whose updates are applied."""
         prog = self._in_flight.setdefault(step.shard.shard_id, ShardProgress(step.shard))
-        prog.rows += len(step.batch)
-        prog.bad_lines += step.bad_lines
-        prog.refs.extend(push_refs)
+        dense = [self._dense_ref] if self._dense_ref is not None and len(step.batch) else []
+        prog.add(len(step.batch), step.bad_lines, push_refs + dense)
         if step.last_of_shard:
-            if self._dense_ref is not None:
-                prog.refs.append(self._dense_ref)
             self._finished.append(self._in_flight.pop(step.shard.shard_id))
         self._finished = self._report_applied(self._finished, block=False)
 
@@ -309,6 +324,7 @@ class Worker:
         """Send the metrics window to the master and open the next one."""
         metrics = self._window.metrics(now, self.client.timings, self._input.depth(), self._proc)
         self.master.report.remote(self.name, metrics)
+        self._send_progress(block=False)
         self._window = MetricsWindow(self.client.timings, now)
 
     # -- evaluation and liveness (served on other threads than ``run``) ---------------------
