@@ -7,7 +7,8 @@ server that already applied it skips it (and says so); one that had not applies 
 each batch updates each server exactly once, whatever the worker failed to report.
 
 Memory is bounded: per shard, the length of the contiguous prefix of batches applied and
-the few indices above it; a shard is forgotten once the master has it done.
+the indices above it (a server that got no row of some batch never closes that gap, so
+at most the shard's batches); a shard is forgotten once the master has it done.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ class AppliedLog:
         if batch.index < prefix or batch.index in above:
             return False
         above.add(batch.index)
-        while prefix in above:  # a server that got no rows of some batch keeps it above
+        while prefix in above:
             above.discard(prefix)
             prefix += 1
         self._prefix[batch.shard] = prefix
