@@ -72,6 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--address", default=DEFAULT_DASHBOARD, help="Ray dashboard URL (as for dlrover submit)")
     st.add_argument("--events", type=_nonneg_int, default=10, help="how many of the job's last events to show")
 
+    dr = sub.add_parser("drain", help="move a job's actors off a node before it goes away (asks Ray to drain it)")
+    dr.add_argument("job", help="the job id (its master is the actor <job>/master)")
+    dr.add_argument("--node", required=True, help="the Ray node id (hex, as `ray list nodes` shows it)")
+    dr.add_argument("--deadline-s", type=float, help="seconds until the node goes away (default: none)")
+    dr.add_argument("--address", required=True, help="the Ray cluster (GCS address, as for `ray start --address`)")
+
     db = sub.add_parser("dashboards", help="the Grafana dashboard: check it against a real job, or install it next to Ray's")
     dbsub = db.add_subparsers(dest="dash_cmd", required=True, parser_class=_Parser)
     dc = dbsub.add_parser("check", help="Ray head + Prometheus + a short job: every dashboard query must return data")
@@ -222,6 +228,12 @@ def cmd_status(args) -> int:
     return status(args.address, args.job, events=args.events)
 
 
+def cmd_drain(args) -> int:
+    from dlrover.drain import drain
+
+    return drain(args.address, args.job, args.node, args.deadline_s)
+
+
 def cmd_dashboards(args) -> int:
     from dlrover import dashboards
 
@@ -317,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("PYTHONWARNINGS", "ignore")
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     args = build_parser().parse_args(argv)
-    handler = {"run": cmd_run, "submit": cmd_submit, "status": cmd_status, "dashboards": cmd_dashboards, "data": cmd_data, "bench": cmd_bench, "simulate": cmd_simulate, "tune": cmd_tune, "report": cmd_report}[args.cmd]
+    handler = {"run": cmd_run, "submit": cmd_submit, "status": cmd_status, "drain": cmd_drain, "dashboards": cmd_dashboards, "data": cmd_data, "bench": cmd_bench, "simulate": cmd_simulate, "tune": cmd_tune, "report": cmd_report}[args.cmd]
     try:
         return handler(args)
     except DLRoverError as e:

@@ -32,6 +32,8 @@ from dlrover.master.job import Job
 if TYPE_CHECKING:
     from dlrover.data.plan import DataPlan
 
+DRAIN_STAGE = "drain"  # the stage of a plan that moves actors off a drained node
+
 
 @dataclass
 class Rescale:
@@ -177,9 +179,17 @@ class Controller:
             self.m.events.add("plan_rejected", reason=plan.reason, config=plan.config.to_dict(), why=decision.why)
         if decision.kind is not DecisionKind.APPLY:
             return {}
-        return self._apply(decision.plan, decision.view)
+        return self._apply(decision.plan, decision.view.config)
 
-    def _apply(self, plan: ResourcePlan, view: JobView) -> dict[Any, str]:
+    def replace_now(self, actors: list[str], reason: str) -> dict[Any, str]:
+        """Swap these actors for fresh ones of the running sizes, placed elsewhere (a node
+        drain), through the same live rescale as a policy's plan."""
+        if self._op is not None:
+            return {}
+        config = self._config()
+        return self._apply(ResourcePlan(config, reason, stage=DRAIN_STAGE, replace=list(actors)), config)
+
+    def _apply(self, plan: ResourcePlan, old: Config) -> dict[Any, str]:
         """Start carrying out ``plan``: new actors are created now, the switch happens on a
         later tick once they run (training goes on meanwhile)."""
         lz = self.m.launcher
@@ -190,8 +200,8 @@ class Controller:
         if sp.empty():
             return {}
         if self.spec.policy.rescale == "restart":
-            return self._restart(plan, view.config)
-        self._op = Rescale(self.scaler.begin(sp), plan, view.config, self.now())
+            return self._restart(plan, old)
+        self._op = Rescale(self.scaler.begin(sp), plan, old, self.now())
         self.m.events.add("scale_begin", reason=plan.reason, ops=sp.ops())
         return self._progress_op(self.now())
 
@@ -224,7 +234,7 @@ class Controller:
             self._op = None
             self.scaler.abort(op)
             self.m.events.add("scale_failed", reason=plan.reason, error=error or "job finished first")
-            self.policy.rejected(plan, error or "job finished first")
+            self._rejected(plan, error or "job finished first")
             if error:
                 self.m.scale_events.append(ScaleEvent.of(ScaleKind.FAILED, plan, r.old, r.old, r.begun_s, error=error))
             return {}
@@ -251,10 +261,15 @@ class Controller:
         new = self._config()
         ev = ScaleEvent.of(ScaleKind.FAILED, r.plan, r.old, new, r.begun_s, error=error)
         self.m.events.add("scale_failed", reason=r.plan.reason, error=error)
-        self.policy.rejected(r.plan, error)
+        self._rejected(r.plan, error)
         self.m.scale_events.append(ev)
         self._bind_first_steps(r.op.new_workers, ev)
         self._open(new, self.now(), None)
+
+    def _rejected(self, plan: ResourcePlan, error: str) -> None:
+        """Tell the policy its plan failed (a drain's plan is not the policy's)."""
+        if plan.stage != DRAIN_STAGE:
+            self.policy.rejected(plan, error)
 
     def busy(self) -> bool:
         """A rescale is under way (no checkpoint cut in the middle of one)."""
@@ -348,18 +363,7 @@ class Controller:
     def finish(self, summary: dict) -> dict:
         """Close the last window; the summary's policy fields; a history record."""
         self._close()
-        configs = [
-            {
-                "config": m.config.to_dict(),
-                "summary": m.config.short(),
-                "predicted_throughput": m.predicted,
-                "measured_throughput": m.throughput,
-                "error": (m.predicted - m.throughput) / m.throughput if m.predicted else None,
-                "duration_s": m.duration_s,
-                "at_s": m.at_s,
-            }
-            for m in self.measurements
-        ]
+        configs = [m.row() for m in self.measurements]
         p = self._initial_plan
         out = {
             "policy": self.policy.name,

@@ -30,6 +30,7 @@ from dlrover.checkpoint.store import CheckpointStore
 from dlrover.master.chaos import ChaosInjector
 from dlrover.master.checkpoint import Checkpointer
 from dlrover.master.control import Controller
+from dlrover.master.drain import NodeDrains
 from dlrover.master.evaluation import Evaluator
 from dlrover.master.events import NOTABLE_EVENTS, EventLog
 from dlrover.master.launcher import Launcher
@@ -70,6 +71,7 @@ class JobMaster:
         self.runs = RunGroup()
         self.control: Controller | None = None
         self.chaos: ChaosInjector | None = None
+        self.drains: NodeDrains | None = None
         self.recovery = Recovery(self)
         self.checkpointer: Checkpointer | None = None
         self.restarts = 0
@@ -176,6 +178,7 @@ class JobMaster:
         self.checkpointer = Checkpointer(self, CheckpointStore(self._checkpoint_root(), keep=spec.checkpoint.keep))
         state = self._load_state()
         self.control = Controller(self, self.data, self.policy)
+        self.drains = NodeDrains(self)
         self.chaos = ChaosInjector(self, spec.chaos, state.chaos_fired if state else None)
         try:
             return self._train_and_evaluate(state)
@@ -318,6 +321,7 @@ class JobMaster:
         self.chaos.tick()
         if not self.recovery.suspects():  # no pause waits on an actor that may be frozen
             pending.update(self.control.tick(pending))
+            pending.update(self.drains.tick(pending))
             self._checkpoint(pending)
 
     def rescaling(self) -> bool:

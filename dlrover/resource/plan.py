@@ -51,6 +51,14 @@ class Measurement:
     at_s: float  # end of the window, job time
     predicted: float | None = None  # what the model predicted before the job ran it
 
+    def row(self) -> dict:
+        """The summary's ``configurations`` row: predicted against measured."""
+        error = (self.predicted - self.throughput) / self.throughput if self.predicted else None
+        return {
+            "config": self.config.to_dict(), "summary": self.config.short(), "predicted_throughput": self.predicted,
+            "measured_throughput": self.throughput, "error": error, "duration_s": self.duration_s, "at_s": self.at_s,
+        }  # fmt: skip
+
 
 @dataclass
 class JobView:

@@ -1,0 +1,99 @@
+"""Node drains: a node about to go away (a spot reclaim, a Kubernetes eviction, an
+operator's ``dlrover drain``) has the job's actors moved off it before its deadline.
+
+Ray keeps the list of nodes being drained (``ray drain-node``, the autoscaler, or
+``dlrover drain``, which asks Ray the same way); the master reads it every tick. For each
+new one it carries out (Ray itself places nothing new there) a replacement through the same
+live rescale a policy's plan takes: new workers and PS start elsewhere, the drained PS's
+vshards are copied over while training goes on and switched in one short pause, the
+drained workers get no more shards. Nothing rolls back and no update is lost. A drained
+worker still holding shards near the deadline is parked (its progress reported) and
+stopped; its shards resume elsewhere exactly where it stopped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import ray
+
+from dlrover.master.job import Job
+
+EVICT_MARGIN_S = 5.0  # drained workers still there this long before the deadline are stopped
+PARK_TIMEOUT_S = 10.0
+
+
+def ray_draining_nodes() -> dict[str, float | None]:
+    """Nodes Ray is draining, each with its deadline (Unix seconds; None: none given)."""
+    from ray._private.state import state
+
+    return {node: (ms / 1000.0 if ms else None) for node, ms in state.get_draining_nodes().items()}
+
+
+@dataclass
+class DrainOrder:
+    node: str
+    asked_s: float  # job time Ray's drain was seen
+    deadline_s: float | None  # job time the node goes away
+
+
+class NodeDrains:
+    def __init__(self, job: Job, draining: Callable[[], dict[str, float | None]] = ray_draining_nodes, wall: Callable[[], float] | None = None) -> None:
+        """``draining``: the nodes being drained with their deadlines in Unix seconds;
+        ``wall``: the Unix clock (the deadlines' clock)."""
+        import time
+
+        self.m = job
+        self._draining = draining
+        self._wall = wall or time.time
+        self.orders: dict[str, DrainOrder] = {}
+
+    def tick(self, pending: dict[Any, str]) -> dict[Any, str]:
+        """Take note of new drains, start moving actors off drained nodes, stop drained
+        workers near the deadline; returns the runs of workers it started."""
+        self._take_new()
+        started: dict[Any, str] = {}
+        for order in self.orders.values():
+            actors = self._on(order.node)
+            draining = self.m.books.draining()
+            to_move = [a for a in actors if a not in draining]  # drained workers are on their way out
+            if to_move and not self.m.control.busy():
+                started.update(self.m.control.replace_now(to_move, f"node {order.node[:12]} is being drained"))
+            if order.deadline_s is not None and self.m.clock() - self.m.t0 > order.deadline_s - EVICT_MARGIN_S:
+                self._evict([w for w in actors if w in draining], pending)
+        return started
+
+    def _take_new(self) -> None:
+        try:
+            nodes = self._draining()
+        except Exception as e:  # noqa: BLE001 - a GCS hiccup: ask again next tick
+            self.m.events.add("drain_poll_error", error=f"{type(e).__name__}: {e}"[:200])
+            return
+        now = self.m.clock() - self.m.t0
+        for node, deadline in nodes.items():
+            if node in self.orders:
+                continue
+            left = None if deadline is None else deadline - self._wall()
+            # Ray places nothing new on a draining node: the replacements go elsewhere.
+            self.orders[node] = DrainOrder(node, now, None if left is None else now + left)
+            self.m.events.add("node_drain", node=node, deadline_in_s=None if left is None else round(left, 1), actors=self._on(node))
+
+    def _on(self, node: str) -> list[str]:
+        """The job's workers and PS on ``node``."""
+        lz = self.m.launcher
+        return [n for n, nd in list(lz.nodes.items()) if nd == node and lz.handle(n) is not None and n != lz.dense_ps_name]
+
+    def _evict(self, workers: list[str], pending: dict[Any, str]) -> None:
+        """Park these drained workers (each reports how far it applied its shards), then
+        stop them: their shards go back from there."""
+        lz = self.m.launcher
+        parked = [lz.workers[w].pause.remote(PARK_TIMEOUT_S) for w in workers]
+        ray.wait(parked, num_returns=len(parked), timeout=PARK_TIMEOUT_S + 1)
+        for w in workers:
+            for ref in [r for r, n in pending.items() if n == w]:
+                del pending[ref]  # its end is not a failure
+            requeued = self.m.books.retire(w)
+            lz.forget_worker(w)
+            self.m.control.forget(w)
+            self.m.events.add("drain_evicted", actor=w, shards_requeued=len(requeued))
