@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import tempfile
+import threading
+import time
 import warnings
 
 import pytest
@@ -106,3 +108,33 @@ def check_exactly_once(s: dict, spec) -> None:
     assert s["samples_replayed"] == 0
     assert s["ps_bags_updated"] == 26 * s["samples_expected"], (s["ps_bags_updated"], s["samples_expected"])
     assert s["dense_updates"] == batches_expected(spec), (s["dense_updates"], batches_expected(spec))
+
+
+def signal_when_training(job_id: str, actor: str, sig: int, out: dict, min_samples: int = 20_000) -> threading.Thread:
+    """Background thread: once the job has trained ``min_samples``, send ``sig`` to the
+    process of ``<job_id>/<actor>`` (its pid from the actor's own liveness probe)."""
+    import ray
+
+    def pid_of(handle) -> int:
+        if actor.startswith("ps-"):
+            return int(ray.get(handle.stats.remote())["pid"])
+        return int(ray.get(handle.ping.remote()).pid)
+
+    def go() -> None:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            time.sleep(0.3)
+            try:
+                master = ray.get_actor(f"{job_id}/master", namespace="dlrover")
+                if ray.get(master.progress.remote(), timeout=10)["samples_done"] < min_samples:
+                    continue
+                pid = pid_of(ray.get_actor(f"{job_id}/{actor}", namespace="dlrover"))
+            except (ValueError, ray.exceptions.RayError):
+                continue  # not started yet
+            os.kill(pid, sig)
+            out["pid"] = pid
+            return
+
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    return t

@@ -82,3 +82,30 @@ def test_a_bad_deadline_is_one_line_naming_the_flag_before_anything_is_asked():
     assert r.returncode != 0
     lines = [x for x in r.stderr.strip().splitlines() if x]
     assert len(lines) == 1 and "--deadline-s" in lines[0] and "Traceback" not in r.stderr, r.stderr
+
+
+def test_a_sigtermed_ps_and_worker_are_moved_off_before_their_grace_period_ends(ray_local, synth_dir_large, tmp_path):
+    """SIGTERM is a preemption notice: each actor tells the master, which replaces it with
+    a live rescale while it keeps serving; nothing fails, rolls back or applies twice."""
+    import signal
+
+    from conftest import batches_expected, signal_when_training, small_spec
+    from dlrover.runner import run_job
+
+    spec = small_spec(synth_dir_large, data__epochs=6, data__batch_size=512, train__log_every_s=0.5)
+    job = "sigterm-job"
+    sent: dict = {}
+    threads = [signal_when_training(job, actor, signal.SIGTERM, sent.setdefault(actor, {})) for actor in ("ps-0", "worker-0")]
+    s, path = run_job(spec, runs_dir=str(tmp_path / "runs"), progress="none", job_id=job)
+    for t in threads:
+        t.join(timeout=5)
+    assert all("pid" in out for out in sent.values()), sent
+    assert s["status"] == "succeeded" and s["samples_lost"] == 0 and s["failures"] == [] and s["samples_replayed"] == 0
+    assert s["ps_bags_updated"] == 26 * s["samples_expected"] and s["dense_updates"] == batches_expected(spec)
+    moves = [e for e in s["scale_events"] if e["stage"] == "drain"]
+    assert moves and all(e["kind"] == "replace" for e in moves)
+    reasons = " ".join(e["reason"] for e in moves)
+    assert "ps-0 got SIGTERM" in reasons and "worker-0 got SIGTERM" in reasons
+    assert sum(e["vshards_moved"] for e in moves) > 0
+    events = [json.loads(x) for x in (path.parent / "events.jsonl").read_text().splitlines()]
+    assert {e["actor"].split("/")[-1] for e in events if e["kind"] == "preemption_notice"} == {"ps-0", "worker-0"}

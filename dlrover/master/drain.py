@@ -13,6 +13,7 @@ stopped; its shards resume elsewhere exactly where it stopped.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -21,6 +22,7 @@ import ray
 from dlrover.master.job import Job
 
 EVICT_MARGIN_S = 5.0  # drained workers still there this long before the deadline are stopped
+NOTICE_GRACE_S = 30.0  # a SIGTERMed actor's time before its kill (Kubernetes' default grace period)
 PARK_TIMEOUT_S = 10.0
 
 
@@ -48,20 +50,34 @@ class NodeDrains:
         self._draining = draining
         self._wall = wall or time.time
         self.orders: dict[str, DrainOrder] = {}
+        self.noticed: dict[str, float] = {}  # actor that got SIGTERM -> job time of its deadline
+        self._lock = threading.Lock()  # preempted() comes on a worker's call thread
+
+    def preempted(self, actor: str) -> None:
+        """``actor`` got SIGTERM: move it off within ``NOTICE_GRACE_S``."""
+        with self._lock:
+            self.noticed.setdefault(actor, self.m.clock() - self.m.t0 + NOTICE_GRACE_S)
 
     def tick(self, pending: dict[Any, str]) -> dict[Any, str]:
         """Take note of new drains, start moving actors off drained nodes, stop drained
         workers near the deadline; returns the runs of workers it started."""
         self._take_new()
-        started: dict[Any, str] = {}
+        now, draining = self.m.clock() - self.m.t0, self.m.books.draining()
+        with self._lock:
+            noticed = dict(self.noticed)
+        lz = self.m.launcher
+        moving = {a: d for a, d in noticed.items() if lz.handle(a) is not None}  # SIGTERMed, still here
         for order in self.orders.values():
-            actors = self._on(order.node)
-            draining = self.m.books.draining()
-            to_move = [a for a in actors if a not in draining]  # drained workers are on their way out
-            if to_move and not self.m.control.busy():
-                started.update(self.m.control.replace_now(to_move, f"node {order.node[:12]} is being drained"))
-            if order.deadline_s is not None and self.m.clock() - self.m.t0 > order.deadline_s - EVICT_MARGIN_S:
-                self._evict([w for w in actors if w in draining], pending)
+            moving.update({a: order.deadline_s for a in self._on(order.node)})
+        to_move = [a for a in moving if a not in draining]  # drained workers are on their way out
+        started: dict[Any, str] = {}
+        if to_move and not self.m.control.busy():
+            why = ", ".join(sorted({f"node {o.node[:12]} is being drained" for o in self.orders.values() if set(self._on(o.node)) & set(to_move)}
+                                   | ({f"{a} got SIGTERM" for a in to_move if a in noticed})))  # fmt: skip
+            started.update(self.m.control.replace_now(to_move, why))
+        late = [a for a, d in moving.items() if a in draining and d is not None and now > d - EVICT_MARGIN_S]
+        if late:
+            self._evict(late, pending)
         return started
 
     def _take_new(self) -> None:

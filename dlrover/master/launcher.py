@@ -120,7 +120,10 @@ class Launcher:
         self.ps[ps_id] = (
             ray.remote(EmbeddingPS)
             .options(name=name, num_cpus=cpu, memory=memory_mb * MB, **self._placement())
-            .remote(ps_id, self.vmap, self.spec.model.embedding_dim, self.spec.optimizer.sparse.model_dump(), self.spec.seed, worker_threads(cpu, None))
+            .remote(
+                ps_id, self.vmap, self.spec.model.embedding_dim, self.spec.optimizer.sparse.model_dump(), self.spec.seed,
+                worker_threads(cpu, None), master=self.master, name=name,
+            )  # fmt: skip
         )
         self.resources[name] = (cpu, memory_mb)
         return ps_id

@@ -91,6 +91,13 @@ class JobMaster:
         """How far ``worker`` has applied each shard it holds (see ``ShardBooks.progress``)."""
         self.books.progress(worker, applied, generation)
 
+    def preempted(self, actor: str) -> None:
+        """``actor`` got SIGTERM (a preemption notice): it is moved off before its grace
+        period ends (see ``dlrover.master.drain``)."""
+        self.events.add("preemption_notice", actor=actor)
+        if self.drains is not None:
+            self.drains.preempted(actor)
+
     def report(self, worker: str, metrics: dict) -> None:
         now = self.clock() - self.t0
         if metrics.get("first_step"):

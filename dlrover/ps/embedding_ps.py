@@ -20,6 +20,7 @@ import psutil
 import torch
 
 from dlrover.chaos import ChaosState
+from dlrover.preemption import on_sigterm
 from dlrover.ps.applied import AppliedLog, BatchId
 from dlrover.ps.migration import DirtyRows, apply_dirty, copy_blocks, copy_dirty_local, export_blocks, export_dirty
 from dlrover.ps.routing import nonempty_bags
@@ -72,8 +73,12 @@ class EmbeddingPS:
         optimizer: dict,
         seed: int = 0,
         threads: int = 1,
+        master: Any = None,  # told of a SIGTERM (a preemption notice), with this PS's ``name``
+        name: str = "",
     ) -> None:
         torch.set_num_threads(max(1, threads))
+        if master is not None:
+            on_sigterm(lambda: master.preempted.remote(name))
         self.index = ps_index
         self.vmap = vmap
         self.dim = dim

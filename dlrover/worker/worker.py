@@ -34,6 +34,7 @@ from dlrover.data.criteo import FileIndex
 from dlrover.data.reader import FileReader
 from dlrover.ids import ProcessInfo
 from dlrover.model.dlrm import PSClient, PSEmbeddingBagCollection, build_dense_dlrm, dense_parameters, table_configs
+from dlrover.preemption import on_sigterm
 from dlrover.ps.vshard import VShardMap
 from dlrover.spec import JobSpec, ModelSpec
 from dlrover.worker.batches import ShardProgress, Step
@@ -85,6 +86,7 @@ class Worker:
         self.spec = spec
         torch.set_num_threads(max(1, threads))
         self.master = master
+        on_sigterm(lambda: master.preempted.remote(name))  # a notice: the master moves us off
         self.dense_ps = dense_ps
         self.files = files
         self.reader = FileReader(on_bad_line=self.spec.on_bad_line)
