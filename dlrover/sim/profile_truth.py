@@ -8,8 +8,9 @@ on one machine. Between and beyond them the saturating truth fills in:
    points (least squares on log throughput, weighted by window length, after removing
    the machine's over-commit as ``Profile.fit`` does): its five coefficients. The serial
    fractions and the PS hot spot stay at their defaults: the 8 points of
-   ``dev_machine`` cannot tell them apart (freed, the serial fractions swing from 0 to
-   0.95 as one point is left out, and leave-one-out error grows from 22% to 28%);
+   ``dev_machine`` cannot tell them apart (freed, the PS's serial fraction swings from 0
+   to 0.95 as one point is left out, and the fit's leave-one-out error grows from 17%
+   to 22%);
 2. its residuals (log measured / log fitted, one per measured configuration: repeats
    averaged, weighted by window length) are interpolated with Gaussian radial basis
    functions over ``log2`` of the four variables, width ``RBF_WIDTH`` doublings. The

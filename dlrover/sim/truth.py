@@ -8,13 +8,14 @@ Three kinds (``SimSettings.truth``; see docs/SIMULATOR.md for the sources):
 * ``saturating``: a form the policy does not know. One worker-step is a round trip
   through a closed queueing network, solved exactly by mean-value analysis (Reiser and
   Lavenberg, 1980): each worker computes (``t0 + t1 B A(cw, s_w)``, Amdahl's law with a
-  serial fraction: threads give diminishing returns), then is served by the PS (every PS
-  a queue; the busiest one holds ``1/p + q (1 - 1/p)`` of the load: a hot spot that stays
-  as PS are added, so it bounds throughput) and by the dense PS (one queue whose delay
-  grows with the workers: the dense exchange). Actors of a job on one node share its
-  physical cores (``node_cpu / threads_per_core``); past them a busy CPU gets
-  ``smt_gain`` of a core. With ``s = q = 0`` and no over-commit it is the model's form
-  at ``w = 1`` and keeps its asymptotes (``w`` large: the busiest queue alone).
+  serial fraction: threads give diminishing returns), then is served by every PS in
+  parallel (each a queue of demand ``(t2 A(cp, s_p) + t3)`` x its share; the busiest holds
+  ``1/p + q (1 - 1/p)`` of the load: a hot spot that stays as PS are added, so it bounds
+  throughput) and by the dense PS (one queue of demand ``t4`` whose delay grows with the
+  workers: the dense exchange). Actors of a job on one node share its physical cores
+  (``node_cpu / threads_per_core``); past them a busy CPU gets ``smt_gain`` of a core.
+  With ``s = q = 0`` and no over-commit it is the model's form at ``w = 1``; with many
+  workers the busiest queue alone sets the rate (the model adds every term).
 * ``profile``: measured points (:mod:`dlrover.sim.profile_truth`).
 
 Every truth gives the throughput of a configuration on nodes of speed 1 with cores of
@@ -134,15 +135,19 @@ def hot_share(ps: int, q: float) -> float:
     return 1.0 / ps + q * (1.0 - 1.0 / ps)
 
 
-def mva(think_s: float, demands: list[tuple[float, int]], customers: int) -> float:
-    """Throughput (round trips/s) of ``customers`` in a closed network: a delay of
-    ``think_s`` then queues ``(demand_s, how many alike)``; exact mean-value analysis."""
-    q = [0.0] * len(demands)
-    x = 0.0
+def mva(think_s: float, ps: list[tuple[float, int]], dense_s: float, customers: int) -> float:
+    """Round trips/s of ``customers`` (workers) in a closed network: a delay of ``think_s``
+    (compute), then the PS queues ``(demand_s, how many alike)`` in parallel (a step's
+    requests fan out to every PS and it waits for the slowest: the largest response, an
+    approximation of fork-join), then the dense PS queue. Mean-value analysis."""
+    q = [0.0] * len(ps)
+    q_dense = x = 0.0
     for n in range(1, customers + 1):
-        r = [d * (1.0 + qk) for (d, _), qk in zip(demands, q)]
-        x = n / (think_s + sum(rk * m for rk, (_, m) in zip(r, demands)))
+        r = [d * (1.0 + qk) for (d, _), qk in zip(ps, q)]
+        r_dense = dense_s * (1.0 + q_dense)
+        x = n / (think_s + max(r, default=0.0) + r_dense)
         q = [x * rk for rk in r]
+        q_dense = x * r_dense
     return x
 
 
@@ -168,10 +173,8 @@ class SaturatingTruth(Truth):
         think = t.t0 + t.t1 * batch * amdahl(c.worker_cpu, sp.serial_worker)
         per_ps = t.t2 * amdahl(c.ps_cpu, sp.serial_ps) + t.t3  # a worker-step's PS service, all PS together
         hot = hot_share(p, sp.hot_share)
-        queues = [(hot * per_ps, 1), (t.t4, 1)]
-        if p > 1:
-            queues.append(((1.0 - hot) / (p - 1) * per_ps, p - 1))
-        x = mva(think, [(d, m) for d, m in queues if d > 0], w)
+        queues = [(hot * per_ps, 1)] + ([((1.0 - hot) / (p - 1) * per_ps, p - 1)] if p > 1 else [])
+        x = mva(think, queues, t.t4, w)
         return Solved(x, t.t1 * batch * x / w, t.t2 * x / p)
 
     def throughput(self, c: Config, batch: int) -> float:
