@@ -104,6 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--seed", type=_nonneg_int, default=0)
     sim.add_argument("--policies", default="static,dlrover_rm", help="comma-separated names or policy YAML files, each optionally +pal")
     sim.add_argument("--tick", type=_tick_s, default=300.0, help="seconds between a job's policy decisions (>= 1)")
+    sim.add_argument("--truth", default="profile", help="ground truth: model, saturating, profile (comma-separated: several)")
+    sim.add_argument("--seeds", type=_positive_int, default=1, help="synthetic traces of seeds --seed.. (mean and spread)")
     sim.add_argument("--failure-rate", type=_rate, default=6.5e-3, help="node failures per node-day (RSC-1: 6.5e-3)")
     sim.add_argument("--no-failures", action="store_true")
     sim.add_argument("--no-stragglers", action="store_true")
