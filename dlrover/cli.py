@@ -145,6 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
     rc = bsub.add_parser("recovery", help="fault recovery (ETTR, detect/recover per fault kind) vs restart-from-checkpoint")
     rc.add_argument("--json", action="store_true")
     rc.add_argument("--quick", action="store_true", help="a shorter job with 2 faults (smoke run)")
+    ck = bsub.add_parser("checkpoint", help="bytes per durable checkpoint (full, delta, delta+int8) and AUC after an int8 resume")
+    ck.add_argument("--json", action="store_true")
+    ck.add_argument("--quick", action="store_true", help="smaller tables and data (smoke run)")
     sc = bsub.add_parser("sim-calibration", help="simulator throughput vs real runs of the same configurations on this machine")
     sc.add_argument("--json", action="store_true")
     sc.add_argument("--quick", action="store_true", help="6 configurations, 6 s windows (smoke run)")
@@ -293,6 +296,12 @@ def cmd_bench(args) -> int:
 
         result = run_recovery_bench(quick=args.quick)
         print(json.dumps(result, default=float)) if args.json else print_recovery(result)
+        return 0
+    if args.bench_cmd == "checkpoint":
+        from dlrover.bench.checkpoint import print_checkpoint, run_checkpoint_bench
+
+        result = run_checkpoint_bench(quick=args.quick)
+        print(json.dumps(result, default=float)) if args.json else print_checkpoint(result)
         return 0
     if args.bench_cmd == "sim-calibration":
         from dlrover.bench.sim_calibration import calibrate_saved_profile, print_sim_calibration, run_sim_calibration

@@ -204,6 +204,12 @@ class CheckpointSpec(_Strict):
     # baseline `dlrover bench recovery` compares against, as Ray Train does).
     on_failure: Literal["recover", "restart"] = "recover"
     max_failures: int = Field(20, ge=0, description="the job fails after this many failures")
+    # Durable checkpoints are incremental: the rows pushed since the previous durable one,
+    # with a full one every ``full_every`` (1: always full). ``quantize`` stores the
+    # embedding weights written as fp16 or int8 (per-row scale and offset); optimizer
+    # state stays fp32. See docs/FAULTS.md, "Incremental checkpoints".
+    full_every: int = Field(5, ge=1, le=1000, description="every Nth durable checkpoint is full, the others deltas")
+    quantize: Literal["none", "fp16", "int8"] = Field("none", description="embedding weights written as fp32, fp16 or int8")
 
     @model_validator(mode="after")
     def _interval(self) -> "CheckpointSpec":

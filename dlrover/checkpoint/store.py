@@ -15,6 +15,11 @@ hand edit): every load re-hashes each file against its manifest and raises
 :class:`CheckpointError` with a one-line message naming the file, and
 :meth:`CheckpointStore.load_latest` falls back to the newest checkpoint that verifies.
 
+A checkpoint may be a *delta* of an older one (``save(..., parent=step)``, recorded as
+``parent`` in its meta): :func:`dlrover.checkpoint.chain.load_latest_chain` returns the newest
+chain (a root without a parent, then each delta) whose every link verifies, and
+retention never removes a checkpoint that a kept one depends on.
+
 Loads use ``torch.load(weights_only=True)``: a checkpoint is data, and a tampered or
 foreign archive must not be able to run code (:mod:`dlrover.checkpoint.archive` stores
 numpy leaves so that this works; :mod:`dlrover.checkpoint.manifest` is the manifest).
@@ -83,8 +88,11 @@ class CheckpointStore:
 
     # -- public API ---------------------------------------------------------------------
 
-    def save(self, step: int, files: dict[str, Any], meta: dict) -> CheckpointInfo:
+    def save(self, step: int, files: dict[str, Any], meta: dict, parent: int | None = None) -> CheckpointInfo:
         """Write checkpoint ``step`` (data files, then the manifest), then apply retention.
+
+        ``parent``: the complete, older checkpoint this one is a delta of (stored as
+        ``meta["parent"]``); a load needs the whole chain.
 
         Everything is validated before anything is written, so a ValueError (bad key,
         unsupported leaf, meta not JSON-serialisable, step already saved) leaves the store
@@ -93,6 +101,11 @@ class CheckpointStore:
         """
         t0 = time.perf_counter()
         step = _check_step(step)
+        if parent is not None:
+            parent = _check_step(parent)
+            if parent >= step or parent not in self.list():
+                raise ValueError(f"checkpoint step {step}: parent {parent} is not an older complete checkpoint")
+            meta = {**meta, "parent": parent}
         if not isinstance(files, dict):
             raise TypeError(f"files must be a dict of name -> object, got {type(files).__name__}")
         for key in files:
@@ -105,7 +118,7 @@ class CheckpointStore:
         # surfaces every unsupported leaf before the first byte is written.
         encoded: dict[str, Encoded] = {key: encode(obj, key) for key, obj in files.items()}
 
-        d, url = self._dir(step), self._url(step)
+        d, url = self._dir(step), self.url(step)
         manifest_path = f"{d}/{MANIFEST}"
         try:
             if self._fs.exists(manifest_path):
@@ -152,6 +165,31 @@ class CheckpointStore:
         steps = self.list()
         return steps[-1] if steps else None
 
+    def parent_of(self, step: int) -> int | None:
+        """The checkpoint ``step`` is a delta of (from its manifest), None for a root."""
+        parent = self._read_manifest(_check_step(step)).meta.get("parent")
+        if parent is not None and (type(parent) is not int or not 0 <= parent < step):
+            raise CheckpointError(f"{self.url(step)}/{MANIFEST}: bad parent {parent!r}")
+        return parent
+
+    def chain(self, step: int) -> list[int]:
+        """Steps from the root to ``step`` (just ``[step]`` for a full checkpoint)."""
+        out = [_check_step(step)]
+        while (parent := self.parent_of(out[-1])) is not None:
+            if not self._fs.exists(f"{self._dir(parent)}/{MANIFEST}"):
+                raise CheckpointError(f"{self.url(step)}: needs {self.url(parent)}, which is missing")
+            out.append(parent)
+        return out[::-1]
+
+    def steps_or_raise(self) -> list[int]:
+        """:meth:`list`, or a CheckpointError when the root is missing or holds none."""
+        if not self._fs.exists(self._path):
+            raise CheckpointError(f"{self.root}: checkpoint directory does not exist")
+        steps = self.list()
+        if not steps:
+            raise CheckpointError(f"{self.root}: no checkpoint found")
+        return steps
+
     def load(self, step: int) -> tuple[dict, dict[str, Any]]:
         """Verify and load checkpoint ``step`` as ``(meta, files)``.
 
@@ -160,7 +198,7 @@ class CheckpointStore:
         their dtype; tensors are mapped to CPU. Raises CheckpointError on any problem.
         """
         step = _check_step(step)
-        d, url = self._dir(step), self._url(step)
+        d, url = self._dir(step), self.url(step)
         manifest = self._read_manifest(step)
         files: dict[str, Any] = {}
         for key, entry in manifest.files.items():
@@ -189,13 +227,10 @@ class CheckpointStore:
 
         ``skipped`` holds one line per newer complete checkpoint that failed to verify, so
         the caller can log that it fell back. Raises CheckpointError if the root does not
-        exist, holds no complete checkpoint, or none verifies.
+        exist, holds no complete checkpoint, or none verifies. A delta comes back on its
+        own: a store holding deltas is read with ``chain.load_latest_chain``.
         """
-        if not self._fs.exists(self._path):
-            raise CheckpointError(f"{self.root}: checkpoint directory does not exist")
-        steps = self.list()
-        if not steps:
-            raise CheckpointError(f"{self.root}: no checkpoint found")
+        steps = self.steps_or_raise()
         skipped: list[str] = []
         for step in reversed(steps):
             try:
@@ -211,7 +246,8 @@ class CheckpointStore:
     def _dir(self, step: int) -> str:
         return f"{self._path.rstrip('/')}/ckpt-{step:08d}"
 
-    def _url(self, step: int) -> str:
+    def url(self, step: int) -> str:
+        """Where checkpoint ``step`` is, as the user wrote the root (for messages)."""
         return f"{self.root.rstrip('/')}/ckpt-{step:08d}"
 
     def _scan(self) -> list[tuple[int, bool]]:
@@ -237,18 +273,25 @@ class CheckpointStore:
         """Drop complete checkpoints beyond the newest ``keep`` and stale incomplete ones.
 
         The step just saved is never dropped, even when it is older than ``keep`` others
-        (a job that rolled back). Incomplete directories newer than it are left alone: they
-        may be a save in progress. Failures are logged, not raised: the save succeeded.
+        (a job that rolled back), nor is any checkpoint a kept delta depends on. Incomplete
+        directories newer than it are left alone: they may be a save in progress. Failures
+        are logged, not raised: the save succeeded.
         """
         scan = self._scan()
         complete = [s for s, c in scan if c]
-        doomed = [s for s in complete[: -self.keep] if s != saved]
+        kept = set(complete[-self.keep :]) | {saved}
+        for s in sorted(kept):
+            try:
+                kept.update(self.chain(s))
+            except CheckpointError:  # cannot tell what it needs: keep everything older
+                kept.update(c for c in complete if c < s)
+        doomed = [s for s in complete if s not in kept]
         doomed += [s for s, c in scan if not c and s < saved]
         for s in doomed:
             try:
                 self._fs.rm(self._dir(s), recursive=True)
             except OSError as e:
-                log.warning("%s: cannot remove old checkpoint (%s)", self._url(s), _one_line(e))
+                log.warning("%s: cannot remove old checkpoint (%s)", self.url(s), _one_line(e))
 
     def _cat(self, path: str, where: str, missing: str) -> bytes:
         """The bytes of ``path``; a one-line CheckpointError naming ``where`` otherwise."""
@@ -261,7 +304,7 @@ class CheckpointStore:
 
     def _read_manifest(self, step: int) -> Manifest:
         """Read and validate a manifest; every problem is a one-line CheckpointError."""
-        where = f"{self._url(step)}/{MANIFEST}"
+        where = f"{self.url(step)}/{MANIFEST}"
         raw = self._cat(f"{self._dir(step)}/{MANIFEST}", where, "missing (no such checkpoint, or an interrupted save)")
         try:
             m = json.loads(raw)

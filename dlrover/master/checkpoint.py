@@ -10,9 +10,12 @@ is the in-memory checkpoint, cheap enough to take every few seconds.
 
 Every so often (``checkpoint.interval_s``, or Young-Daly from the failures seen) the
 latest in-memory checkpoint is also written to durable storage on a background thread
-(:class:`dlrover.checkpoint.store.CheckpointStore`, checksummed). Recovery reads the
-newest in-memory checkpoint and falls back to the durable one when its objects are gone
-(their node died) or the master itself restarted.
+(:class:`dlrover.checkpoint.store.CheckpointStore`, checksummed), as a full checkpoint
+every ``checkpoint.full_every`` and otherwise a delta of the rows pushed since the
+previous durable cut (:class:`dlrover.checkpoint.chain.DurableChain`; each PS reports
+those rows at every cut, ``EmbeddingPS.cut_changes``). Recovery reads the newest
+in-memory checkpoint and falls back to the durable one (full + deltas replayed) when its
+objects are gone (their node died) or the master itself restarted.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Any
 import numpy as np
 import ray
 
+from dlrover.checkpoint.chain import DurableChain
 from dlrover.checkpoint.store import CheckpointError, CheckpointStore
 from dlrover.master.books import Cut, held_samples
 from dlrover.master.scaler import get_alive
@@ -76,6 +80,7 @@ class Checkpointer:
         self.m = master
         self.spec = master.spec.checkpoint
         self.store = store
+        self.chain = DurableChain(store, self.spec.full_every, self.spec.quantize) if store is not None else None
         self.latest: Checkpoint | None = None
         self.taken = 0
         self.written: list[dict] = []  # durable writes: seq, path, bytes, write_s, at_s
@@ -136,11 +141,15 @@ class Checkpointer:
             for t in get_alive([workers[n].trained.remote() for n in live], timeout_s + 1):
                 trained.update({int(k): tuple(v) for k, v in (t or {}).items()})
             ps = dict(lz.ps)
+            changed = [h.cut_changes.remote() for h in ps.values()]  # rows pushed since the last cut
             ray.get([h.snapshot.remote() for h in ps.values()], timeout=timeout_s)
+            changed = ray.get(changed, timeout=timeout_s)
             dense = ray.get(lz.dense_ps.state.remote(), timeout=timeout_s)
             cut = m.books.cut(trained)
         except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError) as e:
             m.events.add("checkpoint_skipped", why=str(e).strip().splitlines()[0][:200])
+            if self.chain is not None:
+                self.chain.broken()  # some PS may have started counting afresh
             return None
         finally:
             # Wait only for those that answered the pause: a frozen one would hold the loop.
@@ -152,6 +161,8 @@ class Checkpointer:
         ckpt = Checkpoint(self._seq, now, cut.queue, held_samples(cut.queue), cut.bad_lines, cut.steps, dense, refs, pause, extra=dict(extra or {}))
         ckpt.extra["config"] = lz.config(exclude=m.books.draining()).to_dict()
         ckpt.extra["vmap"] = {"table_sizes": lz.vmap.table_sizes, "num_vshards": lz.vmap.num_vshards, "owner": lz.vmap.owner.tolist(), "version": lz.vmap.version}
+        if self.chain is not None:
+            self.chain.add_cut(ckpt.seq, lz.vmap.table_sizes, changed)
         with self._lock:
             self.latest = ckpt
         self.taken += 1
@@ -161,22 +172,23 @@ class Checkpointer:
 
     def write_durable(self, ckpt: Checkpoint, now: float) -> None:
         """Write ``ckpt`` to the store on a background thread (training goes on)."""
-        if self.store is None:
+        if self.store is None or self.chain is None:
             return
         self._last_durable_at = now
+        plan, previous = self.chain.plan(ckpt.seq), self._writer
 
         def write() -> None:
+            if previous is not None:
+                previous.join()  # a delta builds on the write before it
             try:
                 payloads = ray.get(list(ckpt.ps), timeout=OBJECT_GET_TIMEOUT_S)
-                files = {f"ps_{i}": p for i, p in enumerate(payloads)}
-                files["dense"] = ckpt.dense
-                info = self.store.save(ckpt.seq, files, ckpt.meta())
+                info, kind = self.chain.write(plan, payloads, ckpt.dense, ckpt.meta())
             except Exception as e:  # noqa: BLE001 - reported, the job goes on
                 self._write_error = f"{type(e).__name__}: {e}"
                 self.m.events.add("checkpoint_write_failed", seq=ckpt.seq, error=self._write_error[:300])
                 return
             ckpt.durable_path = info.path
-            row = {"seq": ckpt.seq, "path": info.path, "bytes": info.nbytes, "write_s": round(info.write_s, 4), "at_s": ckpt.at_s}
+            row = {"seq": ckpt.seq, "path": info.path, "link": kind, "bytes": info.nbytes, "write_s": round(info.write_s, 4), "at_s": ckpt.at_s}
             self.written.append(row)
             self.m.events.add("checkpoint_durable", **row)
 
@@ -206,18 +218,18 @@ class Checkpointer:
         return self.load_durable()
 
     def load_durable(self) -> tuple[Checkpoint, list[Any], str]:
-        if self.store is None:
+        if self.store is None or self.chain is None:
             raise CheckpointError("no in-memory checkpoint and no durable checkpoint directory")
         self.flush()
-        step, meta, files, skipped = self.store.load_latest()
-        for msg in skipped:
+        chain, ps = self.chain.load()
+        for msg in chain.skipped:
             self.m.events.add("checkpoint_corrupt", message=msg)
-        ps = [files[k] for k in sorted((k for k in files if k.startswith("ps_")), key=lambda k: int(k[3:]))]
+        step, meta, files = chain.step, chain.links[-1].meta, chain.links[-1].files
         ckpt = Checkpoint(
             int(meta["seq"]), float(meta["at_s"]), meta["queue"], int(meta["samples"]), int(meta["bad_lines"]),
             int(meta["steps"]), files["dense"], ps, durable_path=str(step), extra=meta.get("extra", {}),
         )
-        self._seq = max(self._seq, ckpt.seq)
+        self._seq = max(self._seq, ckpt.seq, self.store.latest_step() or 0)  # past a newer, corrupt one
         with self._lock:
             self.latest = ckpt
         return ckpt, ps, "durable"

@@ -173,6 +173,7 @@ class EmbeddingPS:
             bags = int(nz.numel())
         if self._dirty is not None:
             self._dirty.mark(idx, off, (len(off) - 1) // num_tables if off is not None else batch)
+        if (cut := getattr(self, "_cut_tracker", None)) is not None: cut.mark(self.tbe, idx, off, (len(off) - 1) // num_tables if off is not None else batch)  # noqa: E701
         self._stats["pushes"] += 1
         self._stats["rows_updated"] += bags
         self._stats["busy_s"] += time.perf_counter() - t0
@@ -383,3 +384,15 @@ class EmbeddingPS:
         s["rss_mb"] = self._proc.memory_info().rss / 2**20
         s["cpu_percent"] = self._proc.cpu_percent()
         return s
+
+    # -- durable checkpoint deltas --
+    def cut_changes(self) -> Any:  # dlrover.checkpoint.delta.ChangedRows
+        """The global rows pushed since the previous call (:mod:`dlrover.ps.delta`), for the
+        master's next durable delta. Called at every cut, with the workers parked, so that
+        consecutive reports split the pushes exactly at the cuts."""
+        from dlrover.ps.delta import CutTracker, report
+
+        with self._lock:
+            ended = getattr(self, "_cut_tracker", None)
+            self._cut_tracker = CutTracker(self.vmap, self.index, self.tbe)
+        return report(ended, self.vmap, self.tbe)
