@@ -304,7 +304,7 @@ class FakeMaster:
         self.scale_events: list = []
         self.books = FakeBooks(self.launcher, total)
         self.evaluator = SimpleNamespace(busy=lambda: False)
-        self.recovery = SimpleNamespace(new_failure=lambda *a: SimpleNamespace(), record=lambda f: None)
+        self.recovery = SimpleNamespace(corrected=lambda *a: None)
 
     def clock(self) -> float:
         return self.now
@@ -323,6 +323,9 @@ class FakeBooks:
 
     def draining(self) -> frozenset[str]:
         return frozenset()
+
+    def settled(self) -> bool:
+        return True
 
     def drain(self, names: list[str]) -> None:
         for n in names:

@@ -245,3 +245,22 @@ def test_progress_past_the_shard_is_rejected():
         q.progress(s.shard_id, "w0", lines=101, rows=101)
     with pytest.raises(ValueError, match="outside shard"):
         q.progress(s.shard_id, "w0", lines=10, rows=11)
+
+
+def test_bad_lines_in_a_resumed_prefix_are_counted_once_the_shard_is_done():
+    q = ShardQueue([("a.tsv", 1000)], shard_rows=1000, epochs=1, shuffle_seed=None)
+    s = q.next("w0")
+    q.progress(s.shard_id, "w0", lines=512, rows=510)
+    q.requeue_owner("w0")
+    rest = q.next("w1")
+    q.done(rest.shard_id, "w1", rest.rows)
+    assert q.prefix_bad_lines == 2 and q.samples_done == 510 + 488
+
+
+def test_progress_never_moves_back_when_reports_arrive_out_of_order():
+    q = ShardQueue([("a.tsv", 1000)], shard_rows=1000, epochs=1, shuffle_seed=None)
+    s = q.next("w0")
+    q.progress(s.shard_id, "w0", lines=200, rows=200)
+    q.progress(s.shard_id, "w0", lines=100, rows=100)  # an older, non-blocking report
+    (back,) = q.requeue_owner("w0")
+    assert back.skipped == 200

@@ -98,6 +98,9 @@ class ShardQueue:
         self._offset: dict[int, tuple[int, int]] = {}
         self._progress: dict[int, tuple[int, int]] = {}  # leased shard -> (lines, rows) applied of the lease
         self._samples_done = 0
+        # Bad lines inside trained prefixes (offsets, a dead worker's progress): the worker
+        # that finishes such a shard reports only the lines it read itself.
+        self.prefix_bad_lines = 0
 
     # -- shards ----------------------------------------------------------------
 
@@ -156,7 +159,9 @@ class ShardQueue:
             raise ValueError(f"rows_trained {rows_trained} outside 0..{rows} for shard {shard_id}")
         del self._doing[shard_id]
         self._progress.pop(shard_id, None)
-        rows_trained = int(rows_trained) + self._offset.pop(shard_id, (0, 0))[1]
+        lines, rows = self._offset.pop(shard_id, (0, 0))
+        self.prefix_bad_lines += lines - rows
+        rows_trained = int(rows_trained) + rows
         self._done[shard_id] = (owner, rows_trained)
         self._samples_done += rows_trained
 
@@ -170,6 +175,7 @@ class ShardQueue:
         for shard_id in reversed(ids):
             lines, rows = self._progress.get(shard_id, (0, 0))
             if lines and lines >= self.shard(shard_id).rows:
+                self.prefix_bad_lines += lines - rows
                 self.done(shard_id, owner, rows)
                 continue
             del self._doing[shard_id]
@@ -191,7 +197,8 @@ class ShardQueue:
         left = self.shard(shard_id)
         if not (0 <= rows <= lines <= left.rows):
             raise ValueError(f"progress ({lines} lines, {rows} rows) outside shard {shard_id}'s {left.rows} lines")
-        self._progress[shard_id] = (int(lines), int(rows))
+        if lines >= self._progress.get(shard_id, (0, 0))[0]:  # calls may arrive out of order
+            self._progress[shard_id] = (int(lines), int(rows))
 
     def renew(self, owner: str) -> None:
         """``owner`` showed progress: its leases start counting again from now."""
@@ -271,6 +278,7 @@ class ShardQueue:
             if lines >= stop - start:
                 done[int(i)] = [owner, rows]
                 offsets.pop(int(i), None)
+                state["prefix_bad_lines"] += lines - rows
             else:
                 if lines:
                     offsets[int(i)] = [lines, rows]
@@ -299,6 +307,7 @@ class ShardQueue:
             "doing": [[i, owner, now - since] for i, (owner, since) in self._doing.items()],
             "done": [[i, owner, rows] for i, (owner, rows) in self._done.items()],
             "offsets": [[i, list(v)] for i, v in self._offset.items()],
+            "prefix_bad_lines": self.prefix_bad_lines,
         }
 
     @classmethod
@@ -314,4 +323,5 @@ class ShardQueue:
         q._done = {int(i): (str(owner), int(rows)) for i, owner, rows in d["done"]}
         q._offset = {int(i): (int(v[0]), int(v[1])) for i, v in d.get("offsets", [])}
         q._samples_done = sum(rows for _, rows in q._done.values())
+        q.prefix_bad_lines = int(d.get("prefix_bad_lines", 0))
         return q

@@ -53,6 +53,10 @@ class ShardBooks:
         self._draining: set[str] = set()  # finish their leased shards, then get "stop"
         self._stepped: set[str] = set()  # trained a step: up and running
         self._newly_done: list[int] = []  # shards done since ``take_done``
+        # Shards requeued from a worker that died unparked: some PS may hold batches past
+        # its last progress report, known only to their applied logs. Until such a shard is
+        # done, no PS state may move (a switch, a cut, a restart): see ``settled``.
+        self._uncertain: set[int] = set()
 
     # -- workers' calls -----------------------------------------------------------------
     def next_shard(self, worker: str, generation: int) -> Shard | None | str:
@@ -85,6 +89,7 @@ class ShardBooks:
             self.queue.done(shard_id, worker, rows)
             self.queue.renew(worker)
             self._newly_done.append(shard_id)
+            self._uncertain.discard(shard_id)
             self.bad_lines += bad_lines
             if self.queue.finished:
                 self.train_end = self.clock()
@@ -99,6 +104,13 @@ class ShardBooks:
             for shard_id, (lines, rows) in applied.items():
                 self.queue.progress(int(shard_id), worker, lines, rows)
             self.queue.renew(worker)
+
+    def settled(self) -> bool:
+        """No shard of a worker that died unparked is open: every PS's state may move
+        (a live switch, a checkpoint cut, a restart) without a batch being applied twice
+        when that shard is trained again."""
+        with self._lock:
+            return not self._uncertain
 
     def take_done(self) -> list[int]:
         """Shards done since the last call (the PS forget their applied batches)."""
@@ -147,9 +159,10 @@ class ShardBooks:
             self._draining.update(workers)
             self._work.notify_all()
 
-    def retire(self, worker: str) -> list[Shard]:
+    def retire(self, worker: str, parked: bool = False) -> list[Shard]:
         """``worker`` is gone: its late calls count for nothing, its leased shards go back
-        (from where its progress left them; one it had wholly applied is done)."""
+        (from where its progress left them; one it had wholly applied is done).
+        ``parked``: it reported its progress at a pause, with nothing in flight after."""
         with self._work:
             self._retired.add(worker)
             self._draining.discard(worker)
@@ -158,6 +171,8 @@ class ShardBooks:
             requeued = self.queue.requeue_owner(worker)
             back = {s.shard_id for s in requeued}
             self._newly_done += [i for i in held if i not in back]
+            if not parked:
+                self._uncertain |= back
             if self.queue.finished and self.train_end is None:
                 self.train_end = self.clock()
             self._work.notify_all()
@@ -197,6 +212,8 @@ class ShardBooks:
             self.bad_lines, self.steps_done = cut.bad_lines, cut.steps
             self.train_end = None
             self._draining.clear()
+            self._uncertain.clear()  # the cut predates them: every PS goes back to it
+            self._newly_done.clear()  # shards done after the cut are open again
             if new_generation:
                 self.generation += 1
             self._work.notify_all()

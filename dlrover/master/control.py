@@ -20,12 +20,11 @@ import ray
 
 from dlrover.master.actor_stats import ActorStats
 from dlrover.master.scale_events import FirstSteps, ScaleEvent, ScaleKind
-from dlrover.master.scaler import MigrationAborted, ScaleOp, ScalePhase, Scaler, ScaleResult, scale_plan
+from dlrover.master.scaler import MigrationAborted, ScaleOp, ScalePhase, ScalePlan, Scaler, ScaleResult, scale_plan
 from dlrover.resource.configs import Config, job_budget
 from dlrover.resource.driver import DecisionKind, PolicyDriver, Progress
 from dlrover.resource.history import HistoryRecord, HistoryStore, dataset_signature, default_history_dir, job_signature
-from dlrover.failures import FailureKind
-from dlrover.resource.plan import CorrectionKind, JobView, Measurement, Policy, ResourcePlan
+from dlrover.resource.plan import JobView, Measurement, Policy, ResourcePlan
 
 from dlrover.master.job import Job
 
@@ -182,25 +181,34 @@ class Controller:
         return self._apply(decision.plan, decision.view.config)
 
     def replace_now(self, actors: list[str], reason: str) -> dict[Any, str]:
-        """Swap these actors for fresh ones of the running sizes, placed elsewhere (a node
-        drain), through the same live rescale as a policy's plan."""
+        """Swap each of these actors for a fresh one of its own size, placed elsewhere (a
+        node drain), through the same live rescale as a policy's plan. The workers take
+        no new shard from now on (nothing else replaces them if they die meanwhile)."""
         if self._op is not None:
             return {}
-        config = self._config()
-        return self._apply(ResourcePlan(config, reason, stage=DRAIN_STAGE, replace=list(actors)), config)
-
-    def _apply(self, plan: ResourcePlan, old: Config) -> dict[Any, str]:
-        """Start carrying out ``plan``: new actors are created now, the switch happens on a
-        later tick once they run (training goes on meanwhile)."""
         lz = self.m.launcher
-        draining = self.m.books.draining()
-        workers = {n: lz.resources[n] for n in lz.workers if n not in draining and n in lz.resources}
-        ps = {k: lz.resources[lz.ps_name(k)] for k in lz.ps}
-        sp = scale_plan(plan, workers, ps, lz.ps_name)
+        workers = [a for a in actors if a in lz.workers]
+        ps = [k for k in lz.ps if lz.ps_name(k) in actors]
+        sp = ScalePlan([lz.resources[w] for w in workers], workers, [lz.resources[lz.ps_name(k)] for k in ps], ps)
+        config = self._config()
+        started = self._apply(ResourcePlan(config, reason, stage=DRAIN_STAGE, replace=list(actors)), config, sp)
+        self.m.books.drain(workers)
+        return started
+
+    def _apply(self, plan: ResourcePlan, old: Config, sp: ScalePlan | None = None) -> dict[Any, str]:
+        """Start carrying out ``plan`` (``sp``: its actor changes, else the diff of the
+        running actors against its configuration): new actors are created now, the switch
+        happens on a later tick once they run (training goes on meanwhile)."""
+        lz = self.m.launcher
+        if sp is None:
+            draining = self.m.books.draining()
+            workers = {n: lz.resources[n] for n in lz.workers if n not in draining and n in lz.resources}
+            ps = {k: lz.resources[lz.ps_name(k)] for k in lz.ps}
+            sp = scale_plan(plan, workers, ps, lz.ps_name)
         if sp.empty():
             return {}
         if self.spec.policy.rescale == "restart":
-            return self._restart(plan, old)
+            return self._restart(plan, old) if self.m.books.settled() else {}
         self._op = Rescale(self.scaler.begin(sp), plan, old, self.now())
         self.m.events.add("scale_begin", reason=plan.reason, ops=sp.ops())
         return self._progress_op(self.now())
@@ -211,8 +219,8 @@ class Controller:
         if r.op.phase is ScalePhase.LAUNCHING:
             return self._launching(r)
         try:
-            if r.op.phase is ScalePhase.PRECOPYING and (not self.scaler.precopied(r.op) or self.m.evaluator.busy()):
-                return {}  # no switch under a periodic evaluation
+            if r.op.phase is ScalePhase.PRECOPYING and (not self.scaler.precopied(r.op) or self.m.evaluator.busy() or not self.m.books.settled()):
+                return {}  # no switch under a periodic evaluation, nor while a dead worker's batches are uncertain
             res = self.scaler.finish(r.op)
         except MigrationAborted as e:
             self._aborted(r, str(e))
@@ -304,27 +312,15 @@ class Controller:
             ops=op.plan.ops(),
             spares_used=op.spares_used,
             duration_s=round(self.now() - t0, 3),
-            **res.timings(),
+            timings=res.timings(),
         )
         self._bind_first_steps(res.new_workers, ev)
-        self._proactive_failures(plan, op, t0)
+        slow_since = {fix.actor: self.driver.watch.slow_since(fix.actor, t0) for fix in plan.corrections}
+        self.m.recovery.corrected(plan, op.new_workers, t0, slow_since)
         self.m.scale_events.append(ev)
         self._log(ev)
         self._open(new, self.now(), plan)
         self._spares(new)
-
-    def _proactive_failures(self, plan: ResourcePlan, op: Any, t0: float) -> None:
-        """A straggler replaced, or memory raised before an OOM kill: recorded as failures
-        handled before they hurt (at: slow since / plan; detected: the plan)."""
-        rec = self.m.recovery
-        for fix in plan.corrections:
-            memory = fix.kind == CorrectionKind.MEMORY_PRESSURE
-            f = rec.new_failure(FailureKind.MEMORY_PRESSURE if memory else FailureKind.STRAGGLER, fix.actor, plan.reason, t0)
-            f.at_s = round(min(self.driver.watch.slow_since(fix.actor, t0), t0), 3)
-            f.replacement = op.new_workers[0] if op.new_workers else None
-            # a straggler's slowness costs its share of the job; memory raised in time, nothing
-            f.capacity_lost = 0.0 if memory else round(1.0 / max(len(self.m.launcher.workers), 1), 4)
-            rec.record(f)
 
     def _restart(self, plan: ResourcePlan, old: Config) -> dict[Any, str]:
         """The baseline way to rescale: stop every worker at a shard boundary, checkpoint
@@ -336,7 +332,7 @@ class Controller:
         res = stop_checkpoint_restart(self.m, plan.config, self._pending)
         self.retired_ps_stats += res.retired_ps_stats
         new = self._config()
-        ev = ScaleEvent.of(ScaleKind.of(old, new, plan), plan, old, new, t0, ops=["stop", "checkpoint", "relaunch", "restore"], duration_s=round(self.now() - t0, 3), **res.timings())
+        ev = ScaleEvent.of(ScaleKind.of(old, new, plan), plan, old, new, t0, ops=["stop", "checkpoint", "relaunch", "restore"], duration_s=round(self.now() - t0, 3), timings=res.timings())
         self._bind_first_steps(list(res.started.values()), ev)
         self.m.scale_events.append(ev)
         self._log(ev)

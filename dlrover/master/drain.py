@@ -21,9 +21,10 @@ import ray
 
 from dlrover.master.job import Job
 
-EVICT_MARGIN_S = 5.0  # drained workers still there this long before the deadline are stopped
+EVICT_MARGIN_S = 15.0  # drained workers still there this long before the deadline are stopped
 NOTICE_GRACE_S = 30.0  # a SIGTERMed actor's time before its kill (Kubernetes' default grace period)
-PARK_TIMEOUT_S = 10.0
+PARK_TIMEOUT_S = 5.0
+RETRY_S = 10.0  # a replacement that failed (cluster full?) is tried again after this
 
 
 def ray_draining_nodes() -> dict[str, float | None]:
@@ -52,6 +53,7 @@ class NodeDrains:
         self.orders: dict[str, DrainOrder] = {}
         self.noticed: dict[str, float] = {}  # actor that got SIGTERM -> job time of its deadline
         self._lock = threading.Lock()  # preempted() comes on a worker's call thread
+        self._next_try_s = 0.0
 
     def preempted(self, actor: str) -> None:
         """``actor`` got SIGTERM: move it off within ``NOTICE_GRACE_S``."""
@@ -71,7 +73,8 @@ class NodeDrains:
             moving.update({a: order.deadline_s for a in self._on(order.node)})
         to_move = [a for a in moving if a not in draining]  # drained workers are on their way out
         started: dict[Any, str] = {}
-        if to_move and not self.m.control.busy():
+        if to_move and not self.m.control.busy() and now >= self._next_try_s:
+            self._next_try_s = now + RETRY_S
             why = ", ".join(sorted({f"node {o.node[:12]} is being drained" for o in self.orders.values() if set(self._on(o.node)) & set(to_move)}
                                    | ({f"{a} got SIGTERM" for a in to_move if a in noticed})))  # fmt: skip
             started.update(self.m.control.replace_now(to_move, why))
@@ -104,12 +107,16 @@ class NodeDrains:
         """Park these drained workers (each reports how far it applied its shards), then
         stop them: their shards go back from there."""
         lz = self.m.launcher
-        parked = [lz.workers[w].pause.remote(PARK_TIMEOUT_S) for w in workers]
-        ray.wait(parked, num_returns=len(parked), timeout=PARK_TIMEOUT_S + 1)
+        refs = {w: lz.workers[w].pause.remote(PARK_TIMEOUT_S) for w in workers}
+        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=PARK_TIMEOUT_S + 1)
         for w in workers:
             for ref in [r for r, n in pending.items() if n == w]:
                 del pending[ref]  # its end is not a failure
-            requeued = self.m.books.retire(w)
+            try:
+                parked = refs[w] in ready and ray.get(refs[w]) is True
+            except ray.exceptions.RayError:
+                parked = False
+            requeued = self.m.books.retire(w, parked=parked)
             lz.forget_worker(w)
             self.m.control.forget(w)
             self.m.events.add("drain_evicted", actor=w, shards_requeued=len(requeued))

@@ -328,8 +328,8 @@ class JobMaster:
         self.chaos.tick()
         if not self.recovery.suspects():  # no pause waits on an actor that may be frozen
             pending.update(self.control.tick(pending))
-            pending.update(self.drains.tick(pending))
             self._checkpoint(pending)
+        pending.update(self.drains.tick(pending))  # a drain's deadline does not wait for a suspect
 
     def rescaling(self) -> bool:
         return self.control.busy()
@@ -366,7 +366,7 @@ class JobMaster:
         and write one to durable storage when that is due."""
         now = self.clock() - self.t0
         ck = self.checkpointer
-        if not ck.due(now) or self.control.busy() or self.evaluator.busy():
+        if not ck.due(now) or self.control.busy() or self.evaluator.busy() or not self.books.settled():
             return
         if set(pending.values()) - self.books.running():
             return  # a replacement still starting: pausing it would stall the others until it runs

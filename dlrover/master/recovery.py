@@ -37,6 +37,7 @@ from dlrover.failures import Failure, FailureKind, LostPs
 from dlrover.ids import ProcessInfo, Role
 from dlrover.master.liveness import SUSPECT_AFTER_S, Prober, kill_process, liveness_timeout_s
 from dlrover.master.rollback import Rollback, roll_back
+from dlrover.resource.plan import CorrectionKind, ResourcePlan
 
 from dlrover.master.job import Job
 
@@ -210,6 +211,19 @@ class Recovery:
         if len(self.m.failures) > limit:
             self.m.books.stop()
             raise JobFailed(f"{len(self.m.failures)} failures (checkpoint.max_failures: {limit}); last: {failure.kind.value} of {failure.actor}: {failure.cause}")
+
+    def corrected(self, plan: ResourcePlan, new_workers: list[str], t0: float, slow_since: dict[str, float]) -> None:
+        """A straggler replaced, or memory raised before an OOM kill (``plan.corrections``,
+        carried out at job time ``t0``): recorded as failures handled before they hurt
+        (at: slow since / the plan; detected: the plan)."""
+        for fix in plan.corrections:
+            memory = fix.kind == CorrectionKind.MEMORY_PRESSURE
+            f = self.new_failure(FailureKind.MEMORY_PRESSURE if memory else FailureKind.STRAGGLER, fix.actor, plan.reason, t0)
+            f.at_s = round(min(slow_since.get(fix.actor, t0), t0), 3)
+            f.replacement = new_workers[0] if new_workers else None
+            # a straggler's slowness costs its share of the job; memory raised in time, nothing
+            f.capacity_lost = 0.0 if memory else round(1.0 / max(len(self.m.launcher.workers), 1), 4)
+            self.record(f)
 
     def first_step(self, worker: str) -> None:
         """A worker trained its first step of a run: failures waiting on it are recovered."""

@@ -43,14 +43,12 @@ class ScaleKind(str, Enum):
         return cls.RESCALE
 
 
-ROW_BASE = ("kind", "at_s", "stage", "reason", "old", "new", "predicted_throughput")  # always in the row
-
-
 @dataclass
 class ScaleEvent:
-    """One resource change. The timings are those of the way it was carried out: a live
-    switch (launch, pre-copy, pause) or a stop-checkpoint-restart (stop, checkpoint,
-    launch, restore); the ones that do not apply stay ``None`` and are left out of the row."""
+    """One resource change. ``timings``: those of the way it was carried out, as the typed
+    result of that way gives them (``ScaleResult.timings``: launch, pre-copy, pause, bytes;
+    ``RestartResult.timings``: stop, checkpoint, launch, restore); they go into the row as
+    they are."""
 
     kind: ScaleKind
     at_s: float  # job time of the plan
@@ -59,42 +57,34 @@ class ScaleEvent:
     old: Config
     new: Config
     predicted_throughput: float | None = None
-    error: str | None = None
+    error: str | None = None  # a failed change: why
     ops: list[str] | None = None
-    duration_s: float | None = None
     spares_used: int | None = None
-    launch_s: float | None = None
-    pause_s: float | None = None
-    vshards_moved: int | None = None
-    bytes_moved: int | None = None
-    ps_switch_s: dict[str, float] | None = None
-    bytes_in_pause: int | None = None
-    copy_s: float | None = None
-    migration_bytes_per_s: float | None = None
-    stop_s: float | None = None
-    checkpoint_s: float | None = None
-    restore_s: float | None = None
+    duration_s: float | None = None
+    timings: dict[str, Any] = field(default_factory=dict)
     first_step_s: dict[str, float] = field(default_factory=dict)  # new worker -> plan to its first step
 
     @classmethod
-    def of(cls, kind: ScaleKind, plan: ResourcePlan, old: Config, new: Config, at_s: float, **timings: Any) -> "ScaleEvent":
-        return cls(kind, round(at_s, 3), plan.stage, plan.reason, old, new, plan.predicted_throughput, **timings)
+    def of(cls, kind: ScaleKind, plan: ResourcePlan, old: Config, new: Config, at_s: float, **done: Any) -> "ScaleEvent":
+        return cls(kind, round(at_s, 3), plan.stage, plan.reason, old, new, plan.predicted_throughput, **done)
 
     def to_dict(self) -> dict:
         row = {"kind": self.kind.value, "at_s": self.at_s, "stage": self.stage, "reason": self.reason}
         row.update({"from": self.old.to_dict(), "to": self.new.to_dict(), "summary": describe_change(self.old, self.new)})
         row["predicted_throughput"] = self.predicted_throughput
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name not in ROW_BASE and value is not None and value != {}:
-                row[f.name] = value
+        row.update({k: v for k, v in (("error", self.error), ("ops", self.ops), ("spares_used", self.spares_used), ("duration_s", self.duration_s)) if v is not None})
+        row.update(self.timings)
+        if self.first_step_s:
+            row["first_step_s"] = dict(self.first_step_s)  # a copy: a first step may come while it is written
         return row
 
     @classmethod
     def from_dict(cls, row: dict) -> "ScaleEvent":
-        rest = {f.name: row[f.name] for f in fields(cls) if f.name not in ROW_BASE and f.name in row}
-        rest["predicted_throughput"] = row.get("predicted_throughput")
-        return cls(ScaleKind(row["kind"]), row["at_s"], row["stage"], row["reason"], Config(**row["from"]), Config(**row["to"]), **rest)
+        own = {f.name for f in fields(cls)} | {"from", "to", "summary"}
+        done = {k: row[k] for k in ("error", "ops", "spares_used", "duration_s", "first_step_s") if k in row}
+        timings = {k: v for k, v in row.items() if k not in own}
+        old, new = Config(**row["from"]), Config(**row["to"])
+        return cls(ScaleKind(row["kind"]), row["at_s"], row["stage"], row["reason"], old, new, row.get("predicted_throughput"), timings=timings, **done)
 
 
 class FirstSteps:

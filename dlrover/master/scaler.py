@@ -267,9 +267,9 @@ class Scaler:
         try:
             running = [w for w in self.running() if w in lz.workers]
             parked = get_alive([lz.workers[w].pause.remote(PAUSE_TIMEOUT_S) for w in running])
-            if any(p is False for p in parked):
-                stuck = [w for w, ok in zip(running, parked) if ok is False]
-                raise MigrationAborted(f"workers did not pause within {PAUSE_TIMEOUT_S:.0f}s: {stuck}")
+            if not all(parked):  # False: not in time; None: it died (its batches are uncertain)
+                stuck = [w for w, ok in zip(running, parked) if not ok]
+                raise MigrationAborted(f"workers did not pause within {PAUSE_TIMEOUT_S:.0f}s or died: {stuck}")
         except (MigrationAborted, ray.exceptions.RayError) as e:
             # Nothing switched yet: drop the prepared tables, everyone goes on as before.
             get_alive([h.cancel_migration.remote() for h in lz.ps.values()])

@@ -69,7 +69,8 @@ def summary_of(m: Job, metrics: dict) -> dict:
     b, spec = m.books, m.spec
     q = b.queue
     train_s = max((b.train_end or m.clock()) - (b.train_start or m.t0), 1e-9)
-    expected = q.samples_expected - b.bad_lines
+    bad = b.bad_lines + q.prefix_bad_lines
+    expected = q.samples_expected - bad
     trained = q.samples_done
     return {
         "job_id": m.job_id,
@@ -77,7 +78,7 @@ def summary_of(m: Job, metrics: dict) -> dict:
         "samples_expected": int(expected),
         "samples_trained": int(trained),
         "samples_lost": int(max(expected - trained, 0)),
-        "bad_lines_skipped": int(b.bad_lines),
+        "bad_lines_skipped": int(bad),
         "auc": metrics.get("auc"),
         "logloss": metrics.get("logloss"),
         "best_auc": metrics.get("best_auc"),

@@ -164,7 +164,16 @@ class Worker:
 
     @staticmethod
     def _ready(refs: list[Any]) -> bool:
-        return not refs or len(ray.wait(refs, num_returns=len(refs), timeout=0)[0]) == len(refs)
+        """Every push done and applied (a failed one is not: progress stops before it)."""
+        if not refs:
+            return True
+        if len(ray.wait(refs, num_returns=len(refs), timeout=0)[0]) < len(refs):
+            return False
+        try:
+            ray.get(refs)
+        except ray.exceptions.RayError:
+            return False
+        return True
 
     # -- training loop -----------------------------------------------------------------------------
     def run(self, generation: int = 0) -> dict:
