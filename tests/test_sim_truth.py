@@ -224,9 +224,9 @@ def test_trace_validates_the_saturating_columns():
 
 
 def test_cli_truth_and_seeds(tmp_path, capsys):
-    from dlrover.sim.cli import main
+    from dlrover.cli import main
 
-    base = ["--jobs", "12", "--nodes", "4", "--no-failures", "--out", str(tmp_path / "o")]
+    base = ["simulate", "--jobs", "12", "--nodes", "4", "--no-failures", "--out", str(tmp_path / "o")]
     assert main([*base, "--truth", "oracle"]) == 2
     assert "--truth: expected one or more of model, saturating, profile" in capsys.readouterr().err
     assert main([*base, "--truth", "model,saturating", "--json"]) == 0

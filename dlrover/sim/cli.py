@@ -6,14 +6,13 @@ the name inside says which policy), and either may end in ``+pal`` for PAL's
 variability-aware placement instead of best-fit packing. ``--truth`` picks the ground
 truth (``dlrover.sim.truth``; a comma-separated list compares several) and ``--seeds N``
 repeats the comparison on N synthetic traces (seeds ``--seed`` ..), printing mean and
-spread. ``python -m dlrover.sim.cli`` takes the same options.
+spread.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -141,52 +140,3 @@ def _many_seeds(args: argparse.Namespace, entries: list[PolicyEntry], truths: li
         print(seeds_table(rows))
         print(f"wrote {out / 'summary_seeds.csv'}")
     return 0
-
-
-def _number(kind: type, low: float, strict: bool):
-    def parse(text: str):
-        try:
-            v = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if not math.isfinite(v) or (v <= low if strict else v < low):
-            raise argparse.ArgumentTypeError(f"must be {'>' if strict else '>='} {low:g}, got {text!r}")
-        return v
-
-    return parse
-
-
-def parser() -> argparse.ArgumentParser:
-    """The options of ``dlrover simulate``, ``--truth`` and ``--seeds`` included."""
-    pos_int, pos = _number(int, 0, True), _number(float, 0, True)
-    p = argparse.ArgumentParser(prog="python -m dlrover.sim.cli", description="compare allocation policies in the cluster simulator")
-    p.add_argument("--trace", default="synthetic", help="trace CSV/Parquet, or 'synthetic' (default)")
-    p.add_argument("--jobs", type=pos_int, default=400, help="jobs of the synthetic trace")
-    p.add_argument("--nodes", type=pos_int, default=40)
-    p.add_argument("--node-cpu", type=pos, default=64.0)
-    p.add_argument("--node-memory-gb", type=pos, default=256.0)
-    p.add_argument("--seed", type=_number(int, 0, False), default=0)
-    p.add_argument("--seeds", type=pos_int, default=1, help="synthetic traces of seeds --seed.. (mean and spread)")
-    p.add_argument("--truth", default=DEFAULT_TRUTH, help=f"ground truth: {', '.join(TRUTHS)} (comma-separated: several)")
-    p.add_argument("--policies", default="static,dlrover_rm", help="comma-separated names or policy YAML files, each optionally +pal")
-    p.add_argument("--tick", type=_number(float, 1, False), default=300.0, help="seconds between a job's policy decisions")
-    p.add_argument("--failure-rate", type=_number(float, 0, False), default=6.5e-3, help="node failures per node-day")
-    p.add_argument("--no-failures", action="store_true")
-    p.add_argument("--no-stragglers", action="store_true")
-    p.add_argument("--json", action="store_true", help="print only JSON metrics")
-    p.add_argument("--out", help="directory for CSV and PNG outputs (default runs/sim-<time>)")
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m dlrover.sim.cli``: ``dlrover simulate`` with ``--truth`` and ``--seeds``."""
-    args = parser().parse_args(argv)
-    try:
-        return cmd_simulate(args)
-    except DLRoverError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """Policies compared over several trace seeds and truths: one trace is one draw, so a
 claim about a policy needs the mean and spread of its change against ``static``
-(``dlrover simulate --seeds N --truth ...``, or ``python -m dlrover.sim.cli``)."""
+(``dlrover simulate --seeds N --truth ...``)."""
 
 from __future__ import annotations
 
