@@ -20,8 +20,10 @@ import psutil
 import torch
 
 from dlrover.chaos import ChaosState
+from dlrover.checkpoint.delta import ChangedRows
 from dlrover.preemption import on_sigterm
 from dlrover.ps.applied import AppliedLog, BatchId
+from dlrover.ps.delta import CutTracker, report
 from dlrover.ps.migration import DirtyRows, apply_dirty, copy_blocks, copy_dirty_local, export_blocks, export_dirty
 from dlrover.ps.routing import nonempty_bags
 from dlrover.ps.vshard import VShardMap
@@ -99,6 +101,7 @@ class EmbeddingPS:
         self._proc = psutil.Process()
         self._prepared: tuple | None = None  # (vmap version, thread, {"tbe": ..., "bytes": ...}) from prepare()
         self._dirty: DirtyRows | None = None  # rows pushed since track()
+        self._cut_tracker: CutTracker | None = None  # rows pushed since the last cut (durable deltas)
         self._snap: dict | None = None  # taken by snapshot(), handed over by snapshot_payload()
         import ray
 
@@ -171,9 +174,11 @@ class EmbeddingPS:
             g[nz] = torch.as_tensor(grad)
             out.backward(g.view(num_tables, batch, self.dim).transpose(0, 1).reshape(batch, num_tables * self.dim))
             bags = int(nz.numel())
+        rows = (len(off) - 1) // num_tables if off is not None else batch
         if self._dirty is not None:
-            self._dirty.mark(idx, off, (len(off) - 1) // num_tables if off is not None else batch)
-        if (cut := getattr(self, "_cut_tracker", None)) is not None: cut.mark(self.tbe, idx, off, (len(off) - 1) // num_tables if off is not None else batch)  # noqa: E701
+            self._dirty.mark(idx, off, rows)
+        if self._cut_tracker is not None:
+            self._cut_tracker.mark(self.tbe, idx, off, rows)
         self._stats["pushes"] += 1
         self._stats["rows_updated"] += bags
         self._stats["busy_s"] += time.perf_counter() - t0
@@ -386,13 +391,10 @@ class EmbeddingPS:
         return s
 
     # -- durable checkpoint deltas --
-    def cut_changes(self) -> Any:  # dlrover.checkpoint.delta.ChangedRows
-        """The global rows pushed since the previous call (:mod:`dlrover.ps.delta`), for the
-        master's next durable delta. Called at every cut, with the workers parked, so that
-        consecutive reports split the pushes exactly at the cuts."""
-        from dlrover.ps.delta import CutTracker, report
-
+    def cut_changes(self) -> ChangedRows:
+        """The global rows pushed since the previous cut (:mod:`dlrover.ps.delta`), for the
+        master's next durable delta; called at every cut, with the workers parked."""
         with self._lock:
-            ended = getattr(self, "_cut_tracker", None)
+            ended = self._cut_tracker
             self._cut_tracker = CutTracker(self.vmap, self.index, self.tbe)
         return report(ended, self.vmap, self.tbe)
