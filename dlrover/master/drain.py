@@ -69,15 +69,15 @@ class NodeDrains:
             noticed = dict(self.noticed)
         lz = self.m.launcher
         moving = {a: d for a, d in noticed.items() if lz.handle(a) is not None}  # SIGTERMed, still here
+        why = {a: f"{a} got SIGTERM" for a in moving}
         for order in self.orders.values():
-            moving.update({a: order.deadline_s for a in self._on(order.node)})
+            for a in self._on(order.node):
+                moving[a], why[a] = order.deadline_s, f"node {order.node[:12]} is being drained"
         to_move = [a for a in moving if a not in draining]  # drained workers are on their way out
         started: dict[Any, str] = {}
         if to_move and not self.m.control.busy() and now >= self._next_try_s:
             self._next_try_s = now + RETRY_S
-            why = ", ".join(sorted({f"node {o.node[:12]} is being drained" for o in self.orders.values() if set(self._on(o.node)) & set(to_move)}
-                                   | ({f"{a} got SIGTERM" for a in to_move if a in noticed})))  # fmt: skip
-            started.update(self.m.control.replace_now(to_move, why))
+            started.update(self.m.control.replace_now(to_move, ", ".join(sorted({why[a] for a in to_move}))))
         late = [a for a, d in moving.items() if a in draining and d is not None and now > d - EVICT_MARGIN_S]
         if late:
             self._evict(late, pending)
