@@ -69,8 +69,9 @@ class Failure:
     capacity_lost: float | None = None  # share of the job's capacity it took (ETTR weight)
     checkpoint: CheckpointRef | None = None
     samples_replayed: int | None = None
-    rollback_s: float | None = None
+    rollback_s: float | None = None  # the rollback's (or partial recovery's) own time
     restarts: int | None = None
+    updates_lost: int | None = None  # bags a replaced PS had applied since its checkpoint (partial)
 
     @property
     def cause_class(self) -> CauseClass:
@@ -89,7 +90,7 @@ class Failure:
             "handled_s": self.handled_s,
             "recovered_s": self.recovered_s,
         }
-        for name in ("replacement", "shards_requeued", "capacity_lost", "samples_replayed", "rollback_s", "restarts"):
+        for name in ("replacement", "shards_requeued", "capacity_lost", "samples_replayed", "rollback_s", "restarts", "updates_lost"):
             value = getattr(self, name)
             if value is not None:
                 out[name] = value

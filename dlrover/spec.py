@@ -220,6 +220,19 @@ class CheckpointSpec(_Strict):
         return self
 
 
+class RecoverySpec(_Strict):
+    """What a lost embedding PS costs (a lost dense PS always rolls the job back).
+
+    ``partial``: only the dead PS's vshards go back to the newest checkpoint; the other PS,
+    the dense PS and the workers keep their state, and the updates the dead PS had applied
+    since that checkpoint are counted as ``updates_lost``. ``rollback``: the whole job goes
+    back to the checkpoint and retrains the samples since (nothing lost, more replayed).
+    See docs/FAULTS.md, "Partial PS recovery".
+    """
+
+    ps: Literal["partial", "rollback"] = "partial"
+
+
 class TrainSpec(_Strict):
     """How a worker trains. ``staleness`` 1 overlaps the embedding pull of step i+1 with
     step i (bounded staleness of one step); 0 pulls only after the previous push landed."""
@@ -282,6 +295,7 @@ class JobSpec(_Strict):
     optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
     policy: PolicySpec = Field(default_factory=PolicySpec)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    recovery: RecoverySpec = Field(default_factory=RecoverySpec)
     train: TrainSpec = Field(default_factory=TrainSpec)
     chaos: list[ChaosEvent] = Field(default_factory=list)
 

@@ -92,6 +92,17 @@ def fault_spec(synth_dir, tmp_path, chaos, **over):
     )
 
 
+@pytest.fixture(scope="session")
+def fault_free(ray_local, synth_dir_large, tmp_path_factory):
+    """The summary of ``fault_spec``'s job without faults: what a recovered job compares to."""
+    from dlrover.runner import run_job
+
+    tmp = tmp_path_factory.mktemp("fault_free")
+    s, _ = run_job(fault_spec(synth_dir_large, tmp, []), runs_dir=str(tmp / "runs"), progress="none")
+    assert s["status"] == "succeeded" and s["failures"] == []
+    return s
+
+
 def batches_expected(spec) -> int:
     """Batches a job trains: each shard's rows in ``batch_size`` chunks (data without bad
     lines), counted from the same shard queue the master builds."""

@@ -20,16 +20,6 @@ from conftest import check_exactly_once, fault_spec, small_spec
 AUC_TOLERANCE = 0.01
 
 
-@pytest.fixture(scope="module")
-def fault_free(ray_local, synth_dir_large, tmp_path_factory):
-    from dlrover.runner import run_job
-
-    tmp = tmp_path_factory.mktemp("fault_free")
-    s, _ = run_job(fault_spec(synth_dir_large, tmp, []), runs_dir=str(tmp / "runs"), progress="none")
-    assert s["status"] == "succeeded" and s["failures"] == []
-    return s
-
-
 def check_recovered(s: dict, reference: dict, kind: str) -> dict:
     assert s["status"] == "succeeded", s.get("status")
     assert s["samples_lost"] == 0 and s["samples_trained"] == s["samples_expected"]
@@ -55,10 +45,10 @@ def test_worker_kill(fault_free, synth_dir_large, tmp_path):
     check_exactly_once(s, spec)  # PS state survived: no rollback, and no batch applied twice
 
 
-def test_ps_kill_rolls_back_to_in_memory_checkpoint(fault_free, synth_dir_large, tmp_path):
+def test_ps_kill_under_rollback_rolls_back_to_in_memory_checkpoint(fault_free, synth_dir_large, tmp_path):
     from dlrover.runner import run_job
 
-    spec = fault_spec(synth_dir_large, tmp_path, [{"at_s": 3, "action": "kill", "target": "ps:1"}])
+    spec = fault_spec(synth_dir_large, tmp_path, [{"at_s": 3, "action": "kill", "target": "ps:1"}], recovery__ps="rollback")
     s, path = run_job(spec, runs_dir=str(tmp_path / "runs"), progress="none")
     f = check_recovered(s, fault_free, "ps_death")
     assert f["actor"].endswith("ps-1")

@@ -249,6 +249,27 @@ class ShardQueue:
     def samples_done(self) -> int:
         return self._samples_done
 
+    def applied_lines(self, shard_id: int) -> int:
+        """Lines of a shard the model holds with nothing leased: all of a done one, the
+        offset of a half-trained one, else none."""
+        f, start, stop = self._ranges[shard_id % self.shards_per_epoch]
+        if shard_id in self._done:
+            return stop - start
+        if shard_id in self._doing:
+            raise ValueError(f"shard {shard_id} is leased: its applied lines are not known here")
+        return self._offset.get(shard_id, (0, 0))[0]
+
+    def lines_since(self, before: "ShardQueue") -> list[tuple[str, int, int]]:
+        """(path, first line, stop) of every line trained here and not in ``before`` (an
+        earlier cut of the same job), both with nothing leased."""
+        out = []
+        for i in range(self.total_shards):
+            a, b = before.applied_lines(i), self.applied_lines(i)
+            if b > a:
+                f, start, _ = self._ranges[i % self.shards_per_epoch]
+                out.append((self.files[f][0], start + a, start + b))
+        return out
+
     def lease_ages(self) -> dict[int, float]:
         """Seconds since each leased shard's lease was taken or last renewed."""
         now = self.clock()

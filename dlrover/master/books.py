@@ -167,15 +167,33 @@ class ShardBooks:
             self._retired.add(worker)
             self._draining.discard(worker)
             self._reports.pop(worker, None)
-            held = [i for i, owner in self.queue.doing_owners().items() if owner == worker]
-            requeued = self.queue.requeue_owner(worker)
-            back = {s.shard_id for s in requeued}
-            self._newly_done += [i for i in held if i not in back]
-            if not parked:
-                self._uncertain |= back
+            requeued = self._requeue(worker, parked)
             if self.queue.finished and self.train_end is None:
                 self.train_end = self.clock()
             self._work.notify_all()
+        return requeued
+
+    def requeue_all(self) -> list[Shard]:
+        """Every worker's run was aborted (a PS was replaced under them): each leased shard
+        goes back from where its holder's progress left it, and runs from before count
+        for nothing (a new generation). The workers stay: they lease afresh. Survivors may
+        hold batches past that progress, so the shards are unsettled until done."""
+        with self._work:
+            back = [s for owner in sorted(set(self.queue.doing_owners().values())) for s in self._requeue(owner, parked=False)]
+            self.generation += 1
+            if self.queue.finished and self.train_end is None:
+                self.train_end = self.clock()
+            self._work.notify_all()
+        return back
+
+    def _requeue(self, owner: str, parked: bool) -> list[Shard]:
+        """``owner``'s leased shards back to todo from its progress (lock held)."""
+        held = [i for i, o in self.queue.doing_owners().items() if o == owner]
+        requeued = self.queue.requeue_owner(owner)
+        back = {s.shard_id for s in requeued}
+        self._newly_done += [i for i in held if i not in back]
+        if not parked:
+            self._uncertain |= back
         return requeued
 
     def stop(self) -> None:

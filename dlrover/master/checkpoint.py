@@ -144,6 +144,8 @@ class Checkpointer:
             changed = [h.cut_changes.remote() for h in ps.values()]  # rows pushed since the last cut
             ray.get([h.snapshot.remote() for h in ps.values()], timeout=timeout_s)
             changed = ray.get(changed, timeout=timeout_s)
+            # What each PS had applied at the cut: partial recovery reports a dead one's.
+            bags = {str(k): int(st["rows_updated"]) for k, st in zip(ps, ray.get([h.stats.remote() for h in ps.values()], timeout=timeout_s))}
             dense = ray.get(lz.dense_ps.state.remote(), timeout=timeout_s)
             cut = m.books.cut(trained)
         except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError) as e:
@@ -160,6 +162,7 @@ class Checkpointer:
         self._seq += 1
         ckpt = Checkpoint(self._seq, now, cut.queue, held_samples(cut.queue), cut.bad_lines, cut.steps, dense, refs, pause, extra=dict(extra or {}))
         ckpt.extra["config"] = lz.config(exclude=m.books.draining()).to_dict()
+        ckpt.extra["ps_bags"] = bags
         ckpt.extra["vmap"] = {"table_sizes": lz.vmap.table_sizes, "num_vshards": lz.vmap.num_vshards, "owner": lz.vmap.owner.tolist(), "version": lz.vmap.version}
         if self.chain is not None:
             self.chain.add_cut(ckpt.seq, lz.vmap.table_sizes, changed)

@@ -12,12 +12,16 @@ Handling, by what was lost:
 
 - a worker: its leased shards go back to todo (at-least-once: the part it had pushed is
   trained again), a replacement of the same size starts;
-- a PS (or the dense PS): its state is gone, so the job rolls back to the newest
-  checkpoint whose data can be had (in memory, else durable): every worker stops, the
-  dead PS are replaced, every PS and the dense PS load the checkpoint, the shard queue
-  goes back to the checkpoint's cut, and the shards completed since are trained again
-  (``samples_replayed``). Nothing the checkpoint does not hold is counted as trained, so
-  nothing is lost;
+- an embedding PS, under ``recovery.ps: partial`` (the default): only its vshards go
+  back to the newest checkpoint (``dlrover.master.partial``); the other PS, the dense PS
+  and the workers keep their state, and the dead PS's updates since the checkpoint are
+  counted as ``updates_lost``;
+- the dense PS, or any PS under ``recovery.ps: rollback``: the job rolls back to the
+  newest checkpoint whose data can be had (in memory, else durable): every worker stops,
+  the dead PS are replaced, every PS and the dense PS load the checkpoint, the shard
+  queue goes back to the checkpoint's cut, and the shards completed since are trained
+  again (``samples_replayed``). Nothing the checkpoint does not hold is counted as
+  trained, so nothing is lost;
 - with ``checkpoint.on_failure: restart`` (the baseline): every failure restarts every
   actor from the last durable checkpoint, as a job without live recovery would.
 
@@ -36,6 +40,7 @@ import ray
 from dlrover.failures import Failure, FailureKind, LostPs
 from dlrover.ids import ProcessInfo, Role
 from dlrover.master.liveness import SUSPECT_AFTER_S, Prober, kill_process, liveness_timeout_s
+from dlrover.master.partial import recover_partially
 from dlrover.master.rollback import Rollback, roll_back
 from dlrover.resource.plan import CorrectionKind, ResourcePlan
 
@@ -44,6 +49,7 @@ from dlrover.master.job import Job
 
 MASTER_GAP_S = 2.0  # a gap this long (and half the timeout) between the master's ticks renews every lease
 ABORT_TIMEOUT_S = 30.0
+COUNT_TIMEOUT_S = 600.0  # reading back the lines a partial recovery lost
 BAD_NODE_STRIKES = 2  # failures or stragglers on one node before new actors avoid it
 
 
@@ -68,6 +74,8 @@ class Recovery:
         self.strikes: Counter = Counter()  # node -> failures + stragglers
         self.samples_replayed = 0
         self.rollbacks = 0
+        self.partial_recoveries = 0
+        self._counting: list[tuple[Failure, Any]] = []  # partial recoveries' updates_lost, being counted
         self._awaiting: dict[str, list[Failure]] = {}  # worker -> failures its first step ends
 
     def now(self) -> float:
@@ -234,11 +242,15 @@ class Recovery:
                 self.m.events.add("recovered", actor=f.actor, failure_kind=f.kind.value, after_s=round(now - f.at_s, 3))
 
     def finish(self) -> None:
-        """End of job: a failure whose replacement never trained counts as recovered when handled."""
+        """End of job: a failure whose replacement never trained counts as recovered when
+        handled; the counts of updates lost are collected."""
         for f in self.m.failures:
             if f.recovered_s is None:
                 f.recovered_s = f.handled_s
         self._awaiting.clear()
+        for f, ref in self._counting:
+            f.updates_lost = int(ray.get(ref, timeout=COUNT_TIMEOUT_S))
+        self._counting.clear()
 
     def note_bad(self, node: str) -> None:
         """One strike against a node; at ``BAD_NODE_STRIKES`` new actors avoid it."""
@@ -281,6 +293,15 @@ class Recovery:
         if self.m.spec.checkpoint.on_failure == "restart":
             self.restart_all(pending, failures[0], more=failures[1:])
             return
+        if self.m.spec.recovery.ps == "partial" and not lost.dense:
+            part = recover_partially(self.m, pending, lost)
+            if part is not None:
+                self.partial_recoveries += 1
+                for f in failures:
+                    part.apply_to(f)
+                    self._counting.append((f, part.lost))
+                    self.record(f, list(pending.values()))
+                return
         back = self.rollback(pending, lost)
         for f in failures:
             back.apply_to(f)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import ray
 
 from dlrover.failures import CheckpointRef, Failure, FailureKind, LostPs
@@ -56,14 +57,11 @@ def stop_workers(m: Job, pending: dict[Any, str]) -> list[str]:
     pending.clear()
     return lost
 
-def roll_back(m: Job, pending: dict[Any, str], lost_ps: LostPs, replace_all: bool = False) -> Rollback:
-    """Roll the whole job back to the newest usable checkpoint (see module doc)."""
+
+def stop_all_workers(m: Job, pending: dict[Any, str]) -> list[str]:
+    """Abort every worker's run; the workers found gone or hung, then or by a ping after."""
     lz = m.launcher
-    t0 = m.clock() - m.t0
-    if m.control is not None:
-        m.control.abort_pending()
     lost = stop_workers(m, pending)
-    # Anything else that died or hangs meanwhile is replaced in the same rollback.
     survivors = [n for n in lz.workers if n not in lost]
     answers = {n: lz.workers[n].ping.remote() for n in survivors}
     ready, _ = ray.wait(list(answers.values()), num_returns=len(answers), timeout=10.0) if answers else ([], [])
@@ -74,27 +72,53 @@ def roll_back(m: Job, pending: dict[Any, str], lost_ps: LostPs, replace_all: boo
             ray.get(ref)
         except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
             lost.append(n)
-    lost_ps = lost_ps | m.recovery.dead_ps_now()
-    if replace_all:
-        lost = list(lz.workers)
-        lost_ps = LostPs(tuple(lz.ps), True)
-    draining = m.books.draining()
-    for name in set(lost) | draining:
+    return lost
+
+
+def replace_workers(m: Job, names: set[str], drop: frozenset[str] = frozenset()) -> None:
+    """Forget these workers and start one of the same size for each (none for ``drop``)."""
+    lz = m.launcher
+    for name in names:
         if name in lz.workers:
             size = lz.resources.get(name, (None, None))
             lz.forget_worker(name)
             if m.control is not None:
                 m.control.forget(name)
-            if name not in draining:
+            if name not in drop:
                 lz.add_worker(*size)
-    # Replace lost PS; the new ones take over exactly their vshards.
-    owner = lz.vmap.owner.copy()
-    for k in lost_ps.ps:
+
+
+def replace_ps(m: Job, ids: tuple[int, ...]) -> tuple[np.ndarray, dict[int, int]]:
+    """Start a PS of the same size (more memory after an OOM kill) for each lost one in
+    ``ids``: the owner array with each replacement taking exactly its predecessor's
+    vshards, and which replaced which."""
+    lz = m.launcher
+    owner, replaced = lz.vmap.owner.copy(), {}
+    for k in ids:
         size = lz.resources.get(lz.ps_name(k), (lz.spec.resources.ps_cpu, lz.spec.resources.ps_memory_mb))
         if lz.ps_name(k) in m.recovery.oom_killed and m.control is not None:
             size = (size[0], m.control.memory_after_oom(size[1]))
         lz.remove_ps(k)
-        owner[owner == k] = lz.add_ps(*size)
+        replaced[k] = lz.add_ps(*size)
+        owner[owner == k] = replaced[k]
+    return owner, replaced
+
+
+def roll_back(m: Job, pending: dict[Any, str], lost_ps: LostPs, replace_all: bool = False) -> Rollback:
+    """Roll the whole job back to the newest usable checkpoint (see module doc)."""
+    lz = m.launcher
+    t0 = m.clock() - m.t0
+    if m.control is not None:
+        m.control.abort_pending()
+    # Anything else that died or hangs meanwhile is replaced in the same rollback.
+    lost = stop_all_workers(m, pending)
+    lost_ps = lost_ps | m.recovery.dead_ps_now()
+    if replace_all:
+        lost = list(lz.workers)
+        lost_ps = LostPs(tuple(lz.ps), True)
+    draining = m.books.draining()
+    replace_workers(m, set(lost) | draining, drop=draining)
+    owner, _ = replace_ps(m, lost_ps.ps)
     if lost_ps.dense:
         lz.new_dense_ps()
     lz.wait_started()

@@ -58,6 +58,7 @@ def reliability_fields(m: Job, summary: dict) -> dict:
         "ettr": rep.ettr,
         "mttf_s": rep.mttf_s,
         "samples_replayed": int(m.recovery.samples_replayed),
+        "updates_lost": sum(f.updates_lost or 0 for f in m.failures),
         "oom_kills": sum(f.kind == FailureKind.OOM_KILL for f in m.failures),
         "bad_nodes": sorted(m.launcher.avoid),
         "checkpoints": m.checkpointer.summary(),

@@ -54,6 +54,12 @@ class VShardMap:
     def num_ps(self) -> int:
         return len(np.unique(self.owner))
 
+    def bags_on(self, sparse: np.ndarray, ps_ids: list[int]) -> int:
+        """How many bags of a batch of raw ids (``[N, tables]``, one id per bag, as the
+        workers route them) go to the PS ``ps_ids``."""
+        rows = np.remainder(np.asarray(sparse, dtype=np.int64), np.asarray(self.table_sizes, dtype=np.int64))
+        return int(np.isin(self.owner[rows % self.num_vshards], ps_ids).sum())
+
     def reassigned(self, ps_ids: list[int], load: dict[int, float] | None = None) -> "VShardMap":
         """A new version spreading the vshards over ``ps_ids`` with as few moves as possible.
 

@@ -1,0 +1,104 @@
+"""Partial PS recovery (``recovery.ps: partial``): a lost embedding PS costs only its own
+vshards' updates since the newest checkpoint, not the whole job's.
+
+Every worker's run is aborted (the workers stay, with their processes and routing), the
+dead PS are replaced, each replacement loads exactly the dead PS's vshards from the
+newest checkpoint's payloads, and the surviving PS and the dense PS keep their state.
+Each leased shard goes back to the queue from its holder's last progress report and the
+runs start again under a new generation: a batch past that progress which some survivor
+had applied is skipped there (its applied log) and applied on the replacement, which
+never saw it.
+
+What is lost: the updates of the dead PS's vshards in the lines trained between the
+checkpoint's cut and the point each shard resumes from. The master counts them from the
+data itself (the lines are read again and routed as the workers route them), on a
+background task, into the failure's ``updates_lost``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import ray
+
+from dlrover.data.criteo import FileIndex
+from dlrover.data.reader import FileReader
+from dlrover.data.shards import ShardQueue
+from dlrover.failures import CheckpointRef, Failure, LostPs
+from dlrover.ps.vshard import VShardMap
+
+from dlrover.master.job import Job
+from dlrover.master.rollback import replace_ps, replace_workers, stop_all_workers
+
+READ_ROWS = 65_536  # lines read at a time when counting lost updates
+
+
+@dataclass(frozen=True)
+class PartialRecovery:
+    """Where the replaced PS went back to, and what that cost."""
+
+    checkpoint: CheckpointRef
+    recovery_s: float
+    replaced: dict[str, str]  # dead PS -> its replacement (actor names)
+    lost: Any  # ObjectRef of ``count_bags``: the updates lost with the dead PS
+
+    def apply_to(self, failure: Failure) -> None:
+        failure.checkpoint, failure.rollback_s, failure.samples_replayed = self.checkpoint, self.recovery_s, 0
+        failure.replacement = self.replaced.get(failure.actor)
+
+
+@ray.remote(num_cpus=0)
+def count_bags(files: dict[str, FileIndex], ranges: list[tuple[str, int, int]], vmap: VShardMap, ps_ids: list[int]) -> int:
+    """Bags of the lines ``ranges`` that the PS ``ps_ids`` own under ``vmap`` (bad lines
+    trained nothing: skipped)."""
+    reader, total = FileReader(on_bad_line="skip", cache_files=0), 0
+    for path, start, stop in ranges:
+        for a in range(start, stop, READ_ROWS):
+            batch, _ = reader.read(files[path], a, min(stop, a + READ_ROWS))
+            total += vmap.bags_on(batch.sparse, ps_ids)
+    return total
+
+
+def recover_partially(m: Job, pending: dict[Any, str], lost_ps: LostPs) -> PartialRecovery | None:
+    """Replace the embedding PS ``lost_ps.ps`` from the newest checkpoint (see module
+    doc). None, with every run stopped, when the dense PS turns out to be gone too: then
+    only a rollback will do."""
+    lz = m.launcher
+    t0 = m.clock() - m.t0
+    if m.control is not None:
+        m.control.abort_pending()
+    gone = stop_all_workers(m, pending)
+    lost_ps = lost_ps | m.recovery.dead_ps_now()
+    if lost_ps.dense:
+        return None
+    for name in gone:
+        m.books.retire(name)
+    replace_workers(m, set(gone))
+    m.books.requeue_all()
+    ckpt, payloads, source = m.checkpointer.payloads()
+    if source == "durable" and m.checkpointer.chain is not None:
+        m.checkpointer.chain.broken()  # the replacements hold an older state than the newest cut
+    at_death = lz.vmap
+    owner, replaced = replace_ps(m, lost_ps.ps)
+    lz.wait_started()
+    refs = [p if isinstance(p, ray.ObjectRef) else ray.put(p) for p in payloads]
+    vmap = VShardMap(at_death.table_sizes, at_death.num_vshards, owner, at_death.version + 1)
+    # The replacements rebuild their vshards; the survivors keep theirs (same slots: only
+    # the map's version moves, and pulls of the aborted runs are dropped).
+    new = set(replaced.values())
+    ray.get([h.restore.remote(vmap, refs) if k in new else h.reconfigure.remote(vmap, []) for k, h in lz.ps.items()])
+    lz.vmap = vmap
+    ranges = m.books.queue.lines_since(ShardQueue.from_state_dict(ckpt.queue))
+    lost = count_bags.remote(lz.files, ranges, at_death, list(lost_ps.ps))
+    ray.get([h.set_routing.remote(dict(lz.ps), vmap, lz.dense_ps) for h in lz.workers.values()])
+    for name in lz.workers:
+        pending[lz.start(name)] = name
+    if m.control is not None:
+        m.control.after_rollback()
+    names = {lz.ps_name(k): lz.ps_name(v) for k, v in replaced.items()}
+    back = PartialRecovery(CheckpointRef(ckpt.seq, round(ckpt.at_s, 3), source), round((m.clock() - m.t0) - t0, 3), names, lost)
+    m.events.add("partial_recovery", checkpoint=asdict(back.checkpoint), recovery_s=back.recovery_s, generation=m.books.generation,
+                 replaced=names, lines_lost=sum(b - a for _, a, b in ranges),
+                 bags_at_checkpoint={lz.ps_name(k): ckpt.extra.get("ps_bags", {}).get(str(k)) for k in lost_ps.ps})
+    return back
