@@ -142,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     el.add_argument("--json", action="store_true")
     el.add_argument("--rows", type=_positive_int, default=1_500_000)
     el.add_argument("--num-embeddings", type=_positive_int, default=400_000, help="rows per table (26 tables of dim 16)")
-    rc = bsub.add_parser("recovery", help="fault recovery (ETTR, detect/recover per fault kind) vs restart-from-checkpoint")
+    rc = bsub.add_parser("recovery", help="fault recovery: partial PS recovery vs rollback vs restart-from-checkpoint (ETTR, detect/recover, replayed, lost)")
     rc.add_argument("--json", action="store_true")
     rc.add_argument("--quick", action="store_true", help="a shorter job with 2 faults (smoke run)")
     ck = bsub.add_parser("checkpoint", help="bytes per durable checkpoint (full, delta, delta+int8) and AUC after an int8 resume")

@@ -1,23 +1,26 @@
-"""``dlrover bench recovery``: fault recovery against restart-from-the-last-checkpoint.
+"""``dlrover bench recovery``: partial PS recovery, rollback, and restart-from-checkpoint.
 
-The same job (2 workers + 2 PS, synthetic Criteo) runs twice under the same fixed fault
-schedule (``chaos:`` kills of workers and PS at fixed times after the job's actors first
-started), with the same durable checkpoint cadence (``checkpoint.interval_s``):
+The same job (2 workers + 2 PS, synthetic Criteo) runs three times under the same fixed
+fault schedule (``chaos:`` kills of workers and PS at fixed times after the job's actors
+first started), with the same durable checkpoint cadence (``checkpoint.interval_s``):
 
-- platform (``checkpoint.on_failure: recover``): a dead worker is replaced while the
-  others train on (its shards go back to the queue); a dead PS rolls the job back to the
-  newest in-memory checkpoint (``memory_interval_s``, a few seconds old);
-- baseline (``checkpoint.on_failure: restart``, what Ray Train does): every failure
+- partial (``recovery.ps: partial``, the default): a dead worker is replaced while the
+  others train on (its shards resume from its progress); a dead PS alone goes back to the
+  newest in-memory checkpoint (``memory_interval_s``), the other PS and the workers keep
+  their state, and the dead PS's updates since that checkpoint are lost and counted;
+- rollback (``recovery.ps: rollback``): the same, except that a dead PS rolls the whole
+  job back to that checkpoint, and the samples since are trained again;
+- restart (``checkpoint.on_failure: restart``, what Ray Train does): every failure
   restarts every actor from the last durable checkpoint. It takes its in-memory cuts only
   as often as it writes durable ones (it never rolls back to an in-memory one), so it
   pays no pauses it does not use.
 
 Measured per run, from the job's own failure records: detection (fault -> noticed) and
-recovery (noticed -> training again) per fault kind, samples replayed, wall time and
-ETTR (productive training time / wall time, ``dlrover.metrics.reliability``). Both runs
-train every sample (nothing lost), so the wall-time ratio compares the same work. The
-run directories (``summary.json``, ``events.jsonl``; durable checkpoints removed) are
-kept for a closer look; their path is printed on stderr.
+recovery (noticed -> training again) per fault kind, samples replayed, updates lost, wall
+time and ETTR (productive training time / wall time, ``dlrover.metrics.reliability``).
+Every run trains every sample, so the wall-time ratios compare the same work. The run
+directories (``summary.json``, ``events.jsonl``; durable checkpoints removed) are kept
+for a closer look; their path is printed on stderr.
 """
 
 from __future__ import annotations
@@ -28,13 +31,14 @@ import shutil
 import sys
 import tempfile
 import time
+from typing import NamedTuple
 
 from dlrover.errors import DLRoverError
 from dlrover.spec import JobSpec, spec_from_dict
 
 ROWS = 500_000
-DURABLE_INTERVAL_S = 20.0  # both runs
-MEMORY_INTERVAL_S = 5.0  # the platform's in-memory checkpoints
+DURABLE_INTERVAL_S = 20.0  # every run
+MEMORY_INTERVAL_S = 5.0  # the in-memory checkpoints partial recovery and rollback go back to
 # (s, target): chaos times count from when the job's actors first started (ChaosEvent),
 # so every fault lands in training. No master kills (kept robust). 25 s apart: a
 # whole-job restart takes 15-25 s on 2 busy cores, and a fault due while the job is still
@@ -43,9 +47,18 @@ SCHEDULE = [(10.0, "worker:0"), (35.0, "ps:1"), (60.0, "worker:1"), (85.0, "ps:0
 EPOCHS = 10  # 5M samples: > 100 s of training even on a quiet machine, so the last fault lands in training
 QUICK_SCHEDULE = [(5.0, "worker:0"), (25.0, "ps:1")]
 QUICK_EPOCHS = 2
-RUNS = {  # name: (checkpoint.on_failure, label)
-    "platform": ("recover", "platform (on_failure: recover)"),
-    "baseline": ("restart", "restart-from-checkpoint (on_failure: restart)"),
+
+
+class Mode(NamedTuple):
+    on_failure: str  # checkpoint.on_failure
+    ps: str  # recovery.ps
+    label: str
+
+
+RUNS = {
+    "partial": Mode("recover", "partial", "partial PS recovery (recovery.ps: partial)"),
+    "rollback": Mode("recover", "rollback", "rollback (recovery.ps: rollback)"),
+    "restart": Mode("restart", "rollback", "restart-from-checkpoint (checkpoint.on_failure: restart)"),
 }
 
 
@@ -53,11 +66,11 @@ class RecoveryBenchError(DLRoverError):
     """A bench run did not succeed (printed as one ``error:`` line, exit non-zero)."""
 
 
-def recovery_spec(data_dir: str, on_failure: str, epochs: int, schedule: list[tuple[float, str]]) -> JobSpec:
-    memory_interval = MEMORY_INTERVAL_S if on_failure == "recover" else DURABLE_INTERVAL_S
+def recovery_spec(data_dir: str, mode: Mode, epochs: int, schedule: list[tuple[float, str]]) -> JobSpec:
+    memory_interval = MEMORY_INTERVAL_S if mode.on_failure == "recover" else DURABLE_INTERVAL_S
     return spec_from_dict(
         {
-            "name": f"bench-recovery-{on_failure}",
+            "name": f"bench-recovery-{mode.on_failure}-{mode.ps}",
             "model": {"embedding_dim": 16, "num_embeddings": 40_000, "dense_arch": [64, 16], "over_arch": [128, 64, 1]},
             "data": {
                 "paths": [os.path.join(data_dir, "*.tsv")],
@@ -73,8 +86,9 @@ def recovery_spec(data_dir: str, on_failure: str, epochs: int, schedule: list[tu
                 "memory_interval_s": memory_interval,
                 "interval_s": DURABLE_INTERVAL_S,
                 "min_interval_s": DURABLE_INTERVAL_S,
-                "on_failure": on_failure,
+                "on_failure": mode.on_failure,
             },
+            "recovery": {"ps": mode.ps},
             "chaos": [{"at_s": at, "action": "kill", "target": target} for at, target in schedule],
         }
     )
@@ -107,7 +121,7 @@ def _first_line(e: BaseException) -> str:
 def _one(name: str, spec: JobSpec, runs_dir: str, planned: int) -> dict:
     from dlrover.runner import run_job
 
-    on_failure, label = RUNS[name]
+    label = RUNS[name].label
     try:
         summary, path = run_job(spec, runs_dir=runs_dir, progress="none", stop_when=_Progress(name))
     except DLRoverError as e:
@@ -121,19 +135,23 @@ def _one(name: str, spec: JobSpec, runs_dir: str, planned: int) -> dict:
             f"{label} run ended {summary['status']} with {summary['samples_lost']:,} samples lost{why} (summary: {path})"
         )
     rel = summary.get("reliability") or {}
-    replayed_by_kind: dict[str, int] = {}
+    by_kind = {k: {**v, "samples_replayed": 0, "updates_lost": 0} for k, v in (rel.get("by_kind") or {}).items()}
     for f in summary.get("failures", []):
-        replayed_by_kind[f["kind"]] = replayed_by_kind.get(f["kind"], 0) + int(f.get("samples_replayed") or 0)
-    by_kind = {k: {**v, "samples_replayed": replayed_by_kind.get(k, 0)} for k, v in (rel.get("by_kind") or {}).items()}
+        row = by_kind.setdefault(f["kind"], {"count": 0, "detect_s_mean": None, "recover_s_mean": None, "samples_replayed": 0, "updates_lost": 0})
+        row["samples_replayed"] += int(f.get("samples_replayed") or 0)
+        row["updates_lost"] += int(f.get("updates_lost") or 0)
     fired = [c for c in summary.get("chaos", []) if c.get("action") == "kill"]
     ckpts = summary.get("checkpoints") or {}
     return {
-        "on_failure": on_failure,
+        "on_failure": RUNS[name].on_failure,
+        "recovery_ps": RUNS[name].ps,
         "ettr": summary["ettr"],
         "wall_time_s": summary["wall_time_s"],
         "train_time_s": summary["train_time_s"],
         "samples_lost": summary["samples_lost"],
         "samples_replayed": summary["samples_replayed"],
+        "updates_lost": summary["updates_lost"],
+        "updates_total": summary["ps_bags_updated"],
         "samples_trained": summary["samples_trained"],
         "auc": summary.get("auc"),
         "by_kind": by_kind,
@@ -165,9 +183,9 @@ def run_recovery_bench(quick: bool = False) -> dict:
     tmp = tempfile.mkdtemp(prefix="dlrover-bench-recovery-")
     out["runs_dir"] = runs_dir = os.path.join(tmp, "runs")
     for name in RUNS:
-        spec = recovery_spec(data_dir, RUNS[name][0], epochs, schedule)
+        spec = recovery_spec(data_dir, RUNS[name], epochs, schedule)
         ensure_data(spec)
-        print(f"[bench] {RUNS[name][1]}: 2 workers + 2 PS, {epochs} epoch(s) of {ROWS:,} rows; kill {faults}", file=sys.stderr)
+        print(f"[bench] {RUNS[name].label}: 2 workers + 2 PS, {epochs} epoch(s) of {ROWS:,} rows; kill {faults}", file=sys.stderr)
         t0 = time.monotonic()
         r = out[name] = _one(name, spec, runs_dir, len(schedule))
         out["samples"] = r["samples_trained"]
@@ -179,12 +197,15 @@ def run_recovery_bench(quick: bool = False) -> dict:
     for ckpt in glob.glob(os.path.join(runs_dir, "*", "checkpoints")):
         shutil.rmtree(ckpt, ignore_errors=True)  # tens of MB each; summaries and events stay
     print(f"[bench] summaries and event logs: {runs_dir}", file=sys.stderr)
-    p, b = out["platform"], out["baseline"]
-    out["ettr_ratio"] = p["ettr"] / b["ettr"] if b["ettr"] else None
-    out["wall_ratio"] = b["wall_time_s"] / p["wall_time_s"] if p["wall_time_s"] else None
+    for name in RUNS:
+        out[f"ettr_{name}"] = out[name]["ettr"]
+    p, rb, rs = out["partial"], out["rollback"], out["restart"]
+    out["ettr_ratio"] = p["ettr"] / rb["ettr"] if rb["ettr"] else None  # partial / rollback (goal >= 1.2)
+    out["ettr_ratio_restart"] = p["ettr"] / rs["ettr"] if rs["ettr"] else None
+    out["wall_ratio"] = rb["wall_time_s"] / p["wall_time_s"] if p["wall_time_s"] else None
     # First shard to last: the same ratio without actor start-up, which faults do not touch
     # and which varies by several seconds from run to run on a busy machine.
-    out["train_time_ratio"] = b["train_time_s"] / p["train_time_s"] if p["train_time_s"] else None
+    out["train_time_ratio"] = rb["train_time_s"] / p["train_time_s"] if p["train_time_s"] else None
     return out
 
 
@@ -194,23 +215,23 @@ def print_recovery(r: dict) -> None:
 
     faults = ", ".join(f"{e['target']} at {e['at_s']:g}s" for e in r["schedule"])
     print(f"2 workers + 2 PS, {r['samples']:,} samples; kill {faults} (after the actors started)")
-    print(f"durable checkpoint every {r['durable_interval_s']:g}s in both runs; platform in-memory checkpoint every {r['memory_interval_s']:g}s")
-    for name in RUNS:
+    print(f"durable checkpoint every {r['durable_interval_s']:g}s in every run; in-memory checkpoint every {r['memory_interval_s']:g}s (partial, rollback)")
+    for name, mode in RUNS.items():
         run = r[name]
         print()
-        print(RUNS[name][1])
-        print(f"  {'fault kind':16s}{'count':>6s}{'detect (s)':>12s}{'recover (s)':>13s}{'replayed':>12s}")
+        print(mode.label)
+        print(f"  {'fault kind':16s}{'count':>6s}{'detect (s)':>12s}{'recover (s)':>13s}{'replayed':>12s}{'updates lost':>14s}")
         for kind, k in sorted(run["by_kind"].items()):
-            print(f"  {kind:16s}{k['count']:>6d}{g(k['detect_s_mean']):>12s}{g(k['recover_s_mean']):>13s}{k['samples_replayed']:>12,d}")
+            print(f"  {kind:16s}{k['count']:>6d}{g(k['detect_s_mean']):>12s}{g(k['recover_s_mean']):>13s}{k['samples_replayed']:>12,d}{k['updates_lost']:>14,d}")
         print(
             f"  wall {run['wall_time_s']:.1f}s  ETTR {run['ettr']:.3f}  replayed {run['samples_replayed']:,} samples"
-            f"  lost {run['samples_lost']}  AUC {g(run['auc'], '.4f')}"
+            f"  updates lost {run['updates_lost']:,} of {run['updates_lost'] + run['updates_total']:,}  AUC {g(run['auc'], '.4f')}"
         )
         print(
             f"  training {run['train_time_s']:.1f}s (first shard to last), of which down {g(run['downtime_s'], '.1f')}s and replaying {g(run['replay_s'], '.1f')}s;"
             f"  faults fired {run['faults_fired']}/{run['faults_planned']}, failures recorded {run['failures']}"
         )
     print()
-    print(f"ETTR ratio (platform / restart-from-checkpoint): {g(r['ettr_ratio'])}x (goal >= 1.2)")
-    print(f"wall-time ratio (restart-from-checkpoint / platform, same samples trained): {g(r['wall_ratio'])}x"
-          f" (training time only: {g(r['train_time_ratio'])}x)")
+    print(f"ETTR: partial {g(r['ettr_partial'], '.3f')}, rollback {g(r['ettr_rollback'], '.3f')}, restart {g(r['ettr_restart'], '.3f')}")
+    print(f"ETTR ratio partial / rollback: {g(r['ettr_ratio'])}x (goal >= 1.2); partial / restart: {g(r['ettr_ratio_restart'])}x")
+    print(f"wall-time ratio (rollback / partial, same samples trained): {g(r['wall_ratio'])}x (training time only: {g(r['train_time_ratio'])}x)")

@@ -288,9 +288,11 @@ class Controller:
         return self.driver.memory_after_oom(memory_mb)
 
     def after_rollback(self) -> None:
-        """The job went back to a checkpoint: the running window's throughput means nothing."""
+        """The job went back to a checkpoint (or a PS did): the running window's throughput
+        means nothing, and a spare taken as a replacement is made good."""
         with self._lock:
             self.driver.rolled_back(self._config(), self.now())
+        self._spares(self._config())
 
     def abort_pending(self) -> None:
         """The job ends: a rescale still starting its actors is dropped."""

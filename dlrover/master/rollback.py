@@ -89,7 +89,8 @@ def replace_workers(m: Job, names: set[str], drop: frozenset[str] = frozenset())
 
 
 def replace_ps(m: Job, ids: tuple[int, ...]) -> tuple[np.ndarray, dict[int, int]]:
-    """Start a PS of the same size (more memory after an OOM kill) for each lost one in
+    """Start (or take from the spares) a PS of the same size (more memory after an OOM
+    kill) for each lost one in
     ``ids``: the owner array with each replacement taking exactly its predecessor's
     vshards, and which replaced which."""
     lz = m.launcher
@@ -99,7 +100,8 @@ def replace_ps(m: Job, ids: tuple[int, ...]) -> tuple[np.ndarray, dict[int, int]
         if lz.ps_name(k) in m.recovery.oom_killed and m.control is not None:
             size = (size[0], m.control.memory_after_oom(size[1]))
         lz.remove_ps(k)
-        replaced[k] = lz.add_ps(*size)
+        spare = lz.take_spare_ps(*size)  # pre-started (policy.standby): no start-up to wait for
+        replaced[k] = spare if spare is not None else lz.add_ps(*size)
         owner[owner == k] = replaced[k]
     return owner, replaced
 
