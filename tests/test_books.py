@@ -51,3 +51,16 @@ def test_progress_of_a_stale_generation_or_a_retired_worker_is_ignored():
     b.progress("w0", {s.shard_id: (512, 512)}, 7)  # another generation
     b.retire("w0", parked=True)
     assert b.next_shard("w1", 0).skipped == 0
+
+
+def test_requeue_all_sends_every_lease_back_from_its_progress_under_a_new_generation():
+    b = books(rows=3000)
+    s0, s1 = b.next_shard("w0", 0), b.next_shard("w1", 0)
+    b.progress("w0", {s0.shard_id: (300, 300)}, 0)
+    back = b.requeue_all()
+    assert sorted(s.shard_id for s in back) == sorted([s0.shard_id, s1.shard_id])
+    assert not b.settled()  # a PS may hold batches past the progress
+    assert b.next_shard("w0", 0) == "stop"  # the aborted runs count for nothing
+    again = {s.shard_id: s for s in (b.next_shard("w0", 1), b.next_shard("w1", 1))}
+    assert again[s0.shard_id].skipped == 300 and again[s1.shard_id].skipped == 0
+    assert not b.queue.finished

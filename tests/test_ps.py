@@ -109,3 +109,14 @@ def test_initial_weights_do_not_depend_on_the_number_of_ps():
     for a, b in zip(tables[1], tables[3]):
         np.testing.assert_array_equal(a, b)
         assert np.abs(a).max() > 0 and np.abs(a).max() <= (1 / len(a)) ** 0.5
+
+
+def test_bags_on_counts_exactly_the_bags_routing_sends_to_each_ps():
+    """Partial recovery counts a dead PS's lost updates with ``bags_on``: it must agree
+    with the route the workers' pushes take."""
+    vmap = VShardMap.round_robin(SIZES, 16, 3)
+    sparse = np.random.default_rng(5).integers(0, 2**40, size=(500, len(SIZES)))
+    routed = PSClient([None] * 3, vmap, 8, "w", get=None).route(make_kjt(sparse))
+    for r in routed.requests:
+        assert vmap.bags_on(sparse, [r.ps]) == r.bag_n.numel()
+    assert vmap.bags_on(sparse, [0, 1, 2]) == sparse.size

@@ -264,3 +264,26 @@ def test_progress_never_moves_back_when_reports_arrive_out_of_order():
     q.progress(s.shard_id, "w0", lines=100, rows=100)  # an older, non-blocking report
     (back,) = q.requeue_owner("w0")
     assert back.skipped == 200
+
+
+def test_lines_since_a_cut_are_the_lines_trained_after_it_and_nothing_before():
+    q = ShardQueue([("a", 100), ("b", 50)], shard_rows=40, epochs=1, shuffle_seed=None)
+    s0, s1 = q.next("w0"), q.next("w1")  # a 0-40, a 40-80
+    cut = ShardQueue.from_state_dict(q.cut({s0.shard_id: (40, 40), s1.shard_id: (10, 10)}))
+    q.done(s0.shard_id, "w0", 40)
+    q.progress(s1.shard_id, "w1", lines=30, rows=29)  # one bad line
+    q.requeue_owner("w1")
+    s2 = q.next("w0")  # s1 again, after line 30
+    assert s2.shard_id == s1.shard_id
+    q.done(s2.shard_id, "w0", s2.rows)
+    s3 = q.next("w0")  # a 80-100, then requeued with 5 lines applied
+    q.progress(s3.shard_id, "w0", lines=5, rows=5)
+    q.requeue_owner("w0")
+    assert q.lines_since(cut) == [("a", 50, 80), ("a", 80, 85)]
+
+
+def test_applied_lines_of_a_leased_shard_are_not_known():
+    q = ShardQueue([("a", 100)], shard_rows=40, epochs=1, shuffle_seed=None)
+    s = q.next("w0")
+    with pytest.raises(ValueError, match="leased"):
+        q.applied_lines(s.shard_id)
