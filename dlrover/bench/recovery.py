@@ -44,8 +44,8 @@ MEMORY_INTERVAL_S = 5.0  # the in-memory checkpoints partial recovery and rollba
 # whole-job restart takes 15-25 s on 2 busy cores, and a fault due while the job is still
 # recovering fires right after it (two at once cost the baseline one restart, not two).
 SCHEDULE = [(10.0, "worker:0"), (35.0, "ps:1"), (60.0, "worker:1"), (85.0, "ps:0")]
-EPOCHS = 10  # 5M samples: > 100 s of training even on a quiet machine, so the last fault lands in training
-QUICK_SCHEDULE = [(5.0, "worker:0"), (25.0, "ps:1")]
+EPOCHS = 14  # 7M samples: > 120 s of training even on a quiet machine, so the last fault lands in training
+QUICK_SCHEDULE = [(5.0, "worker:0"), (12.0, "ps:1")]
 QUICK_EPOCHS = 2
 
 
