@@ -29,7 +29,7 @@ from dlrover.failures import CheckpointRef, Failure, LostPs
 from dlrover.ps.vshard import VShardMap
 
 from dlrover.master.job import Job
-from dlrover.master.rollback import replace_ps, replace_workers, stop_all_workers
+from dlrover.master.rollback import halt, replace_ps, replace_workers
 
 READ_ROWS = 65_536  # lines read at a time when counting lost updates
 
@@ -66,10 +66,7 @@ def recover_partially(m: Job, pending: dict[Any, str], lost_ps: LostPs) -> Parti
     only a rollback will do."""
     lz = m.launcher
     t0 = m.clock() - m.t0
-    if m.control is not None:
-        m.control.abort_pending()
-    gone = stop_all_workers(m, pending)
-    lost_ps = lost_ps | m.recovery.dead_ps_now()
+    gone, lost_ps = halt(m, pending, lost_ps)
     if lost_ps.dense:
         return None
     for name in gone:

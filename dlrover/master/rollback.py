@@ -58,9 +58,13 @@ def stop_workers(m: Job, pending: dict[Any, str]) -> list[str]:
     return lost
 
 
-def stop_all_workers(m: Job, pending: dict[Any, str]) -> list[str]:
-    """Abort every worker's run; the workers found gone or hung, then or by a ping after."""
+def halt(m: Job, pending: dict[Any, str], lost_ps: LostPs) -> tuple[list[str], LostPs]:
+    """Stop what moves (a rescale under way, every worker's run) and take stock: the
+    workers found gone or hung, then or by a ping after, and every PS found dead
+    (``lost_ps`` and any other that died meanwhile)."""
     lz = m.launcher
+    if m.control is not None:
+        m.control.abort_pending()
     lost = stop_workers(m, pending)
     survivors = [n for n in lz.workers if n not in lost]
     answers = {n: lz.workers[n].ping.remote() for n in survivors}
@@ -72,7 +76,7 @@ def stop_all_workers(m: Job, pending: dict[Any, str]) -> list[str]:
             ray.get(ref)
         except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
             lost.append(n)
-    return lost
+    return lost, lost_ps | m.recovery.dead_ps_now()
 
 
 def replace_workers(m: Job, names: set[str], drop: frozenset[str] = frozenset()) -> None:
@@ -110,11 +114,7 @@ def roll_back(m: Job, pending: dict[Any, str], lost_ps: LostPs, replace_all: boo
     """Roll the whole job back to the newest usable checkpoint (see module doc)."""
     lz = m.launcher
     t0 = m.clock() - m.t0
-    if m.control is not None:
-        m.control.abort_pending()
-    # Anything else that died or hangs meanwhile is replaced in the same rollback.
-    lost = stop_all_workers(m, pending)
-    lost_ps = lost_ps | m.recovery.dead_ps_now()
+    lost, lost_ps = halt(m, pending, lost_ps)  # anything else gone is replaced in the same rollback
     if replace_all:
         lost = list(lz.workers)
         lost_ps = LostPs(tuple(lz.ps), True)
