@@ -9,6 +9,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from dlrover.model.dlrm import PSClient, PSEmbeddingBagCollection, make_kjt, table_configs
 from dlrover.ps.embedding_ps import EmbeddingPS
+from dlrover.ps.shm import LocalLinks
 from dlrover.ps.vshard import VShardMap
 from dlrover.spec import ModelSpec
 
@@ -16,7 +17,7 @@ SIZES = [3, 17, 100, 1000] + [257] * 22
 MODEL = ModelSpec(embedding_dim=8, num_embeddings=SIZES, dense_arch=[8], over_arch=[1])
 
 
-def _ps_setup(ray, num_ps: int, vshards: int, lr: float = 0.1):
+def _ps_setup(ray, num_ps: int, vshards: int, lr: float = 0.1, shm: bool = False):
     vmap = VShardMap.round_robin(SIZES, vshards, num_ps)
     cls = ray.remote(EmbeddingPS)
     ps = [cls.remote(k, vmap, 8, {"name": "sgd", "lr": lr}, 0) for k in range(num_ps)]
@@ -27,6 +28,8 @@ def _ps_setup(ray, num_ps: int, vshards: int, lr: float = 0.1):
         owner = vmap.owner[np.arange(SIZES[t]) % vmap.num_vshards]
         ray.get([ps[k].set_table_rows.remote(t, np.flatnonzero(owner == k), w[owner == k]) for k in range(num_ps)])
     client = PSClient(ps, vmap, 8, "test-worker", get=ray.get)
+    if shm:  # this process and the PS share the node: answers and gradients in shared memory
+        client.set_routing(client.ps, vmap, LocalLinks("test-worker", set(range(num_ps)), 512 * len(SIZES) * 8, wait=ray.wait))
     return vmap, ps, weights, PSEmbeddingBagCollection(table_configs(MODEL), client)
 
 
@@ -38,9 +41,10 @@ def _local_ebc(weights):
     return ebc
 
 
+@pytest.mark.parametrize("shm", [False, True])
 @pytest.mark.parametrize("num_ps,vshards", [(1, 8), (2, 16), (3, 64)])
-def test_pooled_embeddings_match_local_ebc(ray_local, num_ps, vshards):
-    vmap, ps, weights, ps_ebc = _ps_setup(ray_local, num_ps, vshards)
+def test_pooled_embeddings_match_local_ebc(ray_local, num_ps, vshards, shm):
+    vmap, ps, weights, ps_ebc = _ps_setup(ray_local, num_ps, vshards, shm=shm)
     ps_ebc.eval()
     sparse = np.random.default_rng(7).integers(0, 2**32, size=(300, 26))
     got = ps_ebc(make_kjt(sparse)).values()
@@ -49,11 +53,12 @@ def test_pooled_embeddings_match_local_ebc(ray_local, num_ps, vshards):
     torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
-def test_multi_hot_partial_sums_add_up(ray_local):
+@pytest.mark.parametrize("shm", [False, True])
+def test_multi_hot_partial_sums_add_up(ray_local, shm):
     """Bags with several ids spread over several PS: partial sums add to the full pool."""
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-    vmap, ps, weights, ps_ebc = _ps_setup(ray_local, 3, 12)
+    vmap, ps, weights, ps_ebc = _ps_setup(ray_local, 3, 12, shm=shm)
     ps_ebc.eval()
     rng = np.random.default_rng(1)
     lengths = torch.from_numpy(rng.integers(0, 4, size=26 * 50)).to(torch.int32)
@@ -64,10 +69,11 @@ def test_multi_hot_partial_sums_add_up(ray_local):
     torch.testing.assert_close(ps_ebc(kjt).values(), _local_ebc(weights)(ref_kjt).values(), rtol=1e-6, atol=1e-6)
 
 
-def test_gradients_reach_the_right_rows(ray_local):
+@pytest.mark.parametrize("shm", [False, True])
+def test_gradients_reach_the_right_rows(ray_local, shm):
     """One SGD step through the PS equals the same step on a local EBC."""
     lr = 0.1
-    vmap, ps, weights, ps_ebc = _ps_setup(ray_local, 2, 16, lr=lr)
+    vmap, ps, weights, ps_ebc = _ps_setup(ray_local, 2, 16, lr=lr, shm=shm)
     sparse = np.random.default_rng(2).integers(0, 2**32, size=(128, 26))
     upstream = torch.randn(128, 26 * 8)
     (ps_ebc(make_kjt(sparse)).values() * upstream).sum().backward()
@@ -120,3 +126,25 @@ def test_bags_on_counts_exactly_the_bags_routing_sends_to_each_ps():
     for r in routed.requests:
         assert vmap.bags_on(sparse, [r.ps]) == r.bag_n.numel()
     assert vmap.bags_on(sparse, [0, 1, 2]) == sparse.size
+
+
+@pytest.mark.parametrize("num_ps", [1, 2])
+def test_many_steps_through_shared_memory_train_exactly_as_through_ray_objects(ray_local, num_ps):
+    """More steps than slots, each prefetched one step ahead as workers do: the slots are
+    reused only once their batch is done, so the tables end bit for bit the same."""
+    rng = np.random.default_rng(9)
+    batches = [rng.integers(0, 2**32, size=(200, 26)) for _ in range(7)]
+    upstream = [torch.randn(200, 26 * 8, generator=torch.Generator().manual_seed(i)) for i in range(7)]
+    tables = []
+    for shm in (False, True):
+        vmap, ps, _, ebc = _ps_setup(ray_local, num_ps, 16, shm=shm)
+        kjts = [make_kjt(b) for b in batches]
+        ebc.prefetch(kjts[0])
+        for i, kjt in enumerate(kjts):
+            if i + 1 < len(kjts):
+                ebc.prefetch(kjts[i + 1])
+            (ebc(kjt).values() * upstream[i]).sum().backward()
+        ray_local.get(ebc.take_push_refs())
+        tables.append([np.concatenate([ray_local.get(h.table_rows.remote(t))[1] for h in ps]) for t in range(26)])
+    for a, b in zip(*tables):
+        np.testing.assert_array_equal(a, b)

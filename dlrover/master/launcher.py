@@ -27,7 +27,7 @@ from dlrover.ps.embedding_ps import EmbeddingPS
 from dlrover.ps.vshard import VShardMap
 from dlrover.resource.configs import Config
 from dlrover.spec import JobSpec
-from dlrover.worker.dense_client import shm_prefix
+from dlrover.ps.shm import shm_prefix
 from dlrover.worker.worker import Worker, WorkerSpec, worker_threads
 
 MB = 2**20

@@ -24,6 +24,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 from dlrover.ps.applied import BatchId
 from dlrover.ps.routing import RoutedBatch, assemble, route, split_grad
+from dlrover.ps.shm import LocalLinks, ShmSlice
 from dlrover.ps.vshard import VShardMap
 from dlrover.data.criteo import NUM_DENSE, NUM_SPARSE
 from dlrover.spec import ModelSpec
@@ -90,6 +91,7 @@ class Lookup:
     train: bool
     batch: BatchId | None = None  # the pushes carry it: each PS applies a batch at most once
     pooled: torch.Tensor | None = None
+    slots: dict[int, int] = field(default_factory=dict)  # PS id -> shared-memory slot of its answer
 
 
 @dataclass
@@ -102,6 +104,7 @@ class PSClient:
     dim: int
     owner_name: str
     get: Callable[[list[Any]], list[Any]]
+    links: LocalLinks | None = None  # shared memory with the PS on this node (``set_routing``)
     _seq: Any = field(default_factory=itertools.count)
 
     def __post_init__(self) -> None:
@@ -126,9 +129,14 @@ class PSClient:
         self.timings["route_s"] += time.perf_counter() - t0
         return routed
 
-    def set_routing(self, ps: dict[int, Any], vmap: VShardMap) -> None:
-        """Switch to a new vshard map (only between steps, with no lookup in flight)."""
-        self.ps, self.vmap = dict(ps), vmap
+    def set_routing(self, ps: dict[int, Any], vmap: VShardMap, links: LocalLinks | None = None) -> None:
+        """Switch to a new vshard map and PS set (only between steps, with no lookup in
+        flight), and to ``links`` with those of them on this node."""
+        if self.links is not None:
+            for k, segment in self.links.close().items():
+                if k in self.ps:
+                    self.ps[k].release.remote(segment)
+        self.ps, self.vmap, self.links = dict(ps), vmap, links
 
     def start(self, kjt: KeyedJaggedTensor, train: bool = True, routed: RoutedBatch | None = None, batch: BatchId | None = None) -> Lookup:
         """Issue the pulls of one batch to its PS without waiting for them. A batch routed
@@ -137,21 +145,39 @@ class PSClient:
             routed = self.route(kjt)
         t0 = time.perf_counter()
         key = (self.owner_name, next(self._seq))
-        refs = [self.ps[r.ps].pull.remote(key, r.indices, r.offsets, train) for r in routed.requests]
+        lookup = Lookup(key, routed, [], train, batch)
+        for r in routed.requests:
+            ring = self.links.ring(r.ps) if self.links is not None else None
+            if ring is None:
+                lookup.refs.append(self.ps[r.ps].pull.remote(key, r.indices, r.offsets, train))
+            else:
+                slot = lookup.slots[r.ps] = ring.take()
+                lookup.refs.append(self.ps[r.ps].pull.remote(key, r.indices, r.offsets, train, ring.answer_room(slot)))
         self.timings["issue_pull_s"] += time.perf_counter() - t0
-        return Lookup(key, routed, refs, train, batch)
+        return lookup
 
     def wait(self, lookup: Lookup) -> torch.Tensor:
         if lookup.pooled is None:
             t0 = time.perf_counter()
-            lookup.pooled = assemble(lookup.routed, self.get(lookup.refs), self.dim)
+            parts = self.get(lookup.refs)
+            for i, r in enumerate(lookup.routed.requests):
+                if isinstance(parts[i], ShmSlice):  # the answer is in our slot: no copy
+                    parts[i] = self.links.rings[r.ps].read(parts[i])
+            lookup.pooled = assemble(lookup.routed, parts, self.dim)
             self.timings["wait_pull_s"] += time.perf_counter() - t0
         return lookup.pooled
 
     def push(self, lookup: Lookup, grad: torch.Tensor) -> list[Any]:
         t0 = time.perf_counter()
         grads = split_grad(lookup.routed, grad, self.dim)
-        refs = [self.ps[r.ps].push.remote(lookup.key, g, lookup.batch) for r, g in zip(lookup.routed.requests, grads)]
+        refs = []
+        for r, g in zip(lookup.routed.requests, grads):
+            slot = lookup.slots.get(r.ps)
+            ring = self.links.rings.get(r.ps) if self.links is not None and slot is not None else None
+            held = ring.write(slot, g) if ring is not None else None
+            refs.append(self.ps[r.ps].push.remote(lookup.key, g if held is None else held, lookup.batch))
+            if held is not None:
+                ring.pushed(slot, refs[-1])
         self.timings["push_s"] += time.perf_counter() - t0
         return refs
 

@@ -18,7 +18,7 @@ import torch
 
 from dlrover.ids import ProcessInfo
 from dlrover.ps.applied import AppliedLog, BatchId
-from dlrover.ps.shm import ShmArray
+from dlrover.ps.shm import Attached
 
 
 def make_dense_optimizer(params, spec: dict) -> torch.optim.Optimizer:
@@ -42,7 +42,7 @@ class DenseParamServer:
         self.updates = 0  # gradients applied by this server (a rollback does not take them back)
         self.duplicates = 0  # pushes of a batch applied before, skipped
         self._lock = threading.Lock()
-        self._segments: dict[str, ShmArray] = {}
+        self._segments = Attached()
 
     def push_pull(self, grad: np.ndarray | None, batch: BatchId | None = None) -> tuple[int, np.ndarray]:
         """Apply one step's gradient (if any, and if its ``batch`` is new) and return
@@ -90,12 +90,10 @@ class DenseParamServer:
     def push_pull_shm(self, name: str, size: int, batch: BatchId | None = None) -> tuple[int, None]:
         """``push_pull`` through a worker's shared-memory segment: read the gradient from
         it, write the updated parameters back into it (see ``dlrover.ps.shm``)."""
-        buf = self._segments.get(name)
-        if buf is None:
-            buf = self._segments[name] = ShmArray(name, size, create=False)
+        buf = self._segments.array(name)[:size]
         with self._lock:
-            self._step(torch.from_numpy(buf.array), batch)
-            buf.array[:] = self.param.detach().numpy()
+            self._step(torch.from_numpy(buf), batch)
+            buf[:] = self.param.detach().numpy()
             return self.version, None
 
     def forget(self, shards: list[int]) -> None:
@@ -108,9 +106,7 @@ class DenseParamServer:
             return {"updates": self.updates, "duplicates": self.duplicates, "version": self.version, "applied_log": self.applied.entries()}
 
     def release(self, name: str) -> None:
-        seg = self._segments.pop(name, None)
-        if seg is not None:
-            seg.close()
+        self._segments.release(name)
 
     def node_id(self) -> str:
         return ray.get_runtime_context().get_node_id()

@@ -26,42 +26,11 @@ from dlrover.ps.applied import AppliedLog, BatchId
 from dlrover.ps.delta import CutTracker, report
 from dlrover.ps.migration import DirtyRows, apply_dirty, copy_blocks, copy_dirty_local, export_blocks, export_dirty
 from dlrover.ps.routing import nonempty_bags
+from dlrover.ps.shm import Attached, ShmSlice
+from dlrover.ps.tables import init_rows, new_tbe
 from dlrover.ps.vshard import VShardMap
 
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-
-
-def _optim_type(name: str):
-    from fbgemm_gpu.split_embedding_configs import EmbOptimType
-
-    return {
-        "rowwise_adagrad": EmbOptimType.EXACT_ROWWISE_ADAGRAD,
-        "adagrad": EmbOptimType.EXACT_ADAGRAD,
-        "sgd": EmbOptimType.EXACT_SGD,
-    }[name]
-
-
-INIT_CHUNK_ROWS = 1 << 16  # rows per independently seeded block of initial weights
-
-
-def init_rows(seed: int, table: int, num_rows: int, dim: int, rows: np.ndarray) -> torch.Tensor:
-    """Deterministic initial weights of the given global rows of a table.
-
-    Same distribution as TorchRec's default, U(-sqrt(1/n), sqrt(1/n)). Values come in
-    blocks of ``INIT_CHUNK_ROWS`` rows, each from its own ``(seed, table, block)``
-    generator, so a row's starting value does not depend on how the table is sharded,
-    and a PS never holds more than one block of a table it does not own.
-    """
-    bound = (1.0 / num_rows) ** 0.5
-    out = torch.empty(len(rows), dim)
-    block_of = rows // INIT_CHUNK_ROWS
-    for b in np.unique(block_of):
-        g = torch.Generator().manual_seed(((seed * 7919 + table) << 20) + int(b))
-        n = min(INIT_CHUNK_ROWS, num_rows - int(b) * INIT_CHUNK_ROWS)
-        block = torch.empty(n, dim).uniform_(-bound, bound, generator=g)
-        sel = np.flatnonzero(block_of == b)
-        out[torch.from_numpy(sel)] = block[torch.from_numpy(rows[sel] - int(b) * INIT_CHUNK_ROWS)]
-    return out
 
 
 class EmbeddingPS:
@@ -107,29 +76,19 @@ class EmbeddingPS:
 
         self._node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
         self.chaos = ChaosState()
+        self._segments = Attached()  # workers' shared memory on this node
 
     def _new_tbe(self, sizes: list[int]):
-        from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
-            ComputeDevice,
-            EmbeddingLocation,
-            SplitTableBatchedEmbeddingBagsCodegen,
-        )
-
-        opt = self._optimizer
-        return SplitTableBatchedEmbeddingBagsCodegen(
-            [(n, self.dim, EmbeddingLocation.HOST, ComputeDevice.CPU) for n in sizes],
-            optimizer=_optim_type(opt["name"]),
-            learning_rate=float(opt["lr"]),
-            eps=float(opt.get("eps", 1e-8)),
-        )
+        return new_tbe(sizes, self.dim, self._optimizer)
 
     # -- hot path ---------------------------------------------------------------------
-    def pull(self, key: tuple, indices: np.ndarray, offsets: np.ndarray | None, train: bool = True) -> np.ndarray:
+    def pull(self, key: tuple, indices: np.ndarray, offsets: np.ndarray | None, train: bool = True, room: ShmSlice | None = None) -> np.ndarray | ShmSlice:
         """Pooled partial sums of the non-empty bags.
 
         With ``offsets``: ``[num_nonempty_bags, D]`` in table-major bag order. Without
         (every bag holds exactly one id, the common Criteo case): TBE's own output
-        ``[batch, T*D]`` untouched, so neither side copies or reorders it.
+        ``[batch, T*D]`` untouched, so neither side copies or reorders it. ``room``: a
+        worker's shared memory on this node to write the answer into (``dlrover.ps.shm``).
         """
         t0 = time.perf_counter()
         idx = torch.as_tensor(indices)
@@ -152,13 +111,16 @@ class EmbeddingPS:
         self._stats["pulls"] += 1
         self._stats["busy_s"] += time.perf_counter() - t0
         self.chaos.after_step(time.perf_counter() - t0)
-        return out.numpy()
+        return out.numpy() if room is None else self._segments.put(room, out.numpy())
 
-    def push(self, key: tuple, grad: np.ndarray, batch: BatchId | None = None) -> int:
+    def push(self, key: tuple, grad: np.ndarray | ShmSlice, batch: BatchId | None = None) -> int:
         """Apply the gradient of a pulled batch (fused optimizer update), in the layout
-        ``pull`` returned. Returns the number of bags updated: 0 for a ``batch`` this PS
-        applied before (a replacement worker pushing again what a dead one had pushed)."""
+        ``pull`` returned (or in a worker's shared memory). Returns the number of bags
+        updated: 0 for a ``batch`` this PS applied before (a replacement worker pushing
+        again what a dead one had pushed)."""
         t0 = time.perf_counter()
+        if isinstance(grad, ShmSlice):
+            grad = self._segments.view(grad)
         with self._lock:
             out, nz, idx, off = self._pending.pop(key)
             if batch is not None and not self.applied.first_time(BatchId(*batch)):
@@ -183,6 +145,10 @@ class EmbeddingPS:
         self._stats["rows_updated"] += bags
         self._stats["busy_s"] += time.perf_counter() - t0
         return bags
+
+    def release(self, segment: str) -> None:
+        """A worker is done with its shared-memory ``segment``: unmap it here."""
+        self._segments.release(segment)
 
     def forget(self, shards: list[int]) -> None:
         """These shards are done: their batches leave the applied log."""

@@ -2,25 +2,39 @@
 
 A Ray call with a multi-megabyte numpy argument or result costs about 3 ms of CPU on
 each side here (object-store put, seal, reference counting), far more than the memcpy.
-For the fixed-size dense exchange between a worker and the dense PS on one node we use a
-named shared-memory segment instead: the worker writes, the Ray call carries only the
-segment name (ordering comes from the call itself), the PS reads and writes back.
+Between a worker and a PS on one node the big arrays of a step (the dense exchange, the
+pooled embeddings and their gradients) go through named shared-memory segments the
+worker creates instead: the Ray call carries only where the bytes are (``ShmSlice``)
+and orders the accesses; the PS attaches the segment once and reads or writes in place.
 """
 
 from __future__ import annotations
 
+import math
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
 from multiprocessing import resource_tracker, shared_memory
+from typing import Any
 
 import numpy as np
 
 _CREATED_HERE: set[str] = set()  # segments this process owns (its tracker knows them)
 
 
-class ShmArray:
-    """A float32 array in a named POSIX shared-memory segment."""
+def shm_prefix(name: str) -> str:
+    """Segment-name prefix of a job or worker (``<job_id>/worker-3`` -> ``dlr_<job_id>_worker-3_``),
+    so the master can remove the segments of workers that were killed."""
+    return "dlr_" + name.replace("/", "_") + "_"
 
-    def __init__(self, name: str, size: int, create: bool) -> None:
-        nbytes = max(4, size * 4)
+
+class ShmArray:
+    """A float32 array in a named POSIX shared-memory segment (``size``: None to attach
+    to an existing one whole)."""
+
+    def __init__(self, name: str, size: int | None, create: bool) -> None:
+        nbytes = max(4, (size or 0) * 4)
         self._shm = shared_memory.SharedMemory(name=name, create=create, size=nbytes if create else 0)
         if create:
             _CREATED_HERE.add(name)
@@ -30,6 +44,7 @@ class ShmArray:
             resource_tracker.unregister(self._shm._name, "shared_memory")  # noqa: SLF001
         self.name = name
         self.owner = create
+        size = self._shm.size // 4 if size is None else size
         self.array = np.ndarray((size,), dtype=np.float32, buffer=self._shm.buf)
 
     def close(self) -> None:
@@ -41,3 +56,125 @@ class ShmArray:
                 self._shm.unlink()
             except FileNotFoundError:
                 pass
+
+
+@dataclass(frozen=True)
+class ShmSlice:
+    """A float32 array inside a segment: ``size`` elements of room from ``offset``;
+    ``shape`` is what was written there (empty while it is only room)."""
+
+    segment: str
+    offset: int
+    size: int
+    shape: tuple[int, ...] = ()
+
+    def holding(self, shape: tuple[int, ...]) -> "ShmSlice":
+        return ShmSlice(self.segment, self.offset, self.size, tuple(int(d) for d in shape))
+
+
+class Attached:
+    """The serving side: segments other processes created, attached on first use."""
+
+    def __init__(self) -> None:
+        self._segments: dict[str, ShmArray] = {}
+        self._lock = threading.Lock()  # calls of several workers may attach at once
+
+    def array(self, name: str) -> np.ndarray:
+        """The whole segment ``name`` as a flat float32 array."""
+        with self._lock:
+            seg = self._segments.get(name)
+            if seg is None:
+                seg = self._segments[name] = ShmArray(name, None, create=False)
+        return seg.array
+
+    def view(self, s: ShmSlice) -> np.ndarray:
+        """The array ``s`` holds (its room, flat, when it holds nothing yet)."""
+        flat = self.array(s.segment)[s.offset : s.offset + s.size]
+        return flat[: math.prod(s.shape)].reshape(s.shape) if s.shape else flat
+
+    def put(self, room: ShmSlice, value: np.ndarray) -> ShmSlice | np.ndarray:
+        """Write ``value`` into ``room``; the slice that now holds it, or ``value`` itself
+        when it does not fit (it then travels as a Ray object)."""
+        if value.size > room.size:
+            return value
+        self.view(room)[: value.size] = value.reshape(-1)
+        return room.holding(value.shape)
+
+    def release(self, name: str) -> None:
+        """The owner is done with ``name``: unmap it here."""
+        with self._lock:
+            seg = self._segments.pop(name, None)
+        if seg is not None:
+            seg.close()
+
+
+class SlotRing:
+    """A worker's slots shared with one PS on its node. Each slot has room for one batch's
+    pooled answer and, after backward, its gradient; lookups take the slots in turn, so a
+    slot comes back ``slots`` lookups later (the batch that used it has long finished
+    backward), and before it is written again the push that read its gradient must be done."""
+
+    def __init__(self, owner: str, ps_id: int, capacity: int, wait: Callable[[list[Any]], Any], slots: int = 4) -> None:
+        self.shm = ShmArray(f"{shm_prefix(owner)}ps{ps_id}_{uuid.uuid4().hex[:8]}", 2 * slots * capacity, create=True)
+        self.capacity, self.slots, self._wait = capacity, slots, wait
+        self._next = 0
+        self._reading: list[Any] = [None] * slots  # per slot: the push that reads its gradient
+
+    @property
+    def name(self) -> str:
+        return self.shm.name
+
+    def take(self) -> int:
+        slot, self._next = self._next, (self._next + 1) % self.slots
+        if self._reading[slot] is not None:
+            self._wait([self._reading[slot]])
+            self._reading[slot] = None
+        return slot
+
+    def answer_room(self, slot: int) -> ShmSlice:
+        return ShmSlice(self.name, 2 * slot * self.capacity, self.capacity)
+
+    def grad_room(self, slot: int) -> ShmSlice:
+        return ShmSlice(self.name, (2 * slot + 1) * self.capacity, self.capacity)
+
+    def read(self, s: ShmSlice) -> np.ndarray:
+        return self.shm.array[s.offset : s.offset + math.prod(s.shape)].reshape(s.shape)
+
+    def write(self, slot: int, value: np.ndarray) -> ShmSlice | None:
+        """Put a gradient in ``slot``; None when it does not fit (send it as an object)."""
+        room = self.grad_room(slot)
+        if value.size > room.size:
+            return None
+        self.shm.array[room.offset : room.offset + value.size] = value.reshape(-1)
+        return room.holding(value.shape)
+
+    def pushed(self, slot: int, ref: Any) -> None:
+        self._reading[slot] = ref
+
+    def close(self) -> None:
+        self.shm.close()
+
+
+class LocalLinks:
+    """A worker's slot rings, one per PS on its node (made on first use); the PS elsewhere
+    get none and are sent Ray objects."""
+
+    def __init__(self, owner: str, local: set[int], capacity: int, wait: Callable[[list[Any]], Any]) -> None:
+        self.owner, self.local, self.capacity, self._wait = owner, set(local), capacity, wait
+        self.rings: dict[int, SlotRing] = {}
+
+    def ring(self, ps_id: int) -> SlotRing | None:
+        if ps_id not in self.local:
+            return None
+        ring = self.rings.get(ps_id)
+        if ring is None:
+            ring = self.rings[ps_id] = SlotRing(self.owner, ps_id, self.capacity, self._wait)
+        return ring
+
+    def close(self) -> dict[int, str]:
+        """Unmap and remove every ring; the segment each PS should release, by PS id."""
+        names = {k: r.name for k, r in self.rings.items()}
+        for r in self.rings.values():
+            r.close()
+        self.rings.clear()
+        return names

@@ -17,13 +17,7 @@ import ray
 import torch
 
 from dlrover.ps.applied import BatchId
-from dlrover.ps.shm import ShmArray
-
-
-def shm_prefix(name: str) -> str:
-    """Segment-name prefix of a job or worker (``<job_id>/worker-3`` -> ``dlr_<job_id>_worker-3_``),
-    so the master can remove the segments of workers that were killed."""
-    return "dlr_" + name.replace("/", "_") + "_"
+from dlrover.ps.shm import ShmArray, shm_prefix
 
 
 class DenseClient:

@@ -35,6 +35,7 @@ from dlrover.data.reader import FileReader
 from dlrover.ids import ProcessInfo
 from dlrover.model.dlrm import PSClient, PSEmbeddingBagCollection, build_dense_dlrm, dense_parameters, table_configs
 from dlrover.preemption import on_sigterm
+from dlrover.ps.shm import LocalLinks
 from dlrover.ps.vshard import VShardMap
 from dlrover.spec import JobSpec, ModelSpec
 from dlrover.worker.batches import ShardProgress, Step
@@ -125,11 +126,25 @@ class Worker:
         """Install a new PS set and vshard map (and dense PS, after a recovery), and resume
         if paused. Returns the map version."""
         with self._gate.releasing():
-            self.client.set_routing(ps, vmap)
+            self.client.set_routing(ps, vmap, self._links(ps))
             if dense_ps is not None:
                 self.dense_ps = dense_ps
             self._eval = None  # the evaluation replica is rebuilt with the new map
         return vmap.version
+
+    def _links(self, ps: dict[int, Any]) -> LocalLinks | None:
+        """Shared memory with the PS on this node (none with ``DLROVER_NO_SHM`` set, or
+        when a PS does not answer: Ray objects work anywhere)."""
+        if os.environ.get("DLROVER_NO_SHM"):
+            return None
+        try:
+            nodes = ray.get([h.stats.remote() for h in ps.values()], timeout=30)
+        except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
+            return None
+        here = ray.get_runtime_context().get_node_id()
+        m = self.spec.model
+        room = self.spec.batch_size * len(m.table_sizes()) * m.embedding_dim  # an answer of a whole batch
+        return LocalLinks(self.name, {k for k, st in zip(ps, nodes) if st["node_id"] == here}, room, wait=ray.wait)
 
     def resume(self) -> None:
         """Let a paused loop go on (a checkpoint was taken meanwhile)."""
@@ -179,6 +194,8 @@ class Worker:
     def run(self, generation: int = 0) -> dict:
         """Train until the master has no more shards (or ``abort``); the stats of this run."""
         self._gen = generation
+        if self.client.links is None:
+            self.client.set_routing(self.client.ps, self.client.vmap, self._links(self.client.ps))
         self._gate.start_run()
         self.ebc.reset()
         self._in_flight, self._finished = {}, []
