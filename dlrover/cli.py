@@ -47,6 +47,16 @@ _rate = _number(float, 0.0, False, "a finite number >= 0")
 _tick_s = _number(float, 1.0, False, "at least 1 second")
 
 
+def _grid(v: str) -> list[tuple[int, int]]:
+    """An argparse type: ``WxP,...`` (``dlrover bench scaling --grid``)."""
+    from dlrover.bench.scaling import parse_grid
+
+    try:
+        return parse_grid(v)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="dlrover", description="Elastic DLRM training on Ray.")
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
@@ -157,6 +167,11 @@ def build_parser() -> argparse.ArgumentParser:
     ss.add_argument("--json", action="store_true")
     ss.add_argument("--jobs", type=_positive_int, default=10_000)
     ss.add_argument("--nodes", type=_positive_int, default=1_000)
+    sg = bsub.add_parser("scaling", help="samples/s over a grid of workers x PS (1 CPU each), per-step breakdown, efficiency")
+    sg.add_argument("--json", action="store_true")
+    sg.add_argument("--quick", action="store_true", help="a few steps per point (smoke run)")
+    sg.add_argument("--grid", type=_grid, metavar="WxP,...", help="points to run, e.g. 1x1,2x2 (default: from the machine's cores)")
+    sg.add_argument("--steps", type=_positive_int, help="steps per worker at the grid's largest worker count (default 150, 20 with --quick)")
     pm = bsub.add_parser("perf-model", help="measure real configurations, fit the model on some, predict the rest (MAPE)")
     pm.add_argument("--json", action="store_true")
     pm.add_argument("--window-s", type=float, default=12.0, help="measured seconds per configuration")
@@ -317,6 +332,12 @@ def cmd_bench(args) -> int:
 
         result = run_sim_speed(jobs=args.jobs, nodes=args.nodes)
         print(json.dumps(result, default=float)) if args.json else print_sim_speed(result)
+        return 0
+    if args.bench_cmd == "scaling":
+        from dlrover.bench.scaling import print_scaling, run_scaling_bench
+
+        result = run_scaling_bench(grid=args.grid, quick=args.quick, steps=args.steps)
+        print(json.dumps(result, default=float)) if args.json else print_scaling(result)
         return 0
     if args.bench_cmd == "perf-model":
         from dlrover.bench.perf_model import print_perf_model, run_perf_model_bench
