@@ -127,8 +127,12 @@ class Recovery:
             self.ps_failed(pending, lost, "probe")
 
     def _lost_ps(self, names: list[str]) -> LostPs:
-        ids = [a for a in map(self.m.launcher.id_of, names) if a is not None]
-        return LostPs(tuple(sorted({a.index for a in ids if a.role is Role.PS})), any(a.role is Role.DENSE_PS for a in ids))
+        """The PS of the job among ``names``: a late answer about one already replaced
+        (a probe sent before a recovery) names no PS of the job any more."""
+        lz = self.m.launcher
+        ids = [a for a in map(lz.id_of, names) if a is not None]
+        ps = {a.index for a in ids if a.role is Role.PS and a.index in lz.ps}
+        return LostPs(tuple(sorted(ps)), lz.dense_ps_name in names)
 
     def kill_hung(self, name: str, since: float) -> None:
         """Declare ``name`` hung since job time ``since`` and kill its process for real; a
