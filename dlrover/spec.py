@@ -124,6 +124,10 @@ class ResourceSpec(_Strict):
     ps_cpu: float = Field(1.0, gt=0)
     worker_memory_mb: int = Field(2048, ge=64)
     ps_memory_mb: int = Field(2048, ge=64)
+    # GPUs per worker: its DLRM (MLPs, interaction, loss) runs on CUDA, the pooled
+    # embeddings go to the device once per step and their gradient back; the embedding
+    # PS and the dense PS stay on CPU (the DLRover / PERSIA hybrid).
+    worker_gpu: int = Field(0, ge=0, le=8)
     budget_cpu: float | None = Field(None, gt=0)
     budget_memory_mb: int | None = Field(None, gt=0)
     # The master kills an actor whose RSS goes over its memory (as a container's limit

@@ -148,7 +148,7 @@ class Launcher:
         except ray.exceptions.GetTimeoutError:
             raise DLRoverError(
                 f"{self.job_id}: actors did not start within {ACTOR_START_TIMEOUT_S:.0f}s; the cluster may lack the "
-                f"CPUs/memory in resources (workers x worker_cpu/worker_memory_mb, ps x ps_cpu/ps_memory_mb)"
+                f"CPUs/GPUs/memory in resources (workers x worker_cpu/worker_gpu/worker_memory_mb, ps x ps_cpu/ps_memory_mb)"
             ) from None
         except ray.exceptions.RayActorError as e:
             raise DLRoverError(f"{self.job_id}: an actor failed to start: {str(e).strip().splitlines()[0]}") from None
@@ -163,7 +163,7 @@ class Launcher:
         # Threads: run, evaluate, pause and set_routing may overlap.
         self.workers[name] = (
             ray.remote(Worker)
-            .options(name=name, num_cpus=cpu, memory=memory_mb * MB, max_concurrency=4, **self._placement())
+            .options(name=name, num_cpus=cpu, num_gpus=res.worker_gpu, memory=memory_mb * MB, max_concurrency=4, **self._placement())
             .remote(
                 name,
                 self.worker_spec,

@@ -208,7 +208,9 @@ class PSEmbeddingBagCollection(nn.Module):
         self.push_refs: list[Any] = []
         # A parameter-less module has nothing to hang the autograd node on; this anchor
         # (requires_grad, never updated) makes backward always reach _PooledFromPS.
-        self._anchor = torch.zeros(1, requires_grad=True)
+        # A buffer, so that ``.to(device)`` moves it: its device is where the pooled
+        # values go (a GPU worker's).
+        self.register_buffer("_anchor", torch.zeros(1, requires_grad=True), persistent=False)
 
     def embedding_bag_configs(self) -> list[EmbeddingBagConfig]:
         return self._configs
@@ -221,9 +223,10 @@ class PSEmbeddingBagCollection(nn.Module):
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
         hit = self._prefetched.pop(id(features), None)
         lookup = hit[1] if hit is not None else self.client.start(features, train=self.training)
-        pooled = self.client.wait(lookup)
+        # The PS answer on the host; the model's device (a GPU worker's) gets it once.
+        pooled = self.client.wait(lookup).to(self._anchor.device, non_blocking=True)
         if self.training:
-            pooled = _PooledFromPS.apply(self._anchor, pooled, lambda g: self.push_refs.extend(self.client.push(lookup, g)))
+            pooled = _PooledFromPS.apply(self._anchor, pooled, lambda g: self.push_refs.extend(self.client.push(lookup, g.cpu())))
         d = self._configs[0].embedding_dim
         return KeyedTensor(
             keys=[c.feature_names[0] for c in self._configs],

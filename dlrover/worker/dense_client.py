@@ -43,8 +43,12 @@ class DenseClient:
         returns the ObjectRef that completes when applied."""
         grads = [p.grad.reshape(-1) for p in self.params]
         if self._shm is None:
-            return self.dense_ps.push_pull.remote(torch.cat(grads).numpy(), batch)
-        torch.cat(grads, out=torch.from_numpy(self._shm.array))
+            return self.dense_ps.push_pull.remote(torch.cat(grads).cpu().numpy(), batch)
+        dst = torch.from_numpy(self._shm.array)
+        if self._flat.is_cuda:
+            dst.copy_(torch.cat(grads))  # one device-to-host copy
+        else:
+            torch.cat(grads, out=dst)
         return self.dense_ps.push_pull_shm.remote(self._shm.name, self._shm.array.size, batch)
 
     def apply(self, ref: Any) -> None:

@@ -31,9 +31,11 @@ class Evaluator:
         on_bad_line: str,
         batch_size: int,
         files: dict[str, FileIndex],
+        device: torch.device = torch.device("cpu"),
     ) -> None:
         eval_client = PSClient(client.ps, client.vmap, client.dim, f"{name}/eval", get=ray.get)
-        self.model = build_dense_dlrm(model, PSEmbeddingBagCollection(table_configs(model), eval_client), seed).eval()
+        self.device = device
+        self.model = build_dense_dlrm(model, PSEmbeddingBagCollection(table_configs(model), eval_client), seed).to(device).eval()
         self.params = dense_parameters(self.model)
         self.reader = FileReader(on_bad_line=on_bad_line)
         self.batch_size = batch_size
@@ -42,7 +44,7 @@ class Evaluator:
     def evaluate(self, ranges: list[tuple[str, int, int]], dense_ps: Any) -> dict:
         """Labels, logits and (synthetic data only) true probabilities of rows [start, stop)
         of each file, scored with the dense PS's latest parameters."""
-        torch.nn.utils.vector_to_parameters(torch.as_tensor(ray.get(dense_ps.pull.remote())[1]), self.params)
+        torch.nn.utils.vector_to_parameters(torch.as_tensor(ray.get(dense_ps.pull.remote())[1]).to(self.device), self.params)
         labels, logits, batches = [], [], []
         with torch.no_grad():
             for path, start, stop in ranges:
@@ -50,7 +52,7 @@ class Evaluator:
                     if len(batch) == 0:
                         continue
                     step = with_tensors(Step(None, batch, False))
-                    logits.append(self.model(step.dense, step.kjt).squeeze(-1).numpy())
+                    logits.append(self.model(step.dense.to(self.device), step.kjt).squeeze(-1).cpu().numpy())
                     labels.append(batch.labels)
                     batches.append((path, batch))
         return {

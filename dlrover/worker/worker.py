@@ -57,11 +57,13 @@ class WorkerSpec:
     staleness: int
     deterministic: bool
     log_every_s: float
+    device: str = "cpu"  # where the DLRM runs: "cuda" with resources.worker_gpu
 
     @classmethod
     def of(cls, spec: JobSpec) -> "WorkerSpec":
         d, t = spec.data, spec.train
-        return cls(spec.model, spec.seed, d.batch_size, d.on_bad_line, t.staleness, t.deterministic, t.log_every_s)
+        device = "cuda" if spec.resources.worker_gpu else "cpu"
+        return cls(spec.model, spec.seed, d.batch_size, d.on_bad_line, t.staleness, t.deterministic, t.log_every_s, device)
 
 
 def worker_threads(cpu: float, override: int | None) -> int:
@@ -93,7 +95,8 @@ class Worker:
         self.reader = FileReader(on_bad_line=self.spec.on_bad_line)
         self.client = PSClient(ps, vmap, self.spec.model.embedding_dim, name, get=ray.get)
         self.ebc = PSEmbeddingBagCollection(table_configs(self.spec.model), self.client)
-        self.model = build_dense_dlrm(self.spec.model, self.ebc, self.spec.seed)
+        self.device = torch.device(spec.device)
+        self.model = build_dense_dlrm(self.spec.model, self.ebc, self.spec.seed).to(self.device)
         self.loss_fn = torch.nn.BCEWithLogitsLoss()
         self.chaos = ChaosState()
         self._proc = psutil.Process()
@@ -287,7 +290,8 @@ class Worker:
         for p in self.dense.params:
             p.grad = None
         t0 = time.perf_counter()
-        loss = self.loss_fn(self.model(step.dense, step.kjt).squeeze(-1), step.labels)
+        dev = self.device
+        loss = self.loss_fn(self.model(step.dense.to(dev), step.kjt).squeeze(-1), step.labels.to(dev))
         loss.backward()
         self._stats["compute_s"] += time.perf_counter() - t0
         self._dense_ref = self.dense.push(step.batch_id)
@@ -362,7 +366,7 @@ class Worker:
         evaluator = self._eval
         if evaluator is None:
             spec = self.spec
-            evaluator = self._eval = Evaluator(self.client, self.name, spec.model, spec.seed, spec.on_bad_line, spec.batch_size, self.files)
+            evaluator = self._eval = Evaluator(self.client, self.name, spec.model, spec.seed, spec.on_bad_line, spec.batch_size, self.files, self.device)
         return evaluator.evaluate(ranges, self.dense_ps)
 
     def ping(self) -> ProcessInfo:
