@@ -46,6 +46,6 @@ def test_one_real_point_gives_a_row_with_its_breakdown(ray_local, tmp_path, monk
     assert (row["workers"], row["ps"]) == (1, 1)
     assert row["samples_per_s"] > 0 and row["efficiency"] == pytest.approx(1.0)
     assert row["samples"] == 6 * 512 and row["steps"] >= 6
-    for key in ("compute_ms", "wait_pull_ms", "push_ms", "wait_dense_ms", "step_ms"):
+    for key in ("compute_ms", "wait_pull_ms", "push_ms", "wait_dense_ms", "route_ms", "step_ms"):
         assert row[key] is not None and row[key] >= 0, key
     assert row["compute_ms"] > 0

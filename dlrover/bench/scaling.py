@@ -35,6 +35,7 @@ BREAKDOWN = {
     "wait_dense_s": "wait_dense_ms",
     "issue_pull_s": "issue_pull_ms",
     "wait_data_s": "wait_data_ms",
+    "route_s": "route_ms",  # on the input thread: off the step's critical path, not off the CPU
 }
 
 
@@ -182,11 +183,11 @@ def print_scaling(r: dict) -> None:
         return format(v, fmt) if isinstance(v, (int, float)) else "n/a"
 
     print(f"{r['rows_per_run']:,} rows per run, batch {r['batch_size']}, {r['cores']} cores; per-step ms from the workers' counters")
-    head = ["workers", "PS", "samples/s", "eff.", "step", "compute", "pull wait", "push", "dense wait", "issue pull", "input", "PS busy"]
+    head = ["workers", "PS", "samples/s", "eff.", "step", "compute", "pull wait", "push", "dense wait", "issue pull", "input", "routing", "PS busy"]
     print("".join(f"{h:>11s}" for h in head))
     for x in r["rows"]:
         cells = [str(x["workers"]), str(x["ps"]), f"{x['samples_per_s']:,.0f}", g(x["efficiency"], ".2f")]
-        cells += [g(x[k]) for k in ("step_ms", "compute_ms", "wait_pull_ms", "push_ms", "wait_dense_ms", "issue_pull_ms", "wait_data_ms")]
+        cells += [g(x[k]) for k in ("step_ms", "compute_ms", "wait_pull_ms", "push_ms", "wait_dense_ms", "issue_pull_ms", "wait_data_ms", "route_ms")]
         cells.append(g(x["ps_busy"], ".2f"))
         print("".join(f"{c:>11s}" for c in cells))
     if r["ratio_2w2p_vs_1w1p"] is not None:
