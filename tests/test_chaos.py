@@ -78,14 +78,16 @@ def test_straggler_is_replaced_by_dlrover_rm(ray_local, synth_dir_large, tmp_pat
         assert f["at_s"] <= f["detected_s"] <= f["recovered_s"]
 
 
-def test_memory_trend_acts_before_the_limit(ray_local, synth_dir, tmp_path):
+def test_memory_trend_acts_before_the_limit(ray_local, synth_dir_large, tmp_path):
     """A worker leaking memory: dlrover_rm extrapolates its RSS trend, raises the workers'
     memory and replaces the leaking one while it is still under its limit."""
     from dlrover.runner import run_job
 
     spec = small_spec(
-        synth_dir,
-        data__epochs=40,
+        synth_dir_large,  # 120k rows: async runs agree on AUC within 0.01
+        # Long enough for a trend: an actor's RSS counts after 15 s of warm-up and over
+        # 10 s more (TrendParams), so no plan comes before ~32 s of job time.
+        data__epochs=25,
         data__batch_size=512,
         resources__workers=2,
         resources__ps=1,
