@@ -47,6 +47,17 @@ _rate = _number(float, 0.0, False, "a finite number >= 0")
 _tick_s = _number(float, 1.0, False, "at least 1 second")
 
 
+def _int_list(text: str) -> list[int]:
+    """An argparse type: ``1,2,4`` (positive integers)."""
+    try:
+        values = [int(x) for x in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers separated by commas (e.g. 1,2,4), got {text!r}")
+    return values
+
+
 def _grid(v: str) -> list[tuple[int, int]]:
     """An argparse type: ``WxP,...`` (``dlrover bench scaling --grid``)."""
     from dlrover.bench.scaling import parse_grid
@@ -172,6 +183,11 @@ def build_parser() -> argparse.ArgumentParser:
     sg.add_argument("--quick", action="store_true", help="a few steps per point (smoke run)")
     sg.add_argument("--grid", type=_grid, metavar="WxP,...", help="points to run, e.g. 1x1,2x2 (default: from the machine's cores)")
     sg.add_argument("--steps", type=_positive_int, help="steps per worker at the grid's largest worker count (default 150, 20 with --quick)")
+    dn = bsub.add_parser("dense", help="dense exchange: dense PS (1 or more shards) vs gloo allreduce at 1, 2, 4 workers")
+    dn.add_argument("--json", action="store_true")
+    dn.add_argument("--workers", type=_int_list, default=[1, 2, 4], metavar="N,...", help="worker counts (default 1,2,4)")
+    dn.add_argument("--shards", type=_int_list, default=[1, 2], metavar="N,...", help="dense PS shard counts (default 1,2)")
+    dn.add_argument("--steps", type=_positive_int, default=40, help="measured steps per worker (default 40)")
     pm = bsub.add_parser("perf-model", help="measure real configurations, fit the model on some, predict the rest (MAPE)")
     pm.add_argument("--json", action="store_true")
     pm.add_argument("--window-s", type=float, default=12.0, help="measured seconds per configuration")
@@ -338,6 +354,12 @@ def cmd_bench(args) -> int:
 
         result = run_scaling_bench(grid=args.grid, quick=args.quick, steps=args.steps)
         print(json.dumps(result, default=float)) if args.json else print_scaling(result)
+        return 0
+    if args.bench_cmd == "dense":
+        from dlrover.bench.dense import print_dense, run_dense_bench
+
+        result = run_dense_bench(args.workers, args.shards, args.steps)
+        print(json.dumps(result, default=float)) if args.json else print_dense(result)
         return 0
     if args.bench_cmd == "perf-model":
         from dlrover.bench.perf_model import print_perf_model, run_perf_model_bench

@@ -26,11 +26,12 @@ class ActorId:
     the launcher keeps the id of every name it made."""
 
     role: Role
-    index: int  # workers and PS: counted per role, never reused; the dense PS: 0
+    index: int  # workers and PS: counted per role, never reused; the dense PS: its shard
     generation: int = 0  # the dense PS: re-created by a rollback that lost it
 
     def __str__(self) -> str:
-        return f"{self.role.value}-g{self.generation}" if self.role is Role.DENSE_PS else f"{self.role.value}-{self.index}"
+        gen = f"-g{self.generation}" if self.role is Role.DENSE_PS else ""
+        return f"{self.role.value}-{self.index}{gen}"
 
     def ray_name(self, job_id: str) -> str:
         """``<job_id>/worker-3``: the Ray dashboard groups a job's actors by the prefix."""

@@ -60,7 +60,7 @@ def ensure_data(spec: JobSpec) -> None:
 def required_cpus(spec: JobSpec) -> float:
     """Logical CPUs the job may hold at once: its budget, else its request."""
     r = spec.resources
-    return max(r.budget_cpu or 0.0, r.workers * r.worker_cpu + r.ps * r.ps_cpu)
+    return max(r.budget_cpu or 0.0, r.workers * r.worker_cpu + r.ps * r.ps_cpu + r.dense_cpu)
 
 
 def resolve_policy(spec: JobSpec) -> tuple[JobSpec, Policy]:

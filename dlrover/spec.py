@@ -128,17 +128,31 @@ class ResourceSpec(_Strict):
     # embeddings go to the device once per step and their gradient back; the embedding
     # PS and the dense PS stay on CPU (the DLRover / PERSIA hybrid).
     worker_gpu: int = Field(0, ge=0, le=8)
+    # The dense PS: ``dense_ps`` actors, each holding a slice of the MLP parameters and
+    # reserving ``dense_ps_cpu`` CPUs; counted in ``budget_cpu``, never rescaled.
+    dense_ps: int = Field(1, ge=1, le=16)
+    dense_ps_cpu: float = Field(0.25, ge=0)
     budget_cpu: float | None = Field(None, gt=0)
     budget_memory_mb: int | None = Field(None, gt=0)
     # The master kills an actor whose RSS goes over its memory (as a container's limit
     # would): memory-pressure prediction must act before that.
     enforce_memory: bool = True
 
+    @property
+    def dense_cpu(self) -> float:
+        """CPUs the dense PS holds for the whole job."""
+        return self.dense_ps * self.dense_ps_cpu
+
+    @property
+    def elastic_budget_cpu(self) -> float | None:
+        """``budget_cpu`` less the dense PS: what the policy may give workers and PS."""
+        return None if self.budget_cpu is None else self.budget_cpu - self.dense_cpu
+
     @model_validator(mode="after")
     def _budget(self) -> "ResourceSpec":
-        cpu = self.workers * self.worker_cpu + self.ps * self.ps_cpu
-        if self.budget_cpu is not None and cpu > self.budget_cpu:
-            raise ValueError(f"budget_cpu: {self.budget_cpu} is below the requested {cpu} CPUs")
+        cpu = self.workers * self.worker_cpu + self.ps * self.ps_cpu + self.dense_cpu
+        if self.budget_cpu is not None and cpu > self.budget_cpu + 1e-9:
+            raise ValueError(f"budget_cpu: {self.budget_cpu} is below the requested {cpu:g} CPUs (workers, PS and dense PS)")
         mem = self.workers * self.worker_memory_mb + self.ps * self.ps_memory_mb
         if self.budget_memory_mb is not None and mem > self.budget_memory_mb:
             raise ValueError(f"budget_memory_mb: {self.budget_memory_mb} is below the requested {mem} MB")
@@ -310,7 +324,7 @@ class JobSpec(_Strict):
         r = self.resources
         count, cpu = (r.workers, r.worker_cpu) if role == "worker" else (r.ps, r.ps_cpu)
         if self.policy.name != "static":
-            budget = r.budget_cpu or r.workers * r.worker_cpu + r.ps * r.ps_cpu
+            budget = r.elastic_budget_cpu or r.workers * r.worker_cpu + r.ps * r.ps_cpu
             count = max(count, math.floor(budget / cpu + 1e-9))
         return min(count, self.train.vshards) if role == "ps" else count
 

@@ -25,7 +25,7 @@ class FakeControl:
 def fake_job(nodes: dict[str, str]):
     """Actors (name -> node) of a job with a worker, two PS and the dense PS."""
     events: list[dict] = []
-    lz = SimpleNamespace(nodes=dict(nodes), dense_ps_name="j/dense-ps-g0", handle=lambda n: object() if n in lz.nodes else None)
+    lz = SimpleNamespace(nodes=dict(nodes), dense_names=("j/dense-ps-0-g0",), handle=lambda n: object() if n in lz.nodes else None)
     job = SimpleNamespace(
         launcher=lz, control=FakeControl(), t0=0.0, now=10.0, draining=set(),
         events=SimpleNamespace(add=lambda kind, **f: events.append(dict(f, kind=kind))),
@@ -35,7 +35,7 @@ def fake_job(nodes: dict[str, str]):
     return job, events
 
 
-NODES = {"j/worker-0": "A", "j/ps-0": "A", "j/ps-1": "B", "j/dense-ps-g0": "A"}
+NODES = {"j/worker-0": "A", "j/ps-0": "A", "j/ps-1": "B", "j/dense-ps-0-g0": "A"}
 
 
 def test_a_draining_node_has_its_workers_and_ps_replaced_but_not_the_dense_ps():

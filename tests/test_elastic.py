@@ -230,8 +230,10 @@ def test_async_rescale_applies_every_update_once(ray_local, synth_dir, tmp_path)
     ]
     spec = small_spec(
         synth_dir,
-        data__epochs=8,  # outlasts starting new actors on a busy 2-core machine (~15 s)
-        data__batch_size=256,
+        data__epochs=8,
+        # Many small steps: the job (~70 s of training) outlasts starting the scale-out's
+        # four new actors on a busy 2-core machine (up to ~30 s measured).
+        data__batch_size=128,
         resources__budget_cpu=10,
         train__log_every_s=0.2,
         policy={"name": "scripted", "knobs": {"steps": steps}, "interval_s": 0.2, "warmup_s": 0.2, "history_dir": str(tmp_path / "h")},
@@ -255,7 +257,7 @@ def test_async_rescale_applies_every_update_once(ray_local, synth_dir, tmp_path)
     again = small_spec(
         synth_dir,
         data__epochs=1,
-        data__batch_size=256,
+        data__batch_size=128,
         resources__budget_cpu=10,
         policy={"name": "dlrover_rm", "history_dir": str(tmp_path / "h")},
     )

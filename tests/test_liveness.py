@@ -43,13 +43,22 @@ def check_survived(s: dict, kind: str) -> dict:
     return f
 
 
-def gone(pid: int) -> bool:
+def gone(pid: int, within_s: float = 30.0) -> bool:
+    """The process is dead (or a zombie) now or within ``within_s``."""
+    import time
+
     import psutil
 
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.5)
 
 
 def test_a_frozen_worker_is_declared_hung_killed_and_replaced(ray_local, synth_dir_large, tmp_path):

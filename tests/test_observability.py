@@ -232,7 +232,7 @@ def test_ray_dashboard_names_actors_per_job_and_role_and_shows_metadata(observed
     roles = defaultdict(int)
     for n in names:
         if n.startswith(job.job_id + "/"):
-            roles[n.split("/", 1)[1].split("-")[0]] += 1  # worker-3 -> worker, dense-ps-g0 -> dense
+            roles[n.split("/", 1)[1].split("-")[0]] += 1  # worker-3 -> worker, dense-ps-0-g0 -> dense
     assert roles["master"] == 1 and roles["ps"] == 2 and roles["worker"] >= 3 and roles["dense"] == 1, dict(roles)
     meta = client(job.head.address).get_job_info(job.job_id).metadata
     assert meta["model"].startswith("DLRM ") and meta["policy"] == "scripted" and meta["dlrover_job"] == job.job_id

@@ -53,7 +53,7 @@ def test_partial_recovery_falls_back_to_a_rollback_when_the_dense_ps_dies(ray_lo
 
     spec = fault_spec(synth_dir_large, tmp_path, [])
     out: dict = {}
-    t = signal_when_training("partial-dense", "dense-ps-g0", signal.SIGKILL, out)
+    t = signal_when_training("partial-dense", "dense-ps-0-g0", signal.SIGKILL, out)
     s, path = run_job(spec, runs_dir=str(tmp_path / "runs"), progress="none", job_id="partial-dense")
     t.join(timeout=5)
     assert "pid" in out, "the dense PS was never killed"

@@ -63,6 +63,7 @@ def chaos_spec(target: str, **sections) -> dict:
         ("ps:2", {"resources": {"ps": 2}}),
         ("worker:3", {"resources": {"workers": 2, "budget_cpu": 8}}),  # static never scales out
         ("worker:8", {"resources": {"budget_cpu": 8}, "policy": {"name": "dlrover_rm"}}),
+        ("worker:7", {"resources": {"budget_cpu": 8}, "policy": {"name": "dlrover_rm"}}),  # 0.25 CPU of 8 is the dense PS's
         ("worker:4", {"resources": {"worker_cpu": 2, "budget_cpu": 8}, "policy": {"name": "optimus"}}),
         ("ps:4", {"resources": {"budget_cpu": 64}, "train": {"vshards": 4}, "policy": {"name": "dlrover_rm"}}),
     ],
@@ -78,7 +79,8 @@ def test_chaos_target_beyond_the_most_actors_the_job_can_have_names_the_entry(ta
     [
         ("worker:1", {"resources": {"workers": 2}}),
         ("ps:1", {"resources": {"ps": 2}}),
-        ("worker:7", {"resources": {"budget_cpu": 8}, "policy": {"name": "dlrover_rm"}}),
+        ("worker:6", {"resources": {"budget_cpu": 8}, "policy": {"name": "dlrover_rm"}}),
+        ("worker:7", {"resources": {"budget_cpu": 8, "dense_ps_cpu": 0}, "policy": {"name": "dlrover_rm"}}),
         ("worker:2", {"resources": {"workers": 2, "ps": 2}, "policy": {"name": "scripted"}}),  # reshaped within the request's 4 CPUs
         ("ps:3", {"resources": {"budget_cpu": 64}, "train": {"vshards": 4}, "policy": {"name": "dlrover_rm"}}),
         ("node:9", {}),  # the cluster's size is known only when the job runs

@@ -44,7 +44,7 @@ def elastic_spec(data_dir: str, rows: int, num_embeddings: int, mode: str, at_pr
                 "eval_fraction": 0.01,
                 "shard_rows": 16384,
             },
-            "resources": {"workers": 1, "ps": 1, "worker_cpu": 1, "ps_cpu": 1, "ps_memory_mb": 4096, "budget_cpu": 4},
+            "resources": {"workers": 1, "ps": 1, "worker_cpu": 1, "ps_cpu": 1, "ps_memory_mb": 4096, "budget_cpu": 4.25},
             "train": {"log_every_s": 0.5},
             "policy": {
                 "name": "scripted",

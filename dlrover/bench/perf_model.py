@@ -52,7 +52,7 @@ def sweep_spec(data_dir: str, window_s: float, history_dir: str) -> JobSpec:
                 "eval_fraction": 0.01,
                 "shard_rows": 16384,
             },
-            "resources": {"workers": w0, "ps": p0, "worker_cpu": cw0, "ps_cpu": cp0, "budget_cpu": 6},
+            "resources": {"workers": w0, "ps": p0, "worker_cpu": cw0, "ps_cpu": cp0, "budget_cpu": 6.25},
             "train": {"log_every_s": 0.5},
             "policy": {"name": "scripted", "knobs": {"steps": steps}, "interval_s": 0.5, "warmup_s": 4.0, "history_dir": history_dir},
         }

@@ -146,7 +146,7 @@ class Checkpointer:
             changed = ray.get(changed, timeout=timeout_s)
             # What each PS had applied at the cut: partial recovery reports a dead one's.
             bags = {str(k): int(st["rows_updated"]) for k, st in zip(ps, ray.get([h.stats.remote() for h in ps.values()], timeout=timeout_s))}
-            dense = ray.get(lz.dense_ps.state.remote(), timeout=timeout_s)
+            dense = lz.dense.state(timeout_s)
             cut = m.books.cut(trained)
         except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError) as e:
             m.events.add("checkpoint_skipped", why=str(e).strip().splitlines()[0][:200])

@@ -101,7 +101,7 @@ class NodeDrains:
     def _on(self, node: str) -> list[str]:
         """The job's workers and PS on ``node``."""
         lz = self.m.launcher
-        return [n for n, nd in list(lz.nodes.items()) if nd == node and lz.handle(n) is not None and n != lz.dense_ps_name]
+        return [n for n, nd in list(lz.nodes.items()) if nd == node and lz.handle(n) is not None and n not in lz.dense_names]
 
     def _evict(self, workers: list[str], pending: dict[Any, str]) -> None:
         """Park these drained workers (each reports how far it applied its shards), then

@@ -23,6 +23,7 @@ from dlrover.errors import DLRoverError
 from dlrover.ids import ActorId, Role
 from dlrover.model.dlrm import initial_dense_vector
 from dlrover.ps.dense_ps import DenseParamServer
+from dlrover.ps.dense_shards import DenseShards, shard_bounds
 from dlrover.ps.embedding_ps import EmbeddingPS
 from dlrover.ps.vshard import VShardMap
 from dlrover.resource.configs import Config
@@ -45,7 +46,7 @@ class Launcher:
         self.files = files
         self.master = master
         self.ps: dict[int, Any] = {}
-        self.dense_ps: Any = None
+        self.dense: DenseShards | None = None  # the dense PS shards
         self.workers: dict[str, Any] = {}
         self.resources: dict[str, tuple[float, int]] = {}  # actor name -> (CPUs, memory MB)
         self.vmap: VShardMap | None = None
@@ -69,8 +70,8 @@ class Launcher:
         return self.ids.get(name)
 
     @property
-    def dense_ps_name(self) -> str:
-        return self._dense_name
+    def dense_names(self) -> tuple[str, ...]:
+        return self.dense.names if self.dense is not None else ()
 
     def launch(self, config: Config) -> None:
         """Start the job's first actors: ``config.ps`` PS, the dense PS, ``config.workers`` workers."""
@@ -78,25 +79,31 @@ class Launcher:
         self.vmap = VShardMap.round_robin(spec.model.table_sizes(), max(spec.train.vshards, config.ps), config.ps)
         for _ in range(config.ps):
             self.add_ps(config.ps_cpu, config.ps_memory_mb)
-        self.new_dense_ps()
+        self.new_dense()
         for _ in range(config.workers):
             self.add_worker(config.worker_cpu, config.worker_memory_mb)
         self.wait_started()
 
-    def new_dense_ps(self) -> None:
-        """(Re)create the dense PS, on the master's node (with the master, it is the part
-        of the job a worker node's loss must not take)."""
+    def new_dense(self) -> None:
+        """(Re)create the dense PS shards, on the master's node (with the master, they
+        are the part of the job a worker node's loss must not take)."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        if self.dense_ps is not None:
-            ray.kill(self.dense_ps, no_restart=True)
+        if self.dense is not None:
+            for h in self.dense.handles:
+                ray.kill(h, no_restart=True)
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
-        self._dense_name = self._name(ActorId(Role.DENSE_PS, 0, self.generation()))
-        self.dense_ps = (
-            ray.remote(DenseParamServer)
-            .options(name=self._dense_name, num_cpus=0, max_concurrency=1, scheduling_strategy=here)
-            .remote(initial_dense_vector(self.spec.model, self.spec.seed).numpy(), self.spec.optimizer.dense.model_dump())
+        res = self.spec.resources
+        flat = initial_dense_vector(self.spec.model, self.spec.seed).numpy()
+        bounds = shard_bounds(flat.size, res.dense_ps)
+        names = tuple(self._name(ActorId(Role.DENSE_PS, i, self.generation())) for i in range(res.dense_ps))
+        opt = self.spec.optimizer.dense.model_dump()
+        actor = ray.remote(DenseParamServer)
+        handles = tuple(
+            actor.options(name=n, num_cpus=res.dense_ps_cpu, max_concurrency=1, scheduling_strategy=here).remote(flat[lo:hi], opt)
+            for n, (lo, hi) in zip(names, itertools.pairwise(bounds))
         )
+        self.dense = DenseShards(handles, names, bounds)
 
     def _placement(self) -> dict:
         """Scheduling options that keep new actors off bad nodes while others are alive."""
@@ -142,13 +149,13 @@ class Launcher:
         probes = [h.stats.remote() for n, h in ps.items() if names is None or n in names]
         probes += [h.ping.remote() for n, h in self.workers.items() if names is None or n in names]
         if names is None:
-            probes.append(self.dense_ps.pull.remote())
+            probes += [h.pull.remote() for h in self.dense.handles]
         try:
             ray.get(probes, timeout=ACTOR_START_TIMEOUT_S)
         except ray.exceptions.GetTimeoutError:
             raise DLRoverError(
                 f"{self.job_id}: actors did not start within {ACTOR_START_TIMEOUT_S:.0f}s; the cluster may lack the "
-                f"CPUs/GPUs/memory in resources (workers x worker_cpu/worker_gpu/worker_memory_mb, ps x ps_cpu/ps_memory_mb)"
+                f"CPUs/GPUs/memory in resources (workers x worker_cpu/worker_gpu/worker_memory_mb, ps x ps_cpu/ps_memory_mb, dense_ps x dense_ps_cpu)"
             ) from None
         except ray.exceptions.RayActorError as e:
             raise DLRoverError(f"{self.job_id}: an actor failed to start: {str(e).strip().splitlines()[0]}") from None
@@ -169,7 +176,7 @@ class Launcher:
                 self.worker_spec,
                 self.master,
                 dict(self.ps),
-                self.dense_ps,
+                self.dense,
                 self.vmap,
                 self.files,
                 worker_threads(cpu, self.spec.train.threads_per_worker),
@@ -205,7 +212,7 @@ class Launcher:
             return self.workers.get(name)
         if actor.role is Role.PS:
             return self.ps.get(actor.index)
-        return self.dense_ps if name == self._dense_name else None
+        return self.dense.handles[actor.index] if name in self.dense_names else None
 
     def forget_worker(self, name: str) -> None:
         handle = self.workers.pop(name, None)
@@ -246,9 +253,8 @@ class Launcher:
         return None
 
     def shutdown(self) -> None:
-        for h in [*self.workers.values(), *self.ps.values(), *self.spare_workers.values(), *self.spare_ps.values(), self.dense_ps]:
-            if h is not None:
-                ray.kill(h, no_restart=True)
+        for h in [*self.workers.values(), *self.ps.values(), *self.spare_workers.values(), *self.spare_ps.values(), *(self.dense.handles if self.dense else ())]:
+            ray.kill(h, no_restart=True)
         # Exchange segments of workers that were killed before they could remove them
         # (this node only; see dlrover.worker.dense_client).
         for path in glob.glob(f"/dev/shm/{shm_prefix(self.job_id)}*"):

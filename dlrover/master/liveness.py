@@ -106,21 +106,27 @@ class Prober:
         self._heard.pop(name, None)
 
 
-@ray.remote(num_cpus=0, max_retries=0)
-def _kill_pid(pid: int) -> None:
+def _signal(pid: int) -> None:
     try:
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
 
 
+_kill_pid = ray.remote(num_cpus=0, max_retries=0)(_signal)
+
+
 def kill_process(node_id: str | None, pid: int | None) -> None:
-    """SIGKILL ``pid`` on ``node_id`` (a stopped process dies at once), from a task
-    pinned to that node. Best effort: the node may be gone with the process."""
+    """SIGKILL ``pid`` on ``node_id`` (a stopped process dies at once): directly when it
+    is this process's node, else from a task pinned to that node (which on a loaded node
+    may take a while to start). Best effort: the node may be gone with the process."""
     if pid is None or node_id is None:
         return
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+    if node_id == ray.get_runtime_context().get_node_id():
+        _signal(pid)
+        return
     try:
         ray.get(_kill_pid.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote(pid), timeout=10)
     except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError):

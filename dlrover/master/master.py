@@ -242,7 +242,9 @@ class JobMaster:
             self.control.resumed(config)
         self.control.started(config)
         self.chaos.start(state.chaos_s if state else 0.0)
-        self.events.add("launched", workers=len(self.launcher.workers), ps=len(self.launcher.ps), config=config.short())
+        r = self.spec.resources
+        dense = f"{r.dense_ps} dense PS x {r.dense_ps_cpu:g}cpu"
+        self.events.add("launched", workers=len(self.launcher.workers), ps=len(self.launcher.ps), config=f"{config.short()} + {dense}")
         first = self.checkpointer.take({}, self.clock() - self.t0)  # the state to fall back on before any other
         if first is not None:
             self.checkpointer.write_durable(first, first.at_s)
@@ -265,11 +267,13 @@ class JobMaster:
         ps_stats = ray.get([ps.stats.remote() for ps in self.launcher.ps.values()]) + self.control.retired_ps_stats
         # Each (sample, feature) bag is pushed to exactly one PS: this counts applied updates.
         summary["ps_bags_updated"] = int(sum(s["rows_updated"] for s in ps_stats))
-        dense = ray.get(self.launcher.dense_ps.stats.remote())
-        summary["dense_updates"] = int(dense["updates"])  # one per batch trained (since the dense PS started)
+        dense = self.launcher.dense.stats()
+        # One per batch trained (since the dense PS started), on every shard alike.
+        summary["dense_updates_per_shard"] = [int(d["updates"]) for d in dense]
+        summary["dense_updates"] = min(summary["dense_updates_per_shard"])
         # Pushes of a batch a PS had applied before (a replacement redoing a dead worker's
         # unreported batches): skipped, so no update is applied twice.
-        summary["duplicate_updates_skipped"] = int(sum(s.get("duplicates", 0) for s in ps_stats) + dense["duplicates"])
+        summary["duplicate_updates_skipped"] = int(sum(s.get("duplicates", 0) for s in [*ps_stats, *dense]))
         summary.update(self.control.finish(summary), chaos=self.chaos.fired)
         self.checkpointer.flush()
         if self.status == JobStatus.SUCCEEDED and not self.spec.checkpoint.dir:
@@ -301,7 +305,7 @@ class JobMaster:
         """Shards done: every PS drops their applied batches (its memory stays bounded)."""
         done = self.books.take_done()
         if done:
-            for h in [*self.launcher.ps.values(), self.launcher.dense_ps]:
+            for h in [*self.launcher.ps.values(), *self.launcher.dense.handles]:
                 h.forget.remote(done)
 
     def finished(self) -> bool:

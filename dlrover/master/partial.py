@@ -88,7 +88,7 @@ def recover_partially(m: Job, pending: dict[Any, str], lost_ps: LostPs) -> Parti
     lz.vmap = vmap
     ranges = m.books.queue.lines_since(ShardQueue.from_state_dict(ckpt.queue))
     lost = count_bags.remote(lz.files, ranges, at_death, list(lost_ps.ps))
-    ray.get([h.set_routing.remote(dict(lz.ps), vmap, lz.dense_ps) for h in lz.workers.values()])
+    ray.get([h.set_routing.remote(dict(lz.ps), vmap, lz.dense) for h in lz.workers.values()])
     for name in lz.workers:
         pending[lz.start(name)] = name
     if m.control is not None:

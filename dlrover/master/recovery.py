@@ -106,7 +106,7 @@ class Recovery:
         self._enforce_memory(now)
         targets = {lz.ps_name(k): h.stats.remote for k, h in lz.ps.items()}
         targets.update({n: h.ping.remote for n, h in lz.workers.items()})
-        targets[lz.dense_ps_name] = lz.dense_ps.ping.remote
+        targets.update({n: h.ping.remote for n, h in zip(lz.dense.names, lz.dense.handles)})
         found = self.prober.poll(now, timeout, targets, up=self.m.books.running())
         for name, reply in found.replies.items():
             info = ProcessInfo(int(reply["pid"]), str(reply["node_id"])) if isinstance(reply, dict) else reply
@@ -132,7 +132,7 @@ class Recovery:
         lz = self.m.launcher
         ids = [a for a in map(lz.id_of, names) if a is not None]
         ps = {a.index for a in ids if a.role is Role.PS and a.index in lz.ps}
-        return LostPs(tuple(sorted(ps)), lz.dense_ps_name in names)
+        return LostPs(tuple(sorted(ps)), any(n in lz.dense_names for n in names))
 
     def kill_hung(self, name: str, since: float) -> None:
         """Declare ``name`` hung since job time ``since`` and kill its process for real; a
@@ -175,7 +175,7 @@ class Recovery:
     def dead_ps_now(self, timeout_s: float = 10.0) -> LostPs:
         """Ask every PS and the dense PS now (a worker's run failed on a remote call)."""
         lz = self.m.launcher
-        items = [(lz.ps_name(k), h.stats.remote()) for k, h in lz.ps.items()] + [(lz.dense_ps_name, lz.dense_ps.ping.remote())]
+        items = [(lz.ps_name(k), h.stats.remote()) for k, h in lz.ps.items()] + [(n, h.ping.remote()) for n, h in zip(lz.dense.names, lz.dense.handles)]
         dead = []
         for name, ref in items:
             try:
@@ -292,7 +292,7 @@ class Recovery:
     def ps_failed(self, pending: dict[Any, str], lost: LostPs, how: str) -> None:
         lz = self.m.launcher
         detected = self.now()
-        names = [lz.ps_name(k) for k in lost.ps] + ([lz.dense_ps_name] if lost.dense else [])
+        names = [lz.ps_name(k) for k in lost.ps] + (list(lz.dense_names) if lost.dense else [])
         failures = [self.new_failure(FailureKind.PS_DEATH, n, f"{n} unreachable ({how})", detected) for n in names]
         if self.m.spec.checkpoint.on_failure == "restart":
             self.restart_all(pending, failures[0], more=failures[1:])

@@ -122,16 +122,16 @@ def roll_back(m: Job, pending: dict[Any, str], lost_ps: LostPs, replace_all: boo
     replace_workers(m, set(lost) | draining, drop=draining)
     owner, _ = replace_ps(m, lost_ps.ps)
     if lost_ps.dense:
-        lz.new_dense_ps()
+        lz.new_dense()
     lz.wait_started()
     ckpt, payloads, source = m.checkpointer.payloads()
     refs = [p if isinstance(p, ray.ObjectRef) else ray.put(p) for p in payloads]
     vmap = VShardMap(lz.vmap.table_sizes, lz.vmap.num_vshards, owner, lz.vmap.version + 1)
     ray.get([h.restore.remote(vmap, refs) for h in lz.ps.values()])
-    ray.get(lz.dense_ps.set_state.remote(ckpt.dense))
+    lz.dense.set_state(ckpt.dense)
     lz.vmap = vmap
     replayed = m.books.restore(ckpt.cut(), new_generation=True)
-    ray.get([h.set_routing.remote(dict(lz.ps), vmap, lz.dense_ps) for h in lz.workers.values()])
+    ray.get([h.set_routing.remote(dict(lz.ps), vmap, lz.dense) for h in lz.workers.values()])
     for name in lz.workers:
         pending[lz.start(name)] = name
     if m.control is not None:
@@ -151,7 +151,7 @@ def resume_after_restart(m: Job, state: "MasterState") -> Config:
     lz = m.launcher
     refs = [ray.put(p) for p in payloads]
     ray.get([h.restore.remote(lz.vmap, refs) for h in lz.ps.values()])
-    ray.get(lz.dense_ps.set_state.remote(ckpt.dense))
+    lz.dense.set_state(ckpt.dense)
     m.books.restore(ckpt.cut(), new_generation=False)
     replayed = max(0, state.samples_done - ckpt.samples)
     m.recovery.samples_replayed += replayed

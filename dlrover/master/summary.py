@@ -93,6 +93,8 @@ def summary_of(m: Job, metrics: dict) -> dict:
             "ps": spec.resources.ps,
             "worker_cpu": spec.resources.worker_cpu,
             "ps_cpu": spec.resources.ps_cpu,
+            "dense_ps": spec.resources.dense_ps,
+            "dense_ps_cpu": spec.resources.dense_ps_cpu,
             "batch_size": spec.data.batch_size,
             "vshards": spec.train.vshards,
         },
@@ -113,7 +115,7 @@ def export_final(m: Job) -> None:
     for h in m.launcher.ps.values():
         for t, (rows, w) in enumerate(ray.get([h.table_rows.remote(t) for t in range(len(sizes))])):
             tables[t][torch.from_numpy(rows)] = torch.from_numpy(w)
-    dense = torch.as_tensor(ray.get(m.launcher.dense_ps.pull.remote())[1])
+    dense = torch.as_tensor(m.launcher.dense.pull())
     out = os.path.join(spec.checkpoint.dir, m.job_id)
     os.makedirs(out, exist_ok=True)
     tmp = os.path.join(out, "final.pt.tmp")

@@ -1,4 +1,5 @@
-"""DenseParamServer: the DLRM's dense (MLP) parameters and their optimizer, as one flat vector.
+"""DenseParamServer: the DLRM's dense (MLP) parameters and their optimizer, as one flat
+vector (or one slice of it: see ``dlrover.ps.dense_shards``).
 
 Workers push the flat gradient of a step and get the updated parameters back in the same
 call, tagged with its batch: a batch applied before is not applied again (see
@@ -87,10 +88,11 @@ class DenseParamServer:
     def pull(self) -> tuple[int, np.ndarray]:
         return self.push_pull(None)
 
-    def push_pull_shm(self, name: str, size: int, batch: BatchId | None = None) -> tuple[int, None]:
-        """``push_pull`` through a worker's shared-memory segment: read the gradient from
-        it, write the updated parameters back into it (see ``dlrover.ps.shm``)."""
-        buf = self._segments.array(name)[:size]
+    def push_pull_shm(self, name: str, lo: int, hi: int, batch: BatchId | None = None) -> tuple[int, None]:
+        """``push_pull`` through a worker's shared-memory segment of the whole vector: read
+        this shard's slice ``[lo, hi)`` of the gradient from it, write the updated slice
+        back into it (see ``dlrover.ps.shm``)."""
+        buf = self._segments.array(name)[lo:hi]
         with self._lock:
             self._step(torch.from_numpy(buf), batch)
             buf[:] = self.param.detach().numpy()

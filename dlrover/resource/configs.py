@@ -104,9 +104,10 @@ def clip_to_budget(config: Config, budget: Budget) -> Config:
 
 
 def job_budget(spec: Any, requested: Config) -> Budget:
-    """The job's budget: ``resources.budget_*``, else the request. Memory without its own
-    budget grows with the CPU budget (same MB per CPU as the request)."""
+    """The job's budget for workers and PS: ``resources.budget_*`` (less the dense PS's
+    CPUs), else the request. Memory without its own budget grows with the CPU budget
+    (same MB per CPU as the request)."""
     r = spec.resources
-    cpu = r.budget_cpu or requested.cpu
+    cpu = r.elastic_budget_cpu or requested.cpu
     memory = r.budget_memory_mb or int(requested.memory_mb * cpu / requested.cpu)
     return Budget(cpu=cpu, memory_mb=memory, max_ps=spec.train.vshards)

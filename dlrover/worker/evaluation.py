@@ -13,6 +13,7 @@ from dlrover.data.criteo import Batch, FileIndex
 from dlrover.data.reader import FileReader
 from dlrover.data.synth import Oracle
 from dlrover.model.dlrm import PSClient, PSEmbeddingBagCollection, build_dense_dlrm, dense_parameters, table_configs
+from dlrover.ps.dense_shards import DenseShards
 from dlrover.spec import ModelSpec
 from dlrover.worker.batches import Step, batches_of, with_tensors
 
@@ -41,10 +42,10 @@ class Evaluator:
         self.batch_size = batch_size
         self.files = files
 
-    def evaluate(self, ranges: list[tuple[str, int, int]], dense_ps: Any) -> dict:
+    def evaluate(self, ranges: list[tuple[str, int, int]], dense_ps: DenseShards) -> dict:
         """Labels, logits and (synthetic data only) true probabilities of rows [start, stop)
         of each file, scored with the dense PS's latest parameters."""
-        torch.nn.utils.vector_to_parameters(torch.as_tensor(ray.get(dense_ps.pull.remote())[1]).to(self.device), self.params)
+        torch.nn.utils.vector_to_parameters(torch.as_tensor(dense_ps.pull()).to(self.device), self.params)
         labels, logits, batches = [], [], []
         with torch.no_grad():
             for path, start, stop in ranges:

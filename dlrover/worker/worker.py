@@ -35,6 +35,7 @@ from dlrover.data.reader import FileReader
 from dlrover.ids import ProcessInfo
 from dlrover.model.dlrm import PSClient, PSEmbeddingBagCollection, build_dense_dlrm, dense_parameters, table_configs
 from dlrover.preemption import on_sigterm
+from dlrover.ps.dense_shards import DenseShards
 from dlrover.ps.shm import LocalLinks
 from dlrover.ps.vshard import VShardMap
 from dlrover.spec import JobSpec, ModelSpec
@@ -80,7 +81,7 @@ class Worker:
         spec: WorkerSpec,
         master: Any,
         ps: list[Any],
-        dense_ps: Any,
+        dense_ps: DenseShards,
         vmap: VShardMap,
         files: dict[str, FileIndex],
         threads: int = 1,
@@ -110,7 +111,7 @@ class Worker:
         self._input: ShardInput | None = None
         self._in_flight: dict[int, ShardProgress] = {}  # shards being trained
         self._finished: list[ShardProgress] = []  # trained, not reported done yet
-        self._dense_ref: Any = None  # the last dense push, until its reply is loaded
+        self._dense_refs: list[Any] = []  # the last dense push (one per shard), until its reply is loaded
         self._shard_id: int | None = None  # the previous step's shard (deterministic mode)
         self._stats: dict[str, float] = {}
         self._window = MetricsWindow(self.client.timings, time.monotonic())
@@ -125,7 +126,7 @@ class Worker:
         True once parked (or when not training at all)."""
         return self._gate.request_pause(timeout_s)
 
-    def set_routing(self, ps: dict[int, Any], vmap: VShardMap, dense_ps: Any = None) -> int:
+    def set_routing(self, ps: dict[int, Any], vmap: VShardMap, dense_ps: DenseShards | None = None) -> int:
         """Install a new PS set and vshard map (and dense PS, after a recovery), and resume
         if paused. Returns the map version."""
         with self._gate.releasing():
@@ -167,7 +168,7 @@ class Worker:
         """Training thread: settle every unapplied push, tell the master how far each held
         shard is applied (no replacement goes back past a pause), then wait for resume."""
         refs = [r for p in [*self._in_flight.values(), *self._finished] for r in p.refs]
-        ray.get(refs + ([self._dense_ref] if self._dense_ref is not None else []))
+        ray.get(refs + self._dense_refs)
         self._send_progress(block=True)
         self._gate.park()
 
@@ -220,7 +221,7 @@ class Worker:
         self.model.train()
         self._stats = {"steps": 0, "samples": 0, "loss_sum": 0.0, "wait_dense_s": 0.0, "compute_s": 0.0, "wait_data_s": 0.0}
         self._window = MetricsWindow(self.client.timings, time.monotonic())
-        self._dense_ref = self._shard_id = None
+        self._dense_refs, self._shard_id = [], None
         cur: Step | None = None
         ended = False
         while True:
@@ -283,9 +284,9 @@ class Worker:
         n = len(step.batch)
         if not n:  # an empty last batch only closes its shard's books
             return []
-        if self._dense_ref is not None:
+        if self._dense_refs:
             t0 = time.perf_counter()
-            self.dense.apply(self._dense_ref)
+            self.dense.apply(self._dense_refs)
             self._stats["wait_dense_s"] += time.perf_counter() - t0
         for p in self.dense.params:
             p.grad = None
@@ -294,7 +295,7 @@ class Worker:
         loss = self.loss_fn(self.model(step.dense.to(dev), step.kjt).squeeze(-1), step.labels.to(dev))
         loss.backward()
         self._stats["compute_s"] += time.perf_counter() - t0
-        self._dense_ref = self.dense.push(step.batch_id)
+        self._dense_refs = self.dense.push(step.batch_id)
         push_refs = self.ebc.take_push_refs()
         if self._stats["steps"] == 0:
             self.master.report.remote(self.name, {"first_step": True})
@@ -307,14 +308,14 @@ class Worker:
 
     def _settle_dense(self) -> None:
         """Wait until the last dense push is applied (its reply is not loaded)."""
-        if self._dense_ref is not None:
-            ray.get(self._dense_ref)
-            self._dense_ref = None
+        if self._dense_refs:
+            ray.get(self._dense_refs)
+            self._dense_refs = []
 
     def _book(self, step: Step, push_refs: list[Any]) -> None:
         """Enter the step in its shard's books; report shards whose updates are applied."""
         prog = self._in_flight.setdefault(step.shard.shard_id, ShardProgress(step.shard))
-        dense = [self._dense_ref] if self._dense_ref is not None and len(step.batch) else []
+        dense = self._dense_refs if len(step.batch) else []
         prog.add(len(step.batch), step.bad_lines, push_refs + dense)
         if step.last_of_shard:
             self._finished.append(self._in_flight.pop(step.shard.shard_id))

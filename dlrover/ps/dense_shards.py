@@ -1,0 +1,91 @@
+"""DenseShards: the job's dense PS as ``n`` actors, each owning a contiguous slice of the
+flat dense vector.
+
+Every worker pushes its step's gradient to all shards at once and each applies its slice
+independently (its own optimizer over its slice, its own applied log): the optimizers
+are element-wise, so n shards compute exactly what one would, while the work of several
+workers' pushes spreads over n actors instead of queueing on one. A checkpoint holds the
+merged state (the same format for any ``n``), split again on restore, so a job may come
+back with another shard count.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+import ray
+
+
+def shard_bounds(size: int, n: int) -> tuple[int, ...]:
+    """``n + 1`` offsets cutting ``size`` elements into ``n`` near-equal slices."""
+    if not 1 <= n <= size:
+        raise ValueError(f"cannot cut {size} dense parameters into {n} shards")
+    return tuple(int(x) for x in np.linspace(0, size, n + 1).round().astype(np.int64))
+
+
+def split_state(state: dict, bounds: tuple[int, ...]) -> list[dict]:
+    """A merged dense state (``DenseParamServer.state()`` of the whole vector) cut into
+    one state per shard: per-element arrays are sliced, scalars (an optimizer's step
+    count) copied."""
+    size = bounds[-1]
+
+    def cut(v: Any, lo: int, hi: int) -> Any:
+        a = np.asarray(v) if v is not None else None
+        return a[lo:hi] if a is not None and a.ndim >= 1 and a.shape[0] == size else v
+
+    return [
+        {
+            "param": np.asarray(state["param"])[lo:hi],
+            "version": state["version"],
+            "opt_state": {k: cut(v, lo, hi) for k, v in (state.get("opt_state") or {}).items()},
+        }
+        for lo, hi in itertools.pairwise(bounds)
+    ]
+
+
+def merge_states(states: list[dict]) -> dict:
+    """The inverse of :func:`split_state`: one state of the whole vector."""
+    sizes = [len(s["param"]) for s in states]
+
+    def join(key: str) -> Any:
+        vals = [s["opt_state"][key] for s in states]
+        per_element = all(np.ndim(v) >= 1 and np.shape(v)[0] == n for v, n in zip(vals, sizes))
+        return np.concatenate(vals) if per_element else vals[0]
+
+    keys = states[0]["opt_state"].keys() if states[0]["opt_state"] else []
+    return {
+        "param": np.concatenate([s["param"] for s in states]),
+        "version": min(int(s["version"]) for s in states),
+        "opt_state": {k: join(k) for k in keys},
+    }
+
+
+@dataclass(frozen=True)
+class DenseShards:
+    """Handles and names of the dense PS shards; shard ``i`` owns ``[bounds[i], bounds[i+1])``.
+    Passed by value to workers (handles pickle), replaced as a whole by a rollback."""
+
+    handles: tuple[Any, ...]
+    names: tuple[str, ...]
+    bounds: tuple[int, ...]
+
+    def slices(self) -> list[tuple[int, int]]:
+        return list(itertools.pairwise(self.bounds))
+
+    def pull(self, get: Callable[[Any], Any] = ray.get) -> np.ndarray:
+        """The whole current vector."""
+        return np.concatenate([reply[1] for reply in get([h.pull.remote() for h in self.handles])])
+
+    def state(self, timeout_s: float | None = None) -> dict:
+        """The merged state (for a checkpoint; consistent only while workers are parked)."""
+        return merge_states(ray.get([h.state.remote() for h in self.handles], timeout=timeout_s))
+
+    def set_state(self, state: dict) -> None:
+        ray.get([h.set_state.remote(s) for h, s in zip(self.handles, split_state(state, self.bounds))])
+
+    def stats(self) -> list[dict]:
+        """Each shard's ``stats()``."""
+        return ray.get([h.stats.remote() for h in self.handles])
