@@ -183,7 +183,7 @@ def run_dense_bench(workers: list[int], shards: list[int], steps: int, progress:
     modes = [f"ps-{n}" for n in shards] + ["allreduce"]
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=max(cores, 8), include_dashboard=False, _node_ip_address="127.0.0.1", logging_level="ERROR",
+        ray.init(address="local", num_cpus=max(cores, 8), include_dashboard=False, _node_ip_address="127.0.0.1", logging_level="ERROR",
                  runtime_env={"env_vars": {"PYTHONWARNINGS": "ignore"}})  # fmt: skip
     rows = []
     try:
