@@ -47,7 +47,7 @@ def main() -> int:
     )
     print(f"entrypoint: {entrypoint}", flush=True)
     metrics: set[str] = set()
-    with LocalHead(num_cpus=4, metrics_report_ms=1000) as head:
+    with LocalHead(num_cpus=5, metrics_report_ms=1000) as head:  # the job's 4 CPUs + its dense PS's 0.25
         jobs = client(head.address)
         sid = jobs.submit_job(entrypoint=entrypoint, metadata={"name": "quickstart", "policy": "static"})
         deadline = time.monotonic() + args.timeout_s

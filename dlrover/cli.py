@@ -11,6 +11,7 @@ import json
 import math
 import os
 import sys
+from typing import Callable
 
 from dlrover.errors import DLRoverError
 from dlrover.paths import out_dir
@@ -188,6 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
     dn.add_argument("--workers", type=_int_list, default=[1, 2, 4], metavar="N,...", help="worker counts (default 1,2,4)")
     dn.add_argument("--shards", type=_int_list, default=[1, 2], metavar="N,...", help="dense PS shard counts (default 1,2)")
     dn.add_argument("--steps", type=_positive_int, default=40, help="measured steps per worker (default 40)")
+    bt = bsub.add_parser("bigtable", help="a 4.4 GB-table job over 4 PS: trains, rescales PS 4->6->4, checkpoints; RSS, pre-copy GB/s, pause")
+    bt.add_argument("--json", action="store_true")
+    bt.add_argument("--quick", action="store_true", help="tables 100x smaller (smoke run)")
     pm = bsub.add_parser("perf-model", help="measure real configurations, fit the model on some, predict the rest (MAPE)")
     pm.add_argument("--json", action="store_true")
     pm.add_argument("--window-s", type=float, default=12.0, help="measured seconds per configuration")
@@ -315,24 +319,28 @@ def cmd_tune(args) -> int:
     return 0
 
 
+# ``dlrover bench NAME``: (module in dlrover.bench, its runner, its printer, the runner's
+# keyword arguments from the command line's). sim-calibration and throughput are below.
+BENCHES: dict[str, tuple[str, str, str, Callable[[argparse.Namespace], dict]]] = {
+    "elastic": ("elastic", "run_elastic_bench", "print_elastic", lambda a: {"rows": a.rows, "num_embeddings": a.num_embeddings}),
+    "recovery": ("recovery", "run_recovery_bench", "print_recovery", lambda a: {"quick": a.quick}),
+    "checkpoint": ("checkpoint", "run_checkpoint_bench", "print_checkpoint", lambda a: {"quick": a.quick}),
+    "sim-speed": ("sim_speed", "run_sim_speed", "print_sim_speed", lambda a: {"jobs": a.jobs, "nodes": a.nodes}),
+    "scaling": ("scaling", "run_scaling_bench", "print_scaling", lambda a: {"grid": a.grid, "quick": a.quick, "steps": a.steps}),
+    "dense": ("dense", "run_dense_bench", "print_dense", lambda a: {"workers": a.workers, "shards": a.shards, "steps": a.steps}),
+    "bigtable": ("bigtable", "run_bigtable_bench", "print_bigtable", lambda a: {"quick": a.quick}),
+    "perf-model": ("perf_model", "run_perf_model_bench", "print_perf_model", lambda a: {"window_s": a.window_s}),
+}
+
+
 def cmd_bench(args) -> int:
-    if args.bench_cmd == "elastic":
-        from dlrover.bench.elastic import print_elastic, run_elastic_bench
+    import importlib
 
-        result = run_elastic_bench(rows=args.rows, num_embeddings=args.num_embeddings)
-        print(json.dumps(result, default=float)) if args.json else print_elastic(result)
-        return 0
-    if args.bench_cmd == "recovery":
-        from dlrover.bench.recovery import print_recovery, run_recovery_bench
-
-        result = run_recovery_bench(quick=args.quick)
-        print(json.dumps(result, default=float)) if args.json else print_recovery(result)
-        return 0
-    if args.bench_cmd == "checkpoint":
-        from dlrover.bench.checkpoint import print_checkpoint, run_checkpoint_bench
-
-        result = run_checkpoint_bench(quick=args.quick)
-        print(json.dumps(result, default=float)) if args.json else print_checkpoint(result)
+    if args.bench_cmd in BENCHES:
+        module, runner, printer, kwargs = BENCHES[args.bench_cmd]
+        mod = importlib.import_module(f"dlrover.bench.{module}")
+        result = getattr(mod, runner)(**kwargs(args))
+        print(json.dumps(result, default=float)) if args.json else getattr(mod, printer)(result)
         return 0
     if args.bench_cmd == "sim-calibration":
         from dlrover.bench.sim_calibration import calibrate_saved_profile, print_sim_calibration, run_sim_calibration
@@ -342,30 +350,6 @@ def cmd_bench(args) -> int:
         else:
             result = run_sim_calibration(quick=args.quick, profile_path=args.save_profile)
         print(json.dumps(result, default=float)) if args.json else print_sim_calibration(result)
-        return 0
-    if args.bench_cmd == "sim-speed":
-        from dlrover.bench.sim_speed import print_sim_speed, run_sim_speed
-
-        result = run_sim_speed(jobs=args.jobs, nodes=args.nodes)
-        print(json.dumps(result, default=float)) if args.json else print_sim_speed(result)
-        return 0
-    if args.bench_cmd == "scaling":
-        from dlrover.bench.scaling import print_scaling, run_scaling_bench
-
-        result = run_scaling_bench(grid=args.grid, quick=args.quick, steps=args.steps)
-        print(json.dumps(result, default=float)) if args.json else print_scaling(result)
-        return 0
-    if args.bench_cmd == "dense":
-        from dlrover.bench.dense import print_dense, run_dense_bench
-
-        result = run_dense_bench(args.workers, args.shards, args.steps)
-        print(json.dumps(result, default=float)) if args.json else print_dense(result)
-        return 0
-    if args.bench_cmd == "perf-model":
-        from dlrover.bench.perf_model import print_perf_model, run_perf_model_bench
-
-        result = run_perf_model_bench(window_s=args.window_s)
-        print(json.dumps(result, default=float)) if args.json else print_perf_model(result)
         return 0
     from dlrover.bench.throughput import run_throughput_bench
 

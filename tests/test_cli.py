@@ -94,7 +94,7 @@ def ray_head():
     """A Ray head with the dashboard (Ray Jobs) on loopback, stopped when the test ends."""
     from dlrover.localhead import LocalHead
 
-    with LocalHead(num_cpus=4) as head:
+    with LocalHead(num_cpus=5) as head:  # the job's 4 CPUs + its dense PS's 0.25
         yield head.address
 
 
@@ -133,7 +133,7 @@ def test_run_joins_a_token_auth_head_by_address_without_ray_auth_mode(tmp_path, 
         "model: {embedding_dim: 8, num_embeddings: 1000, dense_arch: [16, 8], over_arch: [16, 1]}\n"
         "resources: {workers: 1, ps: 1}\n",
     )
-    with LocalHead(num_cpus=2) as head:
+    with LocalHead(num_cpus=3) as head:  # the job's 2 CPUs + its dense PS's 0.25
         with pytest.raises(urllib.error.HTTPError) as denied:  # the head does check tokens
             urllib.request.urlopen(f"{head.address}/api/jobs/", timeout=30)
         assert denied.value.code in (401, 403)
