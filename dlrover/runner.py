@@ -92,6 +92,13 @@ def resolve_checkpoint_dir(spec: JobSpec) -> JobSpec:
     return spec.model_copy(update={"checkpoint": checkpoint})
 
 
+def ray_runtime_env() -> dict:
+    """The runtime env of a Ray this driver starts: quiet actors, and the dlrover
+    environment switches passed on."""
+    passed = {k: v for k, v in os.environ.items() if k in ("DLROVER_NO_SHM", "DLROVER_HISTORY_DIR")}
+    return {"env_vars": {"PYTHONWARNINGS": "ignore", "TORCH_CPP_LOG_LEVEL": "ERROR", "RAY_IGNORE_UNHANDLED_ERRORS": "1", **passed}}
+
+
 def init_ray(spec: JobSpec, address: str | None, dashboard: bool = False) -> bool:
     """Connect to ``address`` or start an embedded local Ray on loopback.
 
@@ -103,7 +110,7 @@ def init_ray(spec: JobSpec, address: str | None, dashboard: bool = False) -> boo
         return False
     # Inside a Ray Jobs entrypoint RAY_ADDRESS points at the cluster: join it.
     address = address or os.environ.get("RAY_ADDRESS")
-    env = {"env_vars": {"PYTHONWARNINGS": "ignore", "TORCH_CPP_LOG_LEVEL": "ERROR", "RAY_IGNORE_UNHANDLED_ERRORS": "1", **{k: v for k, v in os.environ.items() if k in ("DLROVER_NO_SHM", "DLROVER_HISTORY_DIR")}}}
+    env = ray_runtime_env()
     if address:
         use_token_auth()
         try:
