@@ -124,14 +124,11 @@ class ResourceSpec(_Strict):
     ps_cpu: float = Field(1.0, gt=0)
     worker_memory_mb: int = Field(2048, ge=64)
     ps_memory_mb: int = Field(2048, ge=64)
-    # GPUs per worker: its DLRM (MLPs, interaction, loss) runs on CUDA, the pooled
-    # embeddings go to the device once per step and their gradient back; the embedding
-    # PS and the dense PS stay on CPU (the DLRover / PERSIA hybrid).
+    # GPUs per worker: its DLRM runs on CUDA, pooled embeddings go to the device once per
+    # step and their gradient back; all PS stay on CPU (the DLRover / PERSIA hybrid).
     worker_gpu: int = Field(0, ge=0, le=8)
-    # The dense PS: ``dense_ps`` actors, each holding a slice of the MLP parameters and
-    # reserving ``dense_ps_cpu`` CPUs; counted in ``budget_cpu``, never rescaled.
-    dense_ps: int = Field(1, ge=1, le=16)
-    dense_ps_cpu: float = Field(0.25, ge=0)
+    dense_ps: int = Field(1, ge=1, le=16, description="dense PS actors, each holding a slice of the MLP parameters")
+    dense_ps_cpu: float = Field(0.25, ge=0, description="CPUs each dense PS reserves, counted in budget_cpu")
     budget_cpu: float | None = Field(None, gt=0)
     budget_memory_mb: int | None = Field(None, gt=0)
     # The master kills an actor whose RSS goes over its memory (as a container's limit

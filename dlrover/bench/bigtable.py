@@ -23,8 +23,8 @@ import os
 import shutil
 import sys
 import tempfile
-import time
 
+from dlrover.bench.progress import JobProgress
 from dlrover.errors import DLRoverError
 from dlrover.spec import JobSpec, spec_from_dict
 
@@ -75,20 +75,6 @@ def bigtable_spec(data_dir: str, ckpt_dir: str, p: dict) -> JobSpec:
 
 def _log(msg: str) -> None:
     print(f"[bench] {msg}", file=sys.stderr, flush=True)
-
-
-def _progress(every_s: float = 10.0):
-    t0, last = time.monotonic(), [-every_s]
-
-    def show(p: dict) -> bool:
-        now = time.monotonic() - t0
-        if now - last[0] >= every_s:
-            last[0] = now
-            pct = 100.0 * p.get("samples_done", 0) / max(p.get("samples_expected") or 1, 1)
-            _log(f"  {now:4.0f}s elapsed, {p.get('status')}, {pct:3.0f}% trained, {p.get('config') or ''}")
-        return False
-
-    return show
 
 
 def summarize(summary: dict, events: list[dict], sizes: list[int]) -> dict:
@@ -152,7 +138,7 @@ def run_bigtable_bench(quick: bool = False, work_dir: str | None = None) -> dict
         _log(f"job: {spec.model.short()}, {model_bytes(sizes) / 1e9:.2f} GB of tables + optimizer state over {PS_FROM} PS, PS {PS_FROM}->{PS_PEAK}->{PS_FROM}")
         started = _start_ray(spec)
         try:
-            summary, path = run_job(spec, runs_dir=os.path.join(work, "runs"), progress="none", stop_when=_progress())
+            summary, path = run_job(spec, runs_dir=os.path.join(work, "runs"), progress="none", stop_when=JobProgress("bigtable"))
         finally:
             if started:
                 import ray

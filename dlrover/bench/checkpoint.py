@@ -31,6 +31,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 
+from dlrover.bench.progress import JobProgress
 from dlrover.checkpoint.manifest import MANIFEST
 from dlrover.checkpoint.store import CheckpointStore
 from dlrover.errors import DLRoverError
@@ -73,21 +74,6 @@ def checkpoint_spec(data_dir: str, ckpt_dir: str, quantize: str, epochs: int, nu
 
 def _log(msg: str) -> None:
     print(f"[bench] {msg}", file=sys.stderr, flush=True)
-
-
-class _Progress:
-    """A line on stderr every few seconds while a run goes on (stdout stays clean)."""
-
-    def __init__(self, name: str, every_s: float = 10.0) -> None:
-        self.name, self.every_s, self.t0, self.last = name, every_s, time.monotonic(), -every_s
-
-    def __call__(self, p: dict) -> bool:
-        now = time.monotonic() - self.t0
-        if now - self.last >= self.every_s:
-            self.last = now
-            pct = 100.0 * p.get("samples_done", 0) / max(p.get("samples_expected") or 1, 1)
-            _log(f"  {self.name}: {now:4.0f}s elapsed, {p.get('status')}, {pct:3.0f}% trained")
-        return False
 
 
 @dataclass(frozen=True)
@@ -137,7 +123,7 @@ def _run(name: str, spec: JobSpec, runs_dir: str, ckpt_dir: str) -> dict:
     from dlrover.runner import run_job
 
     try:
-        summary, path = run_job(spec, runs_dir=runs_dir, progress="none", stop_when=_Progress(name))
+        summary, path = run_job(spec, runs_dir=runs_dir, progress="none", stop_when=JobProgress(name))
     except DLRoverError as e:
         raise CheckpointBenchError(f"{name} run failed: {e} (run directory kept: {runs_dir})") from None
     if summary["status"] != "succeeded" or summary["samples_lost"]:

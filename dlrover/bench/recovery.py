@@ -33,6 +33,7 @@ import tempfile
 import time
 from typing import NamedTuple
 
+from dlrover.bench.progress import JobProgress
 from dlrover.errors import DLRoverError
 from dlrover.spec import JobSpec, spec_from_dict
 
@@ -95,24 +96,6 @@ def recovery_spec(data_dir: str, mode: Mode, epochs: int, schedule: list[tuple[f
     )
 
 
-class _Progress:
-    """A line on stderr every few seconds while a run goes on (stdout stays clean for
-    ``--json``); never stops the job."""
-
-    def __init__(self, name: str, every_s: float = 10.0) -> None:
-        self.name, self.every_s = name, every_s
-        self.t0 = time.monotonic()
-        self.last = -every_s
-
-    def __call__(self, p: dict) -> bool:
-        now = time.monotonic() - self.t0
-        if now - self.last >= self.every_s:
-            self.last = now
-            pct = 100.0 * p.get("samples_done", 0) / max(p.get("samples_expected") or 1, 1)
-            print(f"[bench]   {self.name}: {now:4.0f}s elapsed, {p.get('status')}, {pct:3.0f}% trained, {p.get('config') or ''}", file=sys.stderr)
-        return False
-
-
 def _first_line(e: BaseException) -> str:
     cause = getattr(e, "cause", None) or e
     lines = [ln.strip() for ln in str(cause).strip().splitlines() if ln.strip()]
@@ -124,7 +107,7 @@ def _one(name: str, spec: JobSpec, runs_dir: str, planned: int) -> dict:
 
     label = RUNS[name].label
     try:
-        summary, path = run_job(spec, runs_dir=runs_dir, progress="none", stop_when=_Progress(name))
+        summary, path = run_job(spec, runs_dir=runs_dir, progress="none", stop_when=JobProgress(name))
     except DLRoverError as e:
         raise RecoveryBenchError(f"{label} run failed: {e} (run directory kept: {runs_dir})") from None
     except Exception as e:  # noqa: BLE001 - a job that fails inside Ray: one line, say which run

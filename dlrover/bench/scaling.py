@@ -17,9 +17,9 @@ import os
 import re
 import sys
 import tempfile
-import time
 from pathlib import Path
 
+from dlrover.bench.progress import JobProgress
 from dlrover.errors import DLRoverError
 from dlrover.spec import JobSpec
 
@@ -112,28 +112,13 @@ def breakdown(events: list[dict], train_time_s: float, workers: int) -> dict:
     return out
 
 
-def _progress(name: str, every_s: float = 10.0):
-    """A stop_when callback that prints a line on stderr every ``every_s`` (never stops)."""
-    t0, last = time.monotonic(), [-every_s]
-
-    def tick(p: dict) -> bool:
-        now = time.monotonic() - t0
-        if now - last[0] >= every_s:
-            last[0] = now
-            pct = 100.0 * p.get("samples_done", 0) / max(p.get("samples_expected") or 1, 1)
-            print(f"[bench]   {name}: {now:4.0f}s, {p.get('status')}, {pct:3.0f}% trained", file=sys.stderr)
-        return False
-
-    return tick
-
-
 def run_point(data_dir: str, rows: int, workers: int, ps: int, runs_dir: str, batch_size: int = BATCH_SIZE) -> dict:
     """One job; its row of the table."""
     from dlrover.runner import run_job
 
     name = f"{workers}w+{ps}p"
     try:
-        summary, path = run_job(scaling_spec(data_dir, rows, workers, ps, batch_size), runs_dir=runs_dir, progress="none", stop_when=_progress(name))
+        summary, path = run_job(scaling_spec(data_dir, rows, workers, ps, batch_size), runs_dir=runs_dir, progress="none", stop_when=JobProgress(name))
     except DLRoverError as e:
         raise ScalingBenchError(f"{name} run failed: {e}") from None
     changes, failures = len(summary.get("scale_events") or []), len(summary.get("failures") or [])
