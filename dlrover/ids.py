@@ -27,7 +27,7 @@ class ActorId:
 
     role: Role
     index: int  # workers and PS: counted per role, never reused; the dense PS: its shard
-    generation: int = 0  # the dense PS: re-created by a rollback that lost it
+    generation: int = 0  # the dense PS: a new one each time a rollback re-creates it
 
     def __str__(self) -> str:
         gen = f"-g{self.generation}" if self.role is Role.DENSE_PS else ""

@@ -107,17 +107,10 @@ def _start_ray(spec: JobSpec) -> bool:
     """An embedded Ray whose logical memory is what the job's actors ask for at the peak of
     a rescale (old and new PS at once), not Ray's default share of this machine: memory
     requests are a scheduling budget; the bench reports what the PS really use."""
-    import ray
+    from dlrover.runner import init_ray
 
-    from dlrover.runner import ray_runtime_env
-
-    if ray.is_initialized():
-        return False
     r = spec.resources
-    peak_mb = r.workers * r.worker_memory_mb + (PS_FROM + PS_PEAK) * r.ps_memory_mb
-    ray.init(address="local", num_cpus=max(os.cpu_count() or 1, 16), _memory=peak_mb * 2**20, include_dashboard=False,
-             _node_ip_address="127.0.0.1", namespace="dlrover", logging_level="ERROR", runtime_env=ray_runtime_env())  # fmt: skip
-    return True
+    return init_ray(spec, None, memory_mb=r.workers * r.worker_memory_mb + (PS_FROM + PS_PEAK) * r.ps_memory_mb)
 
 
 def run_bigtable_bench(quick: bool = False, work_dir: str | None = None) -> dict:

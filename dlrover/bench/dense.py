@@ -1,8 +1,8 @@
 """``dlrover bench dense``: the dense-parameter exchange, dense PS (1 or more shards) vs a
 gloo allreduce among the workers, at 1, 2 and 4 workers.
 
-Each worker is a Ray actor training the bench DLRM's MLPs (dense arch 13 -> 512-256-16,
-over arch 367 -> 512-256-1: the same 462k parameters as ``bench throughput``'s model; the
+Each worker is a Ray actor training the MLPs of ``bench throughput``'s DLRM (TorchRec's
+``DenseArch`` and ``OverArch``, built by ``dense_arches``: 462,609 parameters; the
 interaction has none) on synthetic inputs of batch 2048, and exchanging its gradient every
 step:
 
@@ -21,24 +21,33 @@ the slowest worker's last.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from typing import Any
 
 import numpy as np
 import torch
 
+from dlrover.data.criteo import NUM_DENSE, NUM_SPARSE
+from dlrover.spec import ModelSpec
+
 BATCH = 2048
-DENSE_IN, DENSE_ARCH, OVER_IN, OVER_ARCH = 13, [512, 256, 16], 16 + 26 * 27 // 2, [512, 256, 1]
 OPTIMIZER = {"name": "adagrad", "lr": 0.05}
 WARMUP = 3
 
 
-def mlp(n_in: int, widths: list[int]) -> torch.nn.Sequential:
-    layers: list[torch.nn.Module] = []
-    for w in widths:
-        layers += [torch.nn.Linear(n_in, w), torch.nn.ReLU()]
-        n_in = w
-    return torch.nn.Sequential(*layers[:-1])
+def bench_model() -> ModelSpec:
+    """The MLPs of ``bench throughput``'s model."""
+    from dlrover.bench.throughput import bench_spec
+
+    return bench_spec("/nonexistent", rows=BATCH, batch_size=BATCH).model
+
+
+def dense_mlps(seed: int = 0) -> torch.nn.ModuleDict:
+    from dlrover.model.dlrm import dense_arches
+
+    dense, over = dense_arches(bench_model(), seed)
+    return torch.nn.ModuleDict({"dense": dense, "over": over})
 
 
 class DenseBenchWorker:
@@ -46,17 +55,14 @@ class DenseBenchWorker:
 
     def __init__(self, rank: int, world: int, threads: int, seed: int = 0) -> None:
         torch.set_num_threads(threads)
-        torch.manual_seed(seed)  # every worker starts from the same parameters
         self.rank, self.world = rank, world
-        self.model = torch.nn.ModuleDict({"dense": mlp(DENSE_IN, DENSE_ARCH), "over": mlp(OVER_IN, OVER_ARCH)})
+        self.model = dense_mlps(seed)  # every worker starts from the same parameters
         self.params = list(self.model.parameters())
         g = torch.Generator().manual_seed(rank)
-        self.x = torch.randn(BATCH, DENSE_IN, generator=g)
-        self.z = torch.randn(BATCH, OVER_IN - DENSE_ARCH[-1], generator=g)
+        self.x = torch.randn(BATCH, NUM_DENSE, generator=g)
+        # The over arch's other input: the pairwise interactions and the pooled embeddings.
+        self.z = torch.randn(BATCH, NUM_SPARSE * (NUM_SPARSE - 1) // 2 + NUM_SPARSE, generator=g)
         self.y = (torch.rand(BATCH, generator=g) < 0.25).float()
-
-    def size(self) -> int:
-        return sum(p.numel() for p in self.params)
 
     def initial(self) -> np.ndarray:
         return torch.nn.utils.parameters_to_vector(self.params).detach().numpy().copy()
@@ -85,7 +91,7 @@ class DenseBenchWorker:
         from dlrover.ps.dense_ps import make_dense_optimizer
 
         opt = make_dense_optimizer(self.params, OPTIMIZER)
-        flat = torch.zeros(self.size())
+        flat = torch.zeros(sum(p.numel() for p in self.params))
         exchange, t_start = 0.0, 0.0
         for i in range(WARMUP + steps):
             if i == WARMUP:
@@ -147,12 +153,11 @@ def measure(mode: str, workers: int, steps: int, threads: int) -> dict:
     """One point: ``workers`` fresh worker actors exchanging the ``mode`` way."""
     import ray
 
-    from dlrover.ps.dense_ps import DenseParamServer
-    from dlrover.ps.dense_shards import DenseShards, shard_bounds
+    from dlrover.ps.dense_shards import start_dense_shards
 
     actor = ray.remote(DenseBenchWorker).options(num_cpus=0)
     ws = [actor.remote(r, workers, threads) for r in range(workers)]
-    shards: list[Any] = []
+    shards: tuple[Any, ...] = ()
     try:
         if mode == "allreduce":
             address = f"tcp://127.0.0.1:{free_port()}"
@@ -162,11 +167,8 @@ def measure(mode: str, workers: int, steps: int, threads: int) -> dict:
             spans = ray.get([w.run_allreduce.remote(steps) for w in ws])
             return _row(mode, workers, spans, steps, form_s=first, reform_s=again)
         n = int(mode.split("-")[1])
-        flat = ray.get(ws[0].initial.remote())
-        bounds = shard_bounds(flat.size, n)
-        server = ray.remote(DenseParamServer).options(num_cpus=0, max_concurrency=1)
-        shards = [server.remote(flat[lo:hi], OPTIMIZER) for lo, hi in zip(bounds, bounds[1:])]
-        dense = DenseShards(tuple(shards), tuple(f"dense-{i}" for i in range(n)), bounds)
+        dense = start_dense_shards(ray.get(ws[0].initial.remote()), OPTIMIZER, [f"bench-dense-{i}" for i in range(n)], num_cpus=0)
+        shards = dense.handles
         spans = ray.get([w.run_ps.remote(dense, steps) for w in ws])
         return _row(mode, workers, spans, steps)
     finally:
@@ -179,18 +181,20 @@ def run_dense_bench(workers: list[int], shards: list[int], steps: int, progress:
     ``workers x`` the mode's 1-worker samples/s (or its smallest worker count)."""
     import ray
 
+    from dlrover.runner import ray_runtime_env
+
     cores = os.cpu_count() or 1
     modes = [f"ps-{n}" for n in shards] + ["allreduce"]
     started = not ray.is_initialized()
     if started:
         ray.init(address="local", num_cpus=max(cores, 8), include_dashboard=False, _node_ip_address="127.0.0.1", logging_level="ERROR",
-                 runtime_env={"env_vars": {"PYTHONWARNINGS": "ignore"}})  # fmt: skip
+                 runtime_env=ray_runtime_env())  # fmt: skip
     rows = []
     try:
         for w in workers:
             for mode in modes:
                 if progress:
-                    print(f"  {mode} x {w} worker(s) ...", flush=True, file=__import__("sys").stderr)
+                    print(f"  {mode} x {w} worker(s) ...", flush=True, file=sys.stderr)
                 rows.append(measure(mode, w, steps, threads=max(1, cores // w)))
     finally:
         if started:
@@ -198,11 +202,8 @@ def run_dense_bench(workers: list[int], shards: list[int], steps: int, progress:
     for r in rows:
         base = min((x for x in rows if x["mode"] == r["mode"]), key=lambda x: x["workers"])
         r["efficiency"] = r["samples_per_s"] / (base["samples_per_s"] * r["workers"] / base["workers"])
-    return {"cores": cores, "batch_size": BATCH, "steps": steps, "dense_params": _size(), "rows": rows}
-
-
-def _size() -> int:
-    return sum(p.numel() for p in mlp(DENSE_IN, DENSE_ARCH).parameters()) + sum(p.numel() for p in mlp(OVER_IN, OVER_ARCH).parameters())
+    dense_params = sum(p.numel() for p in dense_mlps().parameters())
+    return {"cores": cores, "batch_size": BATCH, "steps": steps, "dense_params": dense_params, "rows": rows}
 
 
 def print_dense(result: dict) -> None:

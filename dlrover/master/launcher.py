@@ -1,7 +1,7 @@
 """Launcher: creates the job's actors on Ray with the names and resources of the spec.
 
 Each actor has a typed :class:`~dlrover.ids.ActorId`; its Ray name (``<job_id>/ps-<i>``,
-``<job_id>/dense-ps-g<generation>``, ``<job_id>/worker-<i>``) lets the Ray dashboard group
+``<job_id>/dense-ps-<i>-g<generation>``, ``<job_id>/worker-<i>``) lets the Ray dashboard group
 a job's actors, and ``id_of`` gives the id back without parsing the name. The launcher knows how to create and kill single actors
 and remembers each one's resources; ``dlrover.master.scaler`` decides what to create.
 PS ids are stable (``ps-3`` stays ``ps-3`` when ``ps-1`` retires).
@@ -22,8 +22,7 @@ from dlrover.data.criteo import FileIndex
 from dlrover.errors import DLRoverError
 from dlrover.ids import ActorId, Role
 from dlrover.model.dlrm import initial_dense_vector
-from dlrover.ps.dense_ps import DenseParamServer
-from dlrover.ps.dense_shards import DenseShards, shard_bounds
+from dlrover.ps.dense_shards import DenseShards, start_dense_shards
 from dlrover.ps.embedding_ps import EmbeddingPS
 from dlrover.ps.vshard import VShardMap
 from dlrover.resource.configs import Config
@@ -38,7 +37,7 @@ ACTOR_START_TIMEOUT_S = 180.0
 class Launcher:
     def __init__(self, job_id: str, spec: JobSpec, files: dict[str, FileIndex], master: Any, generation: Callable[[], int]) -> None:
         """``generation``: the job's rollback count now (the books'): a worker's run
-        carries it, and the dense PS re-created by a rollback is named by it."""
+        carries it, and a dense PS re-created by a rollback is named by at least it."""
         self.job_id = job_id
         self.generation = generation
         self.spec = spec
@@ -47,6 +46,7 @@ class Launcher:
         self.master = master
         self.ps: dict[int, Any] = {}
         self.dense: DenseShards | None = None  # the dense PS shards
+        self._dense_gen = 0  # the generation in their names
         self.workers: dict[str, Any] = {}
         self.resources: dict[str, tuple[float, int]] = {}  # actor name -> (CPUs, memory MB)
         self.vmap: VShardMap | None = None
@@ -93,17 +93,19 @@ class Launcher:
             for h in self.dense.handles:
                 ray.kill(h, no_restart=True)
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+        # A re-created dense PS never takes its predecessor's names (a rollback re-creates
+        # it before the books' generation moves on): a late probe answer about a dead
+        # shard must not read as news about its replacement.
+        gen = self.generation() if self.dense is None else max(self.generation(), self._dense_gen + 1)
+        self._dense_gen = gen
         res = self.spec.resources
-        flat = initial_dense_vector(self.spec.model, self.spec.seed).numpy()
-        bounds = shard_bounds(flat.size, res.dense_ps)
-        names = tuple(self._name(ActorId(Role.DENSE_PS, i, self.generation())) for i in range(res.dense_ps))
-        opt = self.spec.optimizer.dense.model_dump()
-        actor = ray.remote(DenseParamServer)
-        handles = tuple(
-            actor.options(name=n, num_cpus=res.dense_ps_cpu, max_concurrency=1, scheduling_strategy=here).remote(flat[lo:hi], opt)
-            for n, (lo, hi) in zip(names, itertools.pairwise(bounds))
+        self.dense = start_dense_shards(
+            initial_dense_vector(self.spec.model, self.spec.seed).numpy(),
+            self.spec.optimizer.dense.model_dump(),
+            [self._name(ActorId(Role.DENSE_PS, i, gen)) for i in range(res.dense_ps)],
+            num_cpus=res.dense_ps_cpu,
+            scheduling_strategy=here,
         )
-        self.dense = DenseShards(handles, names, bounds)
 
     def _placement(self) -> dict:
         """Scheduling options that keep new actors off bad nodes while others are alive."""
@@ -212,7 +214,7 @@ class Launcher:
             return self.workers.get(name)
         if actor.role is Role.PS:
             return self.ps.get(actor.index)
-        return self.dense.handles[actor.index] if name in self.dense_names else None
+        return self.dense.by_name().get(name) if self.dense is not None else None
 
     def forget_worker(self, name: str) -> None:
         handle = self.workers.pop(name, None)

@@ -106,7 +106,7 @@ class Recovery:
         self._enforce_memory(now)
         targets = {lz.ps_name(k): h.stats.remote for k, h in lz.ps.items()}
         targets.update({n: h.ping.remote for n, h in lz.workers.items()})
-        targets.update({n: h.ping.remote for n, h in zip(lz.dense.names, lz.dense.handles)})
+        targets.update({n: h.ping.remote for n, h in lz.dense.by_name().items()})
         found = self.prober.poll(now, timeout, targets, up=self.m.books.running())
         for name, reply in found.replies.items():
             info = ProcessInfo(int(reply["pid"]), str(reply["node_id"])) if isinstance(reply, dict) else reply
@@ -175,7 +175,7 @@ class Recovery:
     def dead_ps_now(self, timeout_s: float = 10.0) -> LostPs:
         """Ask every PS and the dense PS now (a worker's run failed on a remote call)."""
         lz = self.m.launcher
-        items = [(lz.ps_name(k), h.stats.remote()) for k, h in lz.ps.items()] + [(n, h.ping.remote()) for n, h in zip(lz.dense.names, lz.dense.handles)]
+        items = [(lz.ps_name(k), h.stats.remote()) for k, h in lz.ps.items()] + [(n, h.ping.remote()) for n, h in lz.dense.by_name().items()]
         dead = []
         for name, ref in items:
             try:

@@ -58,19 +58,22 @@ def dense_parameters(dlrm: DLRM) -> list[nn.Parameter]:
     return [p for n, p in dlrm.named_parameters() if not n.startswith("sparse_arch.")]
 
 
-def initial_dense_vector(model: ModelSpec, seed: int) -> torch.Tensor:
-    """The flat initial MLP parameters of ``build_dense_dlrm(model, ebc, seed)``, in
-    :func:`dense_parameters` order, without building a DLRM or an embedding collection
-    (the master needs only this vector to start the dense PS).
-
-    Bit-identical because DLRM draws its initial values only in ``DenseArch`` then
-    ``OverArch``, built here in that order from the same seed; the caller's random state
-    is left as it was."""
+def dense_arches(model: ModelSpec, seed: int) -> tuple[DenseArch, OverArch]:
+    """The DLRM's two MLPs as ``build_dense_dlrm(model, ebc, seed)`` initialises them,
+    without a DLRM or an embedding collection. Bit-identical because DLRM draws its
+    initial values only in ``DenseArch`` then ``OverArch``, built here in that order from
+    the same seed; the caller's random state is left as it was."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         dense = DenseArch(in_features=NUM_DENSE, layer_sizes=list(model.dense_arch))
         over_in = model.embedding_dim + choose(len(FEATURES), 2) + len(FEATURES)
-        over = OverArch(in_features=over_in, layer_sizes=list(model.over_arch))
+        return dense, OverArch(in_features=over_in, layer_sizes=list(model.over_arch))
+
+
+def initial_dense_vector(model: ModelSpec, seed: int) -> torch.Tensor:
+    """The flat initial MLP parameters, in :func:`dense_parameters` order (the master
+    needs only this vector to start the dense PS)."""
+    dense, over = dense_arches(model, seed)
     return torch.nn.utils.parameters_to_vector([*dense.parameters(), *over.parameters()]).detach()
 
 

@@ -63,6 +63,20 @@ def merge_states(states: list[dict]) -> dict:
     }
 
 
+def start_dense_shards(flat: np.ndarray, optimizer: dict, names: list[str], **options: Any) -> "DenseShards":
+    """One ``DenseParamServer`` actor per name, each given its slice of ``flat``;
+    ``options``: Ray actor options (CPUs, placement)."""
+    from dlrover.ps.dense_ps import DenseParamServer
+
+    bounds = shard_bounds(flat.size, len(names))
+    actor = ray.remote(DenseParamServer)
+    handles = tuple(
+        actor.options(name=n, max_concurrency=1, **options).remote(flat[lo:hi], optimizer)
+        for n, (lo, hi) in zip(names, itertools.pairwise(bounds))
+    )
+    return DenseShards(handles, tuple(names), bounds)
+
+
 @dataclass(frozen=True)
 class DenseShards:
     """Handles and names of the dense PS shards; shard ``i`` owns ``[bounds[i], bounds[i+1])``.
@@ -71,6 +85,9 @@ class DenseShards:
     handles: tuple[Any, ...]
     names: tuple[str, ...]
     bounds: tuple[int, ...]
+
+    def by_name(self) -> dict[str, Any]:
+        return dict(zip(self.names, self.handles))
 
     def slices(self) -> list[tuple[int, int]]:
         return list(itertools.pairwise(self.bounds))
