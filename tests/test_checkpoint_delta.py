@@ -21,6 +21,7 @@ import torch
 from dlrover.checkpoint.chain import DurableChain, load_latest_chain
 from dlrover.checkpoint.delta import pack_weights, unpack_weights
 from dlrover.checkpoint.store import CheckpointStore
+from dlrover.master.checkpoint import write_where_payloads_are
 from dlrover.model.dlrm import PSClient, PSEmbeddingBagCollection, make_kjt, table_configs
 from dlrover.ps.embedding_ps import EmbeddingPS
 from dlrover.ps.vshard import VShardMap
@@ -54,14 +55,14 @@ class Job:
         """Snapshot every PS (nothing in flight: the pushes above were waited for)."""
         self.seq += 1
         changed = self.ray.get([h.cut_changes.remote() for h in self.ps])
-        self.ray.get([h.snapshot.remote() for h in self.ps])
-        payloads = self.ray.get([h.snapshot_payload.remote() for h in self.ps])
+        snaps = [h.snapshot.options(num_returns=2).remote() for h in self.ps]  # as the master does
         self.chain.add_cut(self.seq, SIZES, changed)
-        return payloads
+        return [payload for _, payload in snaps]
 
-    def durable(self, payloads: list[dict]) -> str:
+    def durable(self, payloads: list) -> str:
+        """Write the cut as the master does: each payload's file by a task where it is."""
         meta = {"seq": self.seq, "extra": {"vmap": {"table_sizes": SIZES, "num_vshards": V}}}
-        return self.chain.write(self.chain.plan(self.seq), payloads, {"step": self.seq}, meta)[1]
+        return self.chain.write(self.chain.plan(self.seq), payloads, {"step": self.seq}, meta, parts=write_where_payloads_are)[1]
 
 
 def by_vshard(payloads: list[dict]) -> dict[tuple[int, int], list[np.ndarray]]:
@@ -75,8 +76,11 @@ def by_vshard(payloads: list[dict]) -> dict[tuple[int, int], list[np.ndarray]]:
     return out
 
 
-def assert_bit_equal(got: list[dict], want: list[dict]) -> None:
-    g, w = by_vshard(got), by_vshard(want)
+def assert_bit_equal(got: list, want: list) -> None:
+    """Payloads (dicts or their object refs) hold the same bits per vshard."""
+    import ray
+
+    g, w = (by_vshard([ray.get(p) if isinstance(p, ray.ObjectRef) else p for p in ps]) for ps in (got, want))
     assert g.keys() == w.keys()
     for key in w:
         for a, b in zip(g[key], w[key]):
@@ -107,7 +111,9 @@ def test_delta_chain_restores_the_cut_bit_for_bit_on_any_layout(ray_local, chain
     assert kinds == ["full", "delta", "delta"]
     store = CheckpointStore(root, keep=10)
     sizes = {s: sum(os.path.getsize(p) for p in Path(store.url(s)).iterdir()) for s in store.list()}
-    assert sizes[3] < sizes[1] / 2 and sizes[4] < sizes[1] / 2  # only the rows pushed since
+    for s in (3, 4):  # only the rows pushed since the previous durable cut
+        rows = store.load(s)[0]["link"]["rows"]
+        assert 0 < rows < sum(SIZES) / 2 and sizes[s] < sizes[1]
     chain, payloads = DurableChain(store).load()  # a fresh object, as after a master restart
     assert [link.step for link in chain.links] == [1, 3, 4] and chain.skipped == []
     assert_bit_equal(payloads, cuts[4])  # cut 2's rows are in delta 3 though cut 2 was not durable
@@ -115,8 +121,7 @@ def test_delta_chain_restores_the_cut_bit_for_bit_on_any_layout(ray_local, chain
     other = VShardMap(SIZES, V, np.arange(V) // (V // 2), version=5)
     refs = [ray_local.put(p) for p in payloads]
     ray_local.get([h.restore.remote(other, refs) for h in job.ps])
-    ray_local.get([h.snapshot.remote() for h in job.ps])
-    assert_bit_equal(ray_local.get([h.snapshot_payload.remote() for h in job.ps]), cuts[4])
+    assert_bit_equal([p for _, p in ray_local.get([h.snapshot.remote() for h in job.ps])], cuts[4])
 
 
 def test_corrupt_delta_falls_back_to_the_previous_chain(chain_run, tmp_path):
@@ -124,16 +129,16 @@ def test_corrupt_delta_falls_back_to_the_previous_chain(chain_run, tmp_path):
     for bad, want_step in ((4, 3), (3, 1)):
         copy = tmp_path / f"bad{bad}"
         shutil.copytree(root, copy)
-        path = copy / f"ckpt-{bad:08d}" / "emb.pt"
+        path = copy / f"ckpt-{bad:08d}" / "emb_0.pt"  # ps-0's rows of the delta
         data = bytearray(path.read_bytes())
         data[len(data) // 2 : len(data) // 2 + 8] = bytes(8)
         path.write_bytes(bytes(data))
         chain, payloads = DurableChain(CheckpointStore(copy, keep=10)).load()
         assert chain.step == want_step
         assert_bit_equal(payloads, cuts[want_step])
-        assert f"ckpt-{bad:08d}/emb.pt: checksum mismatch" in chain.skipped[-1]
+        assert f"ckpt-{bad:08d}/emb_0.pt: checksum mismatch" in chain.skipped[-1]
         if bad == 3:  # delta 4 is unusable too: it builds on 3
-            assert chain.skipped[0] == f"{copy}/ckpt-00000004: depends on {copy}/ckpt-00000003/emb.pt: checksum mismatch (corrupt checkpoint)"
+            assert chain.skipped[0] == f"{copy}/ckpt-00000004: depends on {copy}/ckpt-00000003/emb_0.pt: checksum mismatch (corrupt checkpoint)"
 
 
 def test_restore_or_migration_forces_the_next_durable_checkpoint_full(ray_local, tmp_path):

@@ -389,3 +389,31 @@ def test_view_of_large_tensor_is_compacted(tmp_path):
     info = store.save(1, {"slice": big[10:20]}, {})
     assert info.nbytes < 10_000
     assert torch.equal(store.load(1)[1]["slice"], big[10:20])
+
+
+def test_a_checkpoint_written_file_by_file_from_other_processes_loads_like_one_saved_at_once(tmp_path):
+    """begin / write_file (here through a pickled copy of the store, as a Ray task gets it)
+    / commit: the manifest records what each writer hashed while streaming its file."""
+    store = CheckpointStore(tmp_path, keep=5)
+    pending = store.begin(3, {"seq": 3})
+    remote = pickle.loads(pickle.dumps(store))
+    entries = {key: remote.write_file(3, key, _state(i)) for i, key in enumerate(["ps_0", "ps_1"])}
+    assert store.list() == []  # no manifest yet: not a checkpoint
+    info = store.commit(pending, entries)
+    meta, files = store.load(3)
+    assert meta == {"seq": 3} and info.nbytes > sum(e.nbytes for e in entries.values())
+    for i, key in enumerate(["ps_0", "ps_1"]):
+        _assert_same(files[key], _state(i), key)
+        with open(tmp_path / "ckpt-00000003" / f"{key}.pt", "rb") as f:
+            assert hashlib.sha256(f.read()).hexdigest() == entries[key].sha256
+
+
+def test_a_file_write_names_a_bad_key_and_begin_refuses_an_existing_step(tmp_path):
+    store = CheckpointStore(tmp_path)
+    store.save(1, {"a": torch.ones(1)}, {})
+    with pytest.raises(ValueError, match="already exists"):
+        store.begin(1, {})
+    store.begin(2, {})
+    with pytest.raises(ValueError, match="'../x'"):
+        store.write_file(2, "../x", torch.ones(1))
+    assert store.list() == [1]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import check_exactly_once, fault_spec, small_spec
+from conftest import auc_spec, check_exactly_once, fault_spec, small_spec
 
 AUC_TOLERANCE = 0.01
 
@@ -35,20 +35,20 @@ def check_recovered(s: dict, reference: dict, kind: str) -> dict:
     return f
 
 
-def test_worker_kill(fault_free, synth_dir_large, tmp_path):
+def test_worker_kill(fault_free, synth_dir_auc, tmp_path):
     from dlrover.runner import run_job
 
-    spec = fault_spec(synth_dir_large, tmp_path, [{"at_s": 2, "action": "kill", "target": "worker:0"}])
+    spec = auc_spec(synth_dir_auc, tmp_path, [{"at_s": 2, "action": "kill", "target": "worker:0"}])
     s, _ = run_job(spec, runs_dir=str(tmp_path / "runs"), progress="none")
     f = check_recovered(s, fault_free, "worker_death")
     assert f["actor"].endswith("worker-0") and f["replacement"] and f["node"]
     check_exactly_once(s, spec)  # PS state survived: no rollback, and no batch applied twice
 
 
-def test_ps_kill_under_rollback_rolls_back_to_in_memory_checkpoint(fault_free, synth_dir_large, tmp_path):
+def test_ps_kill_under_rollback_rolls_back_to_in_memory_checkpoint(fault_free, synth_dir_auc, tmp_path):
     from dlrover.runner import run_job
 
-    spec = fault_spec(synth_dir_large, tmp_path, [{"at_s": 3, "action": "kill", "target": "ps:1"}], recovery__ps="rollback")
+    spec = auc_spec(synth_dir_auc, tmp_path, [{"at_s": 3, "action": "kill", "target": "ps:1"}], recovery__ps="rollback")
     s, path = run_job(spec, runs_dir=str(tmp_path / "runs"), progress="none")
     f = check_recovered(s, fault_free, "ps_death")
     assert f["actor"].endswith("ps-1")
@@ -59,10 +59,10 @@ def test_ps_kill_under_rollback_rolls_back_to_in_memory_checkpoint(fault_free, s
     assert s["checkpoints"]["in_memory_taken"] >= 2
 
 
-def test_master_kill_resumes_from_durable_checkpoint(fault_free, synth_dir_large, tmp_path):
+def test_master_kill_resumes_from_durable_checkpoint(fault_free, synth_dir_auc, tmp_path):
     from dlrover.runner import run_job
 
-    spec = fault_spec(synth_dir_large, tmp_path, [{"at_s": 4, "action": "kill", "target": "master"}])
+    spec = auc_spec(synth_dir_auc, tmp_path, [{"at_s": 4, "action": "kill", "target": "master"}])
     s, _ = run_job(spec, runs_dir=str(tmp_path / "runs"), progress="none")
     f = check_recovered(s, fault_free, "master_death")
     assert f["checkpoint"]["source"] == "durable" and f["restarts"] == 1

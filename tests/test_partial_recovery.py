@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import signal
 
-from conftest import batches_expected, fault_spec, signal_when_training
+from conftest import auc_spec, batches_expected, fault_spec, signal_when_training
 
 AUC_TOLERANCE = 0.005
 TABLES = 26
@@ -16,10 +16,10 @@ def events_of(path) -> list[dict]:
     return [json.loads(line) for line in (path.parent / "events.jsonl").read_text().splitlines()]
 
 
-def test_a_killed_ps_is_restored_alone_and_its_lost_updates_are_counted_exactly(fault_free, synth_dir_large, tmp_path):
+def test_a_killed_ps_is_restored_alone_and_its_lost_updates_are_counted_exactly(fault_free, synth_dir_auc, tmp_path):
     from dlrover.runner import run_job
 
-    spec = fault_spec(synth_dir_large, tmp_path, [{"at_s": 4, "action": "kill", "target": "ps:1"}])
+    spec = auc_spec(synth_dir_auc, tmp_path, [{"at_s": 4, "action": "kill", "target": "ps:1"}])
     assert spec.recovery.ps == "partial"  # the default
     s, path = run_job(spec, runs_dir=str(tmp_path / "runs"), progress="none")
     assert s["status"] == "succeeded"
@@ -43,8 +43,8 @@ def test_a_killed_ps_is_restored_alone_and_its_lost_updates_are_counted_exactly(
     # The dense PS was not touched: one update per batch, replays after the kill skipped.
     assert s["dense_updates"] == batches_expected(spec)
     print(f"updates_lost {f['updates_lost']} of {TABLES * s['samples_expected']}, recovery {f['rollback_s']}s, AUC {s['auc']:.4f} vs {fault_free['auc']:.4f}")
-    # Within 0.005 below; above is fine (the dead PS's lost rows trained less: on this
-    # small data, a few epochs may overfit rather than underfit).
+    # At most 0.005 below: what is lost is a few seconds of one PS's row updates (one run:
+    # 0.7565 against 0.7579, with 1.26M of 8.42M bag updates lost).
     assert s["auc"] >= fault_free["auc"] - AUC_TOLERANCE, (s["auc"], fault_free["auc"])
 
 

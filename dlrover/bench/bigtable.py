@@ -6,8 +6,8 @@ from the Kaggle data), capped at 3.5M rows as DLRM's ``--max-ind-range`` caps th
 64, with row-wise Adagrad (one fp32 accumulator per row): 16.8M rows, 4.37 GB. The data is
 synthetic Criteo rows whose vocabularies are as large as the tables (Zipf ids). The
 scripted policy adds two PS (every PS hands vshards to the new ones) and then retires
-two; an in-memory checkpoint is taken every ``MEMORY_INTERVAL_S`` and durable ones to a
-temporary directory.
+two; a checkpoint is taken every ``CHECKPOINT_EVERY_S``, in memory and to a temporary
+directory.
 
 Measured from the job's own events: RSS of each PS (the largest its metrics reported)
 against its share of the model, each rescale's pre-copy rate (bytes moved while training
@@ -35,10 +35,10 @@ KAGGLE_VOCAB = [
 ]  # fmt: skip
 CAP, DIM = 3_500_000, 64
 PS_FROM, PS_PEAK = 4, 6
-MEMORY_INTERVAL_S, DURABLE_INTERVAL_S = 0.0, 60.0  # in-memory: once, at the start (each is a copy of every PS's vshards)
-# PS memory: its share of the model twice (the in-memory checkpoint copies its vshards
-# aside) + ~0.6 GB of process; 1.09 GB per PS at 4 PS.
-FULL = {"cap": CAP, "rows": 600_000, "epochs": 1, "batch_size": 4096, "ps_memory_mb": 3300}
+CHECKPOINT_EVERY_S = 30.0  # in memory (a copy of every PS's tables in the object store), and each to disk
+# PS memory: its share of the model (1.09 GB at 4 PS) twice while a rescale builds its new
+# tables beside the old ones, + ~0.4 GB of process.
+FULL = {"cap": CAP, "rows": 600_000, "epochs": 1, "batch_size": 4096, "ps_memory_mb": 2600}
 QUICK = {"cap": CAP // 100, "rows": 120_000, "epochs": 4, "batch_size": 1024, "ps_memory_mb": 1024}
 
 
@@ -64,11 +64,11 @@ def bigtable_spec(data_dir: str, ckpt_dir: str, p: dict) -> JobSpec:
             "data": {"paths": [os.path.join(data_dir, "*.tsv")], "epochs": p["epochs"], "batch_size": p["batch_size"], "eval_fraction": 0.01, "shard_rows": 8 * p["batch_size"]},
             "resources": {
                 "workers": 1, "ps": PS_FROM, "worker_cpu": 1, "ps_cpu": 1, "worker_memory_mb": 1536, "ps_memory_mb": p["ps_memory_mb"],
-                "budget_cpu": 1 + PS_PEAK + 0.25,
+                "budget_cpu": 1 + PS_PEAK + 0.25, "budget_memory_mb": 1536 + PS_PEAK * p["ps_memory_mb"],
             },
             "train": {"log_every_s": 1.0},
             "policy": {"name": "scripted", "knobs": {"steps": steps}, "interval_s": 0.5, "warmup_s": 1.0, "history_dir": os.path.join(ckpt_dir, "history")},
-            "checkpoint": {"dir": ckpt_dir, "memory_interval_s": MEMORY_INTERVAL_S, "interval_s": DURABLE_INTERVAL_S, "min_interval_s": DURABLE_INTERVAL_S},
+            "checkpoint": {"dir": ckpt_dir, "memory_interval_s": CHECKPOINT_EVERY_S, "interval_s": CHECKPOINT_EVERY_S, "min_interval_s": CHECKPOINT_EVERY_S},
         }
     )  # fmt: skip
 

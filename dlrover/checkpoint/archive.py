@@ -8,6 +8,7 @@ tensors and their positions recorded (in the manifest) to turn them back on load
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,10 +91,12 @@ def _array_to_tensor(arr: np.ndarray, path: LeafPath) -> torch.Tensor:
         raise ValueError(f"{_fmt(path)}: numpy dtype {arr.dtype} cannot be stored as a tensor")
     if not arr.dtype.isnative:  # torch has no big-endian tensors: comes back native-endian
         arr = arr.astype(arr.dtype.newbyteorder("="))
-    if not arr.flags.c_contiguous or not arr.flags.writeable:
+    if not arr.flags.c_contiguous:
         arr = arr.copy(order="C")
     try:
-        return torch.from_numpy(arr)
+        with warnings.catch_warnings():  # read-only (an object-store array): shared, never written
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            return torch.from_numpy(arr)
     except (TypeError, RuntimeError) as e:
         raise ValueError(f"{_fmt(path)}: numpy dtype {arr.dtype} has no torch equivalent ({e})") from e
 

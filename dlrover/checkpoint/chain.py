@@ -9,12 +9,14 @@ chain before it (the previous delta, or the full one).
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from dlrover.checkpoint.delta import QUANTIZE_MODES, ChangedRows, RowChanges, apply_delta, delta_file, full_files, unpack_full
+from dlrover.checkpoint.delta import QUANTIZE_MODES, ChangedRows, RowChanges, apply_delta, delta_part, full_part, unpack_full
+from dlrover.checkpoint.manifest import FileEntry
 from dlrover.checkpoint.store import CheckpointError, CheckpointInfo, CheckpointStore
 
 
@@ -75,6 +77,39 @@ class LinkPlan:
     rows: list[np.ndarray] | None
 
 
+@dataclass(frozen=True)
+class LinkWrite:
+    """One durable link being written: what the writer of each PS payload's file needs.
+    It is pickled to wherever a payload is, so that no process gathers them all."""
+
+    store: CheckpointStore
+    step: int
+    quantize: str
+    num_vshards: int
+    rpv: list[int]  # rows per vshard of each table
+    rows: list[np.ndarray] | None  # a delta's rows (global ids per table); None: full
+
+    def write(self, index: int, payload: dict) -> tuple[str, FileEntry]:
+        """Write payload ``index``'s file: ``ps_<i>`` (full) or ``emb_<i>`` (delta)."""
+        if self.rows is None:
+            key, obj = f"ps_{index}", full_part(payload, self.quantize)
+        else:
+            key, obj = f"emb_{index}", delta_part(payload, self.rows, self.num_vshards, self.rpv, self.quantize)
+        return key, self.store.write_file(self.step, key, obj)
+
+
+PartWriter = Callable[[LinkWrite, list[Any]], list[tuple[str, FileEntry]]]
+
+
+def write_here(link: LinkWrite, payloads: list[Any]) -> list[tuple[str, FileEntry]]:
+    """Write every payload's file in this process (``payloads`` are the dicts)."""
+    return [link.write(i, p) for i, p in enumerate(payloads)]
+
+
+def _rpv(vmap_meta: dict) -> list[int]:
+    return [-(-n // vmap_meta["num_vshards"]) for n in vmap_meta["table_sizes"]]
+
+
 class DurableChain:
     """Writes durable checkpoints as full + deltas and reads them back as full payloads.
 
@@ -121,19 +156,21 @@ class DurableChain:
             self._parent, self._links = seq, (self._links + 1 if delta else 1)
         return plan
 
-    def write(self, plan: LinkPlan, payloads: list[dict], dense: Any, meta: dict) -> tuple[CheckpointInfo, str]:
-        """Write the planned link from the cut's full ``payloads``; ``(info, kind)``. A
-        delta whose parent is not on disk (its write failed) is written full instead."""
+    def write(self, plan: LinkPlan, payloads: list[Any], dense: Any, meta: dict, parts: PartWriter = write_here) -> tuple[CheckpointInfo, str]:
+        """Write the planned link from the cut's full ``payloads``; ``(info, kind)``.
+        ``parts`` writes one file per payload (``write_here``, or each where its payload
+        is); this process writes the dense file and, last, the manifest. A delta whose
+        parent is not on disk (its write failed) is written full instead."""
         vm = meta["extra"]["vmap"]
-        if plan.parent is not None and plan.parent in self.store.list():
-            rpv = [-(-n // vm["num_vshards"]) for n in vm["table_sizes"]]
-            files = {"emb": delta_file(payloads, plan.rows, vm["num_vshards"], rpv, self.quantize), "dense": dense}
-            kind, parent = "delta", plan.parent
-        else:
-            files, kind, parent = {**full_files(payloads, self.quantize), "dense": dense}, "full", None
-        link = {"kind": kind, "quantize": self.quantize, "rows": None if parent is None else int(sum(len(r) for r in plan.rows))}
+        delta = plan.parent is not None and plan.parent in self.store.list()
+        kind, parent = ("delta", plan.parent) if delta else ("full", None)
+        link = {"kind": kind, "quantize": self.quantize, "rows": int(sum(len(r) for r in plan.rows)) if delta else None}
+        job = LinkWrite(self.store, plan.seq, self.quantize, vm["num_vshards"], _rpv(vm), plan.rows if delta else None)
         try:
-            info = self.store.save(plan.seq, files, {**meta, "link": link}, parent=parent)
+            pending = self.store.begin(plan.seq, {**meta, "link": link}, parent=parent)
+            entries = dict(parts(job, payloads))
+            entries["dense"] = self.store.write_file(plan.seq, "dense", dense)
+            info = self.store.commit(pending, entries)
         except Exception:
             with self._lock:
                 if self._parent == plan.seq:
@@ -152,7 +189,8 @@ class DurableChain:
         payloads = unpack_full(root.files)
         for link in chain.links[1:]:
             vm = link.meta["extra"]["vmap"]
-            apply_delta(payloads, link.files["emb"], vm["num_vshards"], [-(-n // vm["num_vshards"]) for n in vm["table_sizes"]])
+            for key in sorted(k for k in link.files if k.startswith("emb_")):
+                apply_delta(payloads, link.files[key], vm["num_vshards"], _rpv(vm))
         with self._lock:
             self._parent, self._links = None, 0
             if self.changes is not None:

@@ -2,9 +2,9 @@
 
 A full checkpoint holds each PS payload as the cut produced it
 (``{"vshards": [k], "tables": [[weights, *optimizer states] per table]}``, blocks of the
-listed vshards back to back, :mod:`dlrover.ps.migration`). A delta holds, per table, the
-*global* row ids pushed since the previous durable cut and those rows' weights and
-optimizer state, taken from the cut's payloads. Global ids make a delta independent of
+listed vshards back to back, :mod:`dlrover.ps.migration`), one file per payload. A delta
+holds, per table, the *global* row ids pushed since the previous durable cut and those
+rows' weights and optimizer state, also one file per payload (the rows it holds). Global ids make a delta independent of
 which PS held what: replaying it onto a full checkpoint written under another vshard map
 (or restoring the result onto yet another) needs only ``row % V`` and ``row // V``.
 
@@ -91,9 +91,9 @@ def unpack_weights(obj: Any) -> np.ndarray:
 # -- files -------------------------------------------------------------------------------
 
 
-def full_files(payloads: list[dict], mode: str) -> dict[str, Any]:
-    """The PS files of a full checkpoint: ``ps_<i>`` per payload, weights packed."""
-    return {f"ps_{i}": {**p, "tables": [[pack_weights(s[0], mode), *s[1:]] for s in p["tables"]]} for i, p in enumerate(payloads)}
+def full_part(payload: dict, mode: str) -> dict:
+    """One PS payload as a full checkpoint stores it (file ``ps_<i>``), weights packed."""
+    return {**payload, "tables": [[pack_weights(s[0], mode), *s[1:]] for s in payload["tables"]]}
 
 
 def _locate(payloads: list[dict], num_vshards: int) -> tuple[np.ndarray, np.ndarray]:
@@ -119,15 +119,16 @@ def _positions(payloads: list[dict], rows: np.ndarray, num_vshards: int, rpv: in
     return out
 
 
-def delta_file(payloads: list[dict], rows: list[np.ndarray], num_vshards: int, rpv: list[int], mode: str) -> dict:
-    """The ``rows`` (global ids per table) of the cut's ``payloads`` as one delta file."""
-    where, tables = _locate(payloads, num_vshards), []
+def delta_part(payload: dict, rows: list[np.ndarray], num_vshards: int, rpv: list[int], mode: str) -> dict:
+    """The rows of ``rows`` (global ids per table, pushed since the last durable cut) that
+    ``payload`` holds, as its delta file (``emb_<i>``)."""
+    which, slot = _locate([payload], num_vshards)
+    tables = []
     for t, ids in enumerate(rows):
         ids = np.asarray(ids, dtype=np.int64)
-        states = [np.empty((len(ids), *np.asarray(a).shape[1:]), dtype=np.asarray(a).dtype) for a in payloads[0]["tables"][t]]
-        for k, (sel, local) in enumerate(_positions(payloads, ids, num_vshards, rpv[t], where)):
-            for out, a in zip(states, payloads[k]["tables"][t]):
-                out[sel] = np.asarray(a)[local]
+        ids = ids[which[ids % num_vshards] == 0]
+        local = slot[ids % num_vshards] * rpv[t] + ids // num_vshards
+        states = [np.asarray(a)[local] for a in payload["tables"][t]]
         small = ids.astype(np.int32) if len(ids) == 0 or ids[-1] < 2**31 else ids
         tables.append({"rows": small, "states": [pack_weights(states[0], mode), *states[1:]]})
     return {"tables": tables}

@@ -109,3 +109,33 @@ def _file_entry(key: str, entry: Any) -> FileEntry:
     return FileEntry(
         entry["sha256"], entry["bytes"], [tuple(p) for p in entry["numpy"]], [tuple(p) for p in entry["numpy_scalars"]]
     )
+
+
+class HashingWriter:
+    """A write-only file that hashes and counts what goes through it (``torch.save``
+    streams into it, so a large file is checksummed without a second read)."""
+
+    def __init__(self, f: Any) -> None:
+        self.f, self.sha, self.nbytes = f, hashlib.sha256(), 0
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data)
+        self.sha.update(view)
+        self.nbytes += view.nbytes
+        self.f.write(view)
+        return view.nbytes
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def check_key(key: Any) -> str:
+    """``key`` if it can name a checkpoint file (it is also the file's name), else a ValueError."""
+    if not isinstance(key, str) or not KEY_RE.fullmatch(key):
+        raise ValueError(f"checkpoint file key {key!r}: must match [A-Za-z0-9_-]+")
+    return key
+
+
+def check_keys_case(keys: Any) -> None:
+    if len({k.lower() for k in keys}) != len(keys):  # would collide on macOS/Windows
+        raise ValueError(f"checkpoint file keys differ only in case: {sorted(keys)}")

@@ -43,7 +43,7 @@ import torch
 from fsspec.implementations.local import LocalFileSystem
 
 from dlrover.checkpoint.archive import Encoded, decode, encode
-from dlrover.checkpoint.manifest import KEY_RE, MANIFEST, FileEntry, Manifest, canonical_meta, check_manifest, manifest_json
+from dlrover.checkpoint.manifest import MANIFEST, FileEntry, HashingWriter, Manifest, canonical_meta, check_keys_case, check_key, check_manifest, manifest_json
 from dlrover.errors import DLRoverError
 
 log = logging.getLogger(__name__)
@@ -67,6 +67,15 @@ class CheckpointInfo:
     meta: dict  # meta as stored (after a JSON round trip), i.e. what load returns
 
 
+@dataclass(frozen=True)
+class PendingSave:
+    """A checkpoint :meth:`CheckpointStore.begin` opened: validated, its directory made."""
+
+    step: int
+    meta_json: str  # canonical (see ``canonical_meta``), parent included
+    started: float  # perf_counter at begin: write_s covers the whole save
+
+
 class CheckpointStore:
     """Numbered checkpoints under one root, newest ``keep`` retained.
 
@@ -86,8 +95,6 @@ class CheckpointStore:
         self._path = path.rstrip("/") or "/"
         self._local = isinstance(self._fs, LocalFileSystem)
 
-    # -- public API ---------------------------------------------------------------------
-
     def save(self, step: int, files: dict[str, Any], meta: dict, parent: int | None = None) -> CheckpointInfo:
         """Write checkpoint ``step`` (data files, then the manifest), then apply retention.
 
@@ -99,6 +106,21 @@ class CheckpointStore:
         untouched. An I/O failure raises CheckpointError and leaves at most an incomplete
         directory, which readers ignore.
         """
+        if not isinstance(files, dict):
+            raise TypeError(f"files must be a dict of name -> object, got {type(files).__name__}")
+        # Encoding shares tensor/array memory, so doing it all up front is cheap and
+        # surfaces every unsupported leaf before the first byte is written.
+        encoded: dict[str, Encoded] = {check_key(key): encode(obj, key) for key, obj in files.items()}
+        check_keys_case(files)
+        pending = self.begin(step, meta, parent)
+        entries = {key: self._write_encoded(pending.step, key, enc) for key, enc in encoded.items()}
+        return self.commit(pending, entries)
+
+    # Written by several processes: ``begin``, ``write_file`` anywhere, ``commit`` here.
+
+    def begin(self, step: int, meta: dict, parent: int | None = None) -> PendingSave:
+        """Validate ``step``, ``parent`` and ``meta`` and create the checkpoint's directory
+        (removing what an interrupted save of the same step left)."""
         t0 = time.perf_counter()
         step = _check_step(step)
         if parent is not None:
@@ -106,40 +128,32 @@ class CheckpointStore:
             if parent >= step or parent not in self.list():
                 raise ValueError(f"checkpoint step {step}: parent {parent} is not an older complete checkpoint")
             meta = {**meta, "parent": parent}
-        if not isinstance(files, dict):
-            raise TypeError(f"files must be a dict of name -> object, got {type(files).__name__}")
-        for key in files:
-            if not isinstance(key, str) or not KEY_RE.fullmatch(key):
-                raise ValueError(f"checkpoint file key {key!r}: must match [A-Za-z0-9_-]+")
-        if len({k.lower() for k in files}) != len(files):  # would collide on macOS/Windows
-            raise ValueError(f"checkpoint file keys differ only in case: {sorted(files)}")
         meta_json = canonical_meta(meta)
-        # Encoding shares tensor/array memory, so doing it all up front is cheap and
-        # surfaces every unsupported leaf before the first byte is written.
-        encoded: dict[str, Encoded] = {key: encode(obj, key) for key, obj in files.items()}
-
         d, url = self._dir(step), self.url(step)
-        manifest_path = f"{d}/{MANIFEST}"
         try:
-            if self._fs.exists(manifest_path):
+            if self._fs.exists(f"{d}/{MANIFEST}"):
                 raise ValueError(f"{url}: checkpoint step {step} already exists")
             if self._fs.exists(d):  # left over from an interrupted save of this step
                 self._fs.rm(d, recursive=True)
             self._fs.makedirs(d, exist_ok=True)
             self._fsync_dir(self._path)
-            nbytes = 0
-            entries: dict[str, FileEntry] = {}
-            for key, enc in encoded.items():
-                buf = io.BytesIO()
-                torch.save(enc.obj, buf)
-                with buf.getbuffer() as view:  # hash exactly the bytes written, no copy
-                    sha = hashlib.sha256(view).hexdigest()
-                    self._write(f"{d}/{key}.pt", view)
-                    size = view.nbytes
-                del buf
-                nbytes += size
-                entries[key] = FileEntry(sha, size, enc.numpy, enc.numpy_scalars)
-            mdata = manifest_json(step, meta_json, entries)
+        except OSError as e:
+            raise CheckpointError(f"{url}: cannot write checkpoint ({_one_line(e)})") from e
+        return PendingSave(step, meta_json, t0)
+
+    def write_file(self, step: int, key: str, obj: Any) -> FileEntry:
+        """Write one data file of checkpoint ``step`` (after :meth:`begin`), streamed and
+        hashed on the way: the file's bytes are never held in memory."""
+        return self._write_encoded(_check_step(step), check_key(key), encode(obj, key))
+
+    def commit(self, pending: PendingSave, entries: dict[str, FileEntry]) -> CheckpointInfo:
+        """Write the manifest over ``entries`` (the checkpoint is complete from here), then
+        apply retention."""
+        check_keys_case(entries)
+        step, d, url = pending.step, self._dir(pending.step), self.url(pending.step)
+        manifest_path = f"{d}/{MANIFEST}"
+        mdata = manifest_json(step, pending.meta_json, entries)
+        try:
             if self._local:  # atomic: a reader sees no manifest or the whole one
                 tmp = f"{manifest_path}.tmp"
                 self._write(tmp, mdata)
@@ -148,13 +162,26 @@ class CheckpointStore:
                 self._fsync_dir(d)
             else:  # object stores publish a file whole on close
                 self._write(manifest_path, mdata)
-            nbytes += len(mdata)
         except OSError as e:
             raise CheckpointError(f"{url}: cannot write checkpoint ({_one_line(e)})") from e
         self._retain(step)
+        nbytes = sum(e.nbytes for e in entries.values()) + len(mdata)
         return CheckpointInfo(
-            path=url, step=step, nbytes=nbytes, write_s=time.perf_counter() - t0, meta=json.loads(meta_json)
+            path=url, step=step, nbytes=nbytes, write_s=time.perf_counter() - pending.started, meta=json.loads(pending.meta_json)
         )
+
+    def _write_encoded(self, step: int, key: str, enc: Encoded) -> FileEntry:
+        path, where = f"{self._dir(step)}/{key}.pt", f"{self.url(step)}/{key}.pt"
+        try:
+            with self._open_write(path) as f:
+                out = HashingWriter(f)
+                torch.save(enc.obj, out)
+                if self._local:
+                    f.flush()
+                    os.fsync(f.fileno())
+        except OSError as e:
+            raise CheckpointError(f"{where}: cannot write checkpoint ({_one_line(e)})") from e
+        return FileEntry(out.sha.hexdigest(), out.nbytes, enc.numpy, enc.numpy_scalars)
 
     def list(self) -> list[int]:
         """Steps of complete checkpoints (manifest present, not verified), ascending."""
@@ -315,15 +342,15 @@ class CheckpointStore:
         except ValueError as e:
             raise CheckpointError(f"{where}: {e}") from None
 
+    def _open_write(self, path: str) -> Any:
+        return open(path, "wb") if self._local else self._fs.open(path, "wb")
+
     def _write(self, path: str, data: bytes | memoryview) -> None:
-        if self._local:
-            with open(path, "wb") as f:
-                f.write(data)
+        with self._open_write(path) as f:
+            f.write(data)
+            if self._local:
                 f.flush()
                 os.fsync(f.fileno())
-        else:
-            with self._fs.open(path, "wb") as f:
-                f.write(data)
 
     def _fsync_dir(self, path: str) -> None:
         """Make a local directory's entries durable (no-op elsewhere or where unsupported)."""

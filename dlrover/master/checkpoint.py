@@ -1,16 +1,18 @@
 """Job checkpoints: consistent cuts of the whole training state, in memory and on disk.
 
 A cut parks every worker at a step boundary with all of its updates applied (the same
-handshake as a migration's second round), then, in one short pause: each PS copies its
-vshards (weights + optimizer state) aside, the dense PS hands over its parameters and
-optimizer state, and the shard queue is cut (``ShardQueue.cut``: half-trained shards go
-back to todo with the part the model already holds as an offset). Training resumes and
-the PS copies go to the Ray object store as the results of calls the master owns: that
-is the in-memory checkpoint, cheap enough to take every few seconds.
+handshake as a migration's second round), then, in one short pause: each PS's vshards
+(weights + optimizer state) are copied into the Ray object store as the result of a call
+the master owns (``EmbeddingPS.snapshot``: one copy, none inside the PS), the dense PS
+hands over its parameters and optimizer state, and the shard queue is cut
+(``ShardQueue.cut``: half-trained shards go back to todo with the part the model already
+holds as an offset). Then training resumes. That is the in-memory checkpoint, cheap
+enough to take every few seconds.
 
 Every so often (``checkpoint.interval_s``, or Young-Daly from the failures seen) the
 latest in-memory checkpoint is also written to durable storage on a background thread
-(:class:`dlrover.checkpoint.store.CheckpointStore`, checksummed), as a full checkpoint
+(:class:`dlrover.checkpoint.store.CheckpointStore`, checksummed; each PS payload's file
+by a task on the payload's node, the manifest last by the master), as a full checkpoint
 every ``checkpoint.full_every`` and otherwise a delta of the rows pushed since the
 previous durable cut (:class:`dlrover.checkpoint.chain.DurableChain`; each PS reports
 those rows at every cut, ``EmbeddingPS.cut_changes``). Recovery reads the newest
@@ -27,7 +29,8 @@ from typing import Any
 import numpy as np
 import ray
 
-from dlrover.checkpoint.chain import DurableChain
+from dlrover.checkpoint.chain import DurableChain, LinkWrite
+from dlrover.checkpoint.manifest import FileEntry
 from dlrover.checkpoint.store import CheckpointError, CheckpointStore
 from dlrover.master.books import Cut, held_samples
 from dlrover.master.scaler import get_alive
@@ -38,6 +41,18 @@ from dlrover.master.job import Job
 
 PAUSE_TIMEOUT_S = 30.0
 OBJECT_GET_TIMEOUT_S = 30.0
+
+
+@ray.remote(num_cpus=0)
+def _write_part(link: LinkWrite, index: int, payload: dict) -> tuple[str, FileEntry]:
+    return link.write(index, payload)
+
+
+def write_where_payloads_are(link: LinkWrite, payloads: list[Any]) -> list[tuple[str, FileEntry]]:
+    """Each PS payload's durable file written by a task that Ray places on the node
+    holding the payload (it reads it there without a copy): no process gathers them."""
+    shared = ray.put(link)
+    return ray.get([_write_part.remote(shared, i, p) for i, p in enumerate(payloads)])
 
 
 @dataclass
@@ -126,9 +141,17 @@ class Checkpointer:
         """Cut now. ``workers``: the training workers' handles. None (and nothing changed)
         when a worker does not park within ``timeout_s`` (at most the liveness timeout: a
         frozen worker must not hold the loop longer than it takes to declare it hung) or a
-        PS does not answer."""
+        PS does not answer.
+
+        The previous in-memory checkpoint is released first when it is on disk: the
+        object store then holds one copy of the tables, not two (a model near the store's
+        size would otherwise be spilled to disk inside the pause), and recovery still
+        has that state, from disk, should this cut fail."""
         timeout_s = min(timeout_s, PAUSE_TIMEOUT_S)
         m, lz = self.m, self.m.launcher
+        with self._lock:
+            if self.latest is not None and self.latest.durable_path is not None:
+                self.latest = None
         t0 = m.clock()
         names, live = list(workers), []
         try:
@@ -142,7 +165,8 @@ class Checkpointer:
                 trained.update({int(k): tuple(v) for k, v in (t or {}).items()})
             ps = dict(lz.ps)
             changed = [h.cut_changes.remote() for h in ps.values()]  # rows pushed since the last cut
-            ray.get([h.snapshot.remote() for h in ps.values()], timeout=timeout_s)
+            snaps = [h.snapshot.options(num_returns=2).remote() for h in ps.values()]
+            ray.get([nbytes for nbytes, _ in snaps], timeout=timeout_s)  # and so each payload is in the object store
             changed = ray.get(changed, timeout=timeout_s)
             # What each PS had applied at the cut: partial recovery reports a dead one's.
             bags = {str(k): int(st["rows_updated"]) for k, st in zip(ps, ray.get([h.stats.remote() for h in ps.values()], timeout=timeout_s))}
@@ -158,7 +182,7 @@ class Checkpointer:
             resumed = {n: workers[n].resume.remote() for n in names}
             get_alive([resumed[n] for n in live], timeout_s + 1)
         pause = m.clock() - t0
-        refs = [h.snapshot_payload.remote() for h in ps.values()]
+        refs = [payload for _, payload in snaps]
         self._seq += 1
         ckpt = Checkpoint(self._seq, now, cut.queue, held_samples(cut.queue), cut.bad_lines, cut.steps, dense, refs, pause, extra=dict(extra or {}))
         ckpt.extra["config"] = lz.config(exclude=m.books.draining()).to_dict()
@@ -184,8 +208,7 @@ class Checkpointer:
             if previous is not None:
                 previous.join()  # a delta builds on the write before it
             try:
-                payloads = ray.get(list(ckpt.ps), timeout=OBJECT_GET_TIMEOUT_S)
-                info, kind = self.chain.write(plan, payloads, ckpt.dense, ckpt.meta())
+                info, kind = self.chain.write(plan, list(ckpt.ps), ckpt.dense, ckpt.meta(), parts=write_where_payloads_are)
             except Exception as e:  # noqa: BLE001 - reported, the job goes on
                 self._write_error = f"{type(e).__name__}: {e}"
                 self.m.events.add("checkpoint_write_failed", seq=ckpt.seq, error=self._write_error[:300])

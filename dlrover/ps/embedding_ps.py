@@ -20,6 +20,7 @@ import psutil
 import torch
 
 from dlrover.chaos import ChaosState
+from dlrover.metrics.process import owned_rss_mb
 from dlrover.checkpoint.delta import ChangedRows
 from dlrover.preemption import on_sigterm
 from dlrover.ps.applied import AppliedLog, BatchId
@@ -71,7 +72,6 @@ class EmbeddingPS:
         self._prepared: tuple | None = None  # (vmap version, thread, {"tbe": ..., "bytes": ...}) from prepare()
         self._dirty: DirtyRows | None = None  # rows pushed since track()
         self._cut_tracker: CutTracker | None = None  # rows pushed since the last cut (durable deltas)
-        self._snap: dict | None = None  # taken by snapshot(), handed over by snapshot_payload()
         import ray
 
         self._node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
@@ -290,22 +290,16 @@ class EmbeddingPS:
         return {"bytes_in": nbytes, "bytes_precopied": precopied, "recv_s": t_recv - t0, "copy_s": done - t_recv, "orphan_pulls": orphans}
 
     # -- checkpoints (see dlrover.master.checkpoint) -------------------------------------
-    def snapshot(self) -> int:
-        """Copy every owned vshard (weights + optimizer state) aside, with the workers
-        parked: a consistent cut costs one memcpy. ``snapshot_payload`` hands it over
-        once training has resumed. Returns the bytes copied."""
+    def snapshot(self) -> tuple[int, dict]:
+        """``(bytes, payload)``: every owned vshard (weights + optimizer state) as one
+        export payload, taken with the workers parked. The payload is views of the live
+        tables; called with ``options(num_returns=2)``, Ray copies it into the object store
+        (owned by the caller) before the call completes, so a consistent cut costs one
+        copy and this PS never holds its tables twice."""
         with self._lock:
-            owned = np.arange(len(self.vmap.owned(self.index)))
-            self._snap = {"vshards": self.vmap.owned(self.index).astype(np.int64), "tables": export_blocks(self._table_arrays(self.tbe), owned, self.vmap.rows_per_vshard())}
-        return int(sum(a.nbytes for t in self._snap["tables"] for a in t))
-
-    def snapshot_payload(self) -> dict:
-        """The last ``snapshot`` as an export payload (it goes to the object store as this
-        call's return value, owned by the caller)."""
-        snap, self._snap = self._snap, None
-        if snap is None:
-            raise RuntimeError(f"ps-{self.index}: no snapshot taken")
-        return snap
+            n, rpv = len(self.vmap.owned(self.index)), self.vmap.rows_per_vshard()
+            tables = [[a[: n * r].numpy() for a in states] for r, states in zip(rpv, self._table_arrays(self.tbe))]
+        return int(sum(a.nbytes for t in tables for a in t)), {"vshards": self.vmap.owned(self.index).astype(np.int64), "tables": tables}
 
     def restore(self, vmap: VShardMap, payloads: list[Any]) -> int:
         """Roll back to a checkpoint: rebuild the tables of ``vmap`` from full payloads
@@ -352,7 +346,7 @@ class EmbeddingPS:
         s["uptime_s"] = time.monotonic() - self._started
         s["pid"] = os.getpid()
         s["node_id"] = self._node
-        s["rss_mb"] = self._proc.memory_info().rss / 2**20
+        s["rss_mb"] = owned_rss_mb(self._proc)
         s["cpu_percent"] = self._proc.cpu_percent()
         return s
 

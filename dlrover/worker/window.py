@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import psutil
 
+from dlrover.metrics.process import owned_rss_mb
+
 
 class MetricsWindow:
     """Counters since the last report. The PS client's timings only ever grow, so the
@@ -42,6 +44,6 @@ class MetricsWindow:
             "pull_s": (spent("issue_pull_s") + spent("wait_pull_s")) / steps,
             "push_s": spent("push_s") / steps,
             "queue_depth": queue_depth,
-            "rss_mb": proc.memory_info().rss / 2**20,
+            "rss_mb": owned_rss_mb(proc),
             "cpu_percent": proc.cpu_percent(),
         }

@@ -33,6 +33,7 @@ from dlrover.chaos import ChaosState
 from dlrover.data.criteo import FileIndex
 from dlrover.data.reader import FileReader
 from dlrover.ids import ProcessInfo
+from dlrover.metrics.process import owned_rss_mb
 from dlrover.model.dlrm import PSClient, PSEmbeddingBagCollection, build_dense_dlrm, dense_parameters, table_configs
 from dlrover.preemption import on_sigterm
 from dlrover.ps.dense_shards import DenseShards
@@ -335,7 +336,7 @@ class Worker:
         self._report_applied(self._finished, block=True)
         self._report(time.monotonic())
         self._input.join(timeout_s=5)
-        self._stats["rss_mb"] = self._proc.memory_info().rss / 2**20
+        self._stats["rss_mb"] = owned_rss_mb(self._proc)
         self._stats.update(self.client.timings)
         return self._stats
 
