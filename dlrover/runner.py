@@ -99,13 +99,14 @@ def ray_runtime_env() -> dict:
     return {"env_vars": {"PYTHONWARNINGS": "ignore", "TORCH_CPP_LOG_LEVEL": "ERROR", "RAY_IGNORE_UNHANDLED_ERRORS": "1", **passed}}
 
 
-def init_ray(spec: JobSpec, address: str | None, dashboard: bool = False, memory_mb: int | None = None) -> bool:
+def init_ray(spec: JobSpec, address: str | None, dashboard: bool = False, memory_mb: int | None = None, object_store_mb: int | None = None) -> bool:
     """Connect to ``address`` or start an embedded local Ray on loopback.
 
     Returns True when this call started Ray (so the caller shuts it down). The embedded
     cluster advertises at least the CPUs the job asks for: logical CPUs are a scheduling
     budget, and oversubscribing 2 cores with 4 single-threaded actors is fine. So is
-    ``memory_mb``, its logical memory (default: Ray's share of this machine's).
+    ``memory_mb``, its logical memory (default: Ray's share of this machine's), and
+    ``object_store_mb`` bounds its object store (default: Ray's, 30% of memory).
     """
     if ray.is_initialized():
         return False
@@ -125,6 +126,7 @@ def init_ray(spec: JobSpec, address: str | None, dashboard: bool = False, memory
         address="local",  # always a new cluster, never a stale one from /tmp/ray
         num_cpus=cpus,
         _memory=memory_mb * 2**20 if memory_mb else None,
+        object_store_memory=object_store_mb * 2**20 if object_store_mb else None,
         include_dashboard=dashboard,
         dashboard_host="127.0.0.1",
         _node_ip_address="127.0.0.1",

@@ -11,8 +11,8 @@ directory.
 
 Measured from the job's own events: RSS of each PS (the largest its metrics reported)
 against its share of the model, each rescale's pre-copy rate (bytes moved while training
-goes on / copy time; goal >= 0.5 GB/s), pause and duration, and the durable checkpoints'
-bytes and write times. ``--quick`` runs the same flow on tables 100x smaller (the test
+goes on / copy time; goal >= 0.5 GB/s), pause and duration, each checkpoint's pause, and
+the durable checkpoints' bytes and write times. ``--quick`` runs the same flow on tables 100x smaller (the test
 suite's version).
 """
 
@@ -94,23 +94,26 @@ def summarize(summary: dict, events: list[dict], sizes: list[int]) -> dict:
         for e in summary["scale_events"]
     ]  # fmt: skip
     durable = [{"bytes": e["bytes"], "write_s": e["write_s"], "link": e.get("link")} for e in events if e["kind"] == "checkpoint_durable"]
+    cuts = [{"at_s": e["at_s"], "pause_s": e["pause_s"], "samples": e["samples"]} for e in events if e["kind"] == "checkpoint"]
     return {
         "status": summary["status"], "model_bytes": total, "table_rows": sum(sizes), "dim": DIM,
         "samples": summary["samples_trained"], "samples_per_s": summary["throughput_samples_per_s"], "auc": summary.get("auc"),
         "ps_rss_mb": dict(sorted(rss.items())), "model_mb_per_ps_at_4": total / PS_FROM / 2**20, "model_mb_per_ps_at_6": total / PS_PEAK / 2**20,
-        "scales": scales, "durable_checkpoints": durable, "ps_bags_updated": summary["ps_bags_updated"],
+        "scales": scales, "checkpoints": cuts, "durable_checkpoints": durable, "ps_bags_updated": summary["ps_bags_updated"],
         "bags_expected": 26 * summary["samples_expected"], "wall_s": summary["wall_time_s"],
     }  # fmt: skip
 
 
-def _start_ray(spec: JobSpec) -> bool:
+def _start_ray(spec: JobSpec, model: int) -> bool:
     """An embedded Ray whose logical memory is what the job's actors ask for at the peak of
-    a rescale (old and new PS at once), not Ray's default share of this machine: memory
-    requests are a scheduling budget; the bench reports what the PS really use."""
+    a rescale (old and new PS at once), not Ray's default share of this machine (memory
+    requests are a scheduling budget; the bench reports what the PS really use), and
+    whose object store holds one in-memory checkpoint and a rescale's moving vshards
+    (``model`` bytes and 2 GB) rather than 30% of the machine: the rest is the PS's."""
     from dlrover.runner import init_ray
 
     r = spec.resources
-    return init_ray(spec, None, memory_mb=r.workers * r.worker_memory_mb + (PS_FROM + PS_PEAK) * r.ps_memory_mb)
+    return init_ray(spec, None, memory_mb=r.workers * r.worker_memory_mb + (PS_FROM + PS_PEAK) * r.ps_memory_mb, object_store_mb=model // 2**20 + 2048)
 
 
 def run_bigtable_bench(quick: bool = False, work_dir: str | None = None) -> dict:
@@ -129,7 +132,7 @@ def run_bigtable_bench(quick: bool = False, work_dir: str | None = None) -> dict
         ckpt = os.path.join(work, "ckpt")
         spec = bigtable_spec(data, ckpt, p)
         _log(f"job: {spec.model.short()}, {model_bytes(sizes) / 1e9:.2f} GB of tables + optimizer state over {PS_FROM} PS, PS {PS_FROM}->{PS_PEAK}->{PS_FROM}")
-        started = _start_ray(spec)
+        started = _start_ray(spec, model_bytes(sizes))
         try:
             summary, path = run_job(spec, runs_dir=os.path.join(work, "runs"), progress="none", stop_when=JobProgress("bigtable"))
         finally:
@@ -156,5 +159,7 @@ def print_bigtable(r: dict) -> None:
             f"  {s['kind']} {s['summary']}: moved {s['bytes_moved'] / 1e9:.2f} GB ({s['vshards_moved']} vshards), pre-copy "
             f"{s['precopy_gb_per_s']:.2f} GB/s, pause {s['pause_s']:.2f}s, launch {s['launch_s'] or 0:.1f}s, total {s['duration_s']:.1f}s"
         )
+    for c in r["checkpoints"]:
+        print(f"  checkpoint at {c['at_s']:.0f}s ({c['samples']:,} samples in): pause {c['pause_s']:.2f}s")
     for c in r["durable_checkpoints"]:
         print(f"  durable checkpoint ({(c['link'] or 'full')}): {c['bytes'] / 1e9:.2f} GB in {c['write_s']:.1f}s")

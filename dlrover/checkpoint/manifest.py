@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import time
 from dataclasses import dataclass
@@ -113,20 +114,34 @@ def _file_entry(key: str, entry: Any) -> FileEntry:
 
 class HashingWriter:
     """A write-only file that hashes and counts what goes through it (``torch.save``
-    streams into it, so a large file is checksummed without a second read)."""
+    streams into it, so a large file is checksummed without a second read).
 
-    def __init__(self, f: Any) -> None:
+    ``drop_cache_every`` (a local file): every that many bytes, what was written is
+    synced and dropped from the page cache. A checkpoint is not read back soon, and
+    gigabytes of dirty pages would count against the node's memory meanwhile."""
+
+    def __init__(self, f: Any, drop_cache_every: int = 0) -> None:
         self.f, self.sha, self.nbytes = f, hashlib.sha256(), 0
+        self.drop_cache_every, self._dropped_at = drop_cache_every, 0
 
     def write(self, data: Any) -> int:
         view = memoryview(data)
         self.sha.update(view)
         self.nbytes += view.nbytes
         self.f.write(view)
+        if self.drop_cache_every and self.nbytes - self._dropped_at >= self.drop_cache_every:
+            self.drop_cache()
         return view.nbytes
 
     def flush(self) -> None:
         self.f.flush()
+
+    def drop_cache(self) -> None:
+        """Sync the file's data to disk, then drop its pages from the page cache."""
+        self.f.flush()
+        os.fsync(self.f.fileno())
+        os.posix_fadvise(self.f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        self._dropped_at = self.nbytes
 
 
 def check_key(key: Any) -> str:

@@ -48,6 +48,7 @@ from dlrover.errors import DLRoverError
 
 log = logging.getLogger(__name__)
 
+DROP_CACHE_EVERY = 256 << 20  # bytes of a local checkpoint file between syncs
 _DIR_RE = re.compile(r"ckpt-(\d{8,})")
 _ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -174,11 +175,10 @@ class CheckpointStore:
         path, where = f"{self._dir(step)}/{key}.pt", f"{self.url(step)}/{key}.pt"
         try:
             with self._open_write(path) as f:
-                out = HashingWriter(f)
+                out = HashingWriter(f, drop_cache_every=DROP_CACHE_EVERY if self._local else 0)
                 torch.save(enc.obj, out)
                 if self._local:
-                    f.flush()
-                    os.fsync(f.fileno())
+                    out.drop_cache()  # durable, and out of the page cache
         except OSError as e:
             raise CheckpointError(f"{where}: cannot write checkpoint ({_one_line(e)})") from e
         return FileEntry(out.sha.hexdigest(), out.nbytes, enc.numpy, enc.numpy_scalars)

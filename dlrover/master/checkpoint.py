@@ -149,9 +149,8 @@ class Checkpointer:
         has that state, from disk, should this cut fail."""
         timeout_s = min(timeout_s, PAUSE_TIMEOUT_S)
         m, lz = self.m, self.m.launcher
-        with self._lock:
-            if self.latest is not None and self.latest.durable_path is not None:
-                self.latest = None
+        if self.latest is not None and self.latest.durable_path is not None:
+            self.release()
         t0 = m.clock()
         names, live = list(workers), []
         try:
@@ -220,6 +219,12 @@ class Checkpointer:
 
         self._writer = threading.Thread(target=write, name="checkpoint-writer", daemon=True)
         self._writer.start()
+
+    def release(self) -> None:
+        """Drop the in-memory checkpoint: its objects go from the object store (recovery
+        then reads the durable one)."""
+        with self._lock:
+            self.latest = None
 
     def flush(self, timeout_s: float = 120.0) -> None:
         """Wait for a durable write under way."""

@@ -280,6 +280,7 @@ class JobMaster:
             # recovery checkpoints in the run directory served their purpose
             shutil.rmtree(self._checkpoint_root(), ignore_errors=True)
         summary.update(reliability_fields(self, summary))
+        self.checkpointer.release()  # trained: the export below needs the memory more
         export_final(self)
         self._publish(force=True)
         return summary

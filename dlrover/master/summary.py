@@ -5,10 +5,13 @@ the exported final model. Read-only over the master's records."""
 from __future__ import annotations
 
 import os
+import tempfile
 
 import ray
 import torch
 
+from dlrover.checkpoint.manifest import HashingWriter
+from dlrover.checkpoint.store import DROP_CACHE_EVERY
 from dlrover.failures import FailureKind
 from dlrover.metrics.reliability import ReliabilityReport, reliability_report
 
@@ -106,19 +109,29 @@ def summary_of(m: Job, metrics: dict) -> dict:
 
 def export_final(m: Job) -> None:
     """Write the trained model (global embedding tables + dense parameters) to
-    ``checkpoint.dir/<job_id>/final.pt`` when a checkpoint directory is set."""
+    ``checkpoint.dir/<job_id>/final.pt`` when a checkpoint directory is set.
+
+    The global tables are assembled in files mapped into memory, one PS's rows of one
+    table at a time: a model of several GB passes through the page cache, which the
+    kernel can write back, instead of being gathered in the master's own memory."""
     spec = m.spec
     if not spec.checkpoint.dir:
         return
-    sizes = spec.model.table_sizes()
-    tables = [torch.zeros(n, spec.model.embedding_dim) for n in sizes]
-    for h in m.launcher.ps.values():
-        for t, (rows, w) in enumerate(ray.get([h.table_rows.remote(t) for t in range(len(sizes))])):
-            tables[t][torch.from_numpy(rows)] = torch.from_numpy(w)
-    dense = torch.as_tensor(m.launcher.dense.pull())
+    sizes, dim = spec.model.table_sizes(), spec.model.embedding_dim
     out = os.path.join(spec.checkpoint.dir, m.job_id)
     os.makedirs(out, exist_ok=True)
-    tmp = os.path.join(out, "final.pt.tmp")
-    torch.save({"tables": tables, "dense": dense, "job_id": m.job_id}, tmp)
+    with tempfile.TemporaryDirectory(dir=out, prefix=".final-") as scratch:
+        tables = [torch.from_file(os.path.join(scratch, f"t{t}"), shared=True, size=n * dim).view(n, dim) for t, n in enumerate(sizes)]
+        for h in m.launcher.ps.values():
+            for t in range(len(sizes)):
+                rows, w = ray.get(h.table_rows.remote(t))
+                tables[t][torch.from_numpy(rows)] = torch.from_numpy(w)
+        dense = torch.as_tensor(m.launcher.dense.pull())
+        tmp = os.path.join(out, "final.pt.tmp")
+        with open(tmp, "wb") as f:
+            writer = HashingWriter(f, drop_cache_every=DROP_CACHE_EVERY)  # kept out of the page cache
+            torch.save({"tables": tables, "dense": dense, "job_id": m.job_id}, writer)
+            writer.drop_cache()
+        del tables
     os.replace(tmp, os.path.join(out, "final.pt"))
     m.events.add("model_saved", path=os.path.join(out, "final.pt"))
