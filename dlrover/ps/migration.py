@@ -46,10 +46,16 @@ class DirtyRows:
 
 def export_blocks(arrays: list[list[Any]], slots: np.ndarray, rpv: list[int]) -> list[list[np.ndarray]]:
     """Per table, the blocks at ``slots`` of every state (tensors or numpy arrays), back to
-    back, as numpy copies."""
+    back: views when the slots are consecutive (returned from an actor call, Ray copies
+    them into the object store, once), numpy copies otherwise."""
+    slots = np.asarray(slots, dtype=np.int64)
+    run = len(slots) > 0 and np.array_equal(slots, np.arange(slots[0], slots[0] + len(slots)))
     out = []
     for r, states in zip(rpv, arrays):
-        out.append([np.concatenate([np.asarray(a[s * r : (s + 1) * r]) for s in slots]) if len(slots) else np.asarray(a[:0]).copy() for a in states])
+        if run:
+            out.append([np.asarray(a[slots[0] * r : (slots[-1] + 1) * r]) for a in states])
+        else:
+            out.append([np.concatenate([np.asarray(a[s * r : (s + 1) * r]) for s in slots]) if len(slots) else np.asarray(a[:0]).copy() for a in states])
     return out
 
 

@@ -84,9 +84,11 @@ class VShardMap:
             held[k] += weight[v]
         while True:  # move the lightest vshard of the heaviest PS while that narrows the gap
             hi, lo = max(ids, key=lambda i: held[i]), min(ids, key=lambda i: held[i])
-            cand = np.flatnonzero(owner == hi)
+            cand = np.flatnonzero(owner == hi)[::-1]
             if hi == lo or len(cand) <= 1:
                 break
+            # Of equal weights the highest vshard: a PS then gives away the end of its slot
+            # order and keeps the rest where it is (``EmbeddingPS.prepare`` keeps its tables).
             v = cand[np.argmin(weight[cand])]
             if held[hi] - weight[v] < held[lo] + weight[v] - 1e-9:
                 break
