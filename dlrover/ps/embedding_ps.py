@@ -208,19 +208,12 @@ class EmbeddingPS:
                 box["error"] = f"{type(e).__name__}: {e}"
 
         box: dict = {}
-        if self._keeps_tables(vmap):
-            self._prepared = None
+        if np.array_equal(vmap.owned(self.index), self.vmap.owned(self.index)):
+            self._prepared = None  # nothing moves in or out of this PS
             return
         thread = threading.Thread(target=build, name="vshard-precopy", daemon=True)
         thread.start()
         self._prepared = (vmap.version, thread, box)
-
-    def _keeps_tables(self, vmap: VShardMap) -> bool:
-        """Nothing comes in and what stays keeps its slots (the vshards leaving are the end
-        of the slot order, as ``VShardMap.reassigned`` picks them): the tables stay as
-        they are, and the rows past the new end are just no longer used."""
-        old, new = self.vmap.owned(self.index), vmap.owned(self.index)
-        return len(new) > 0 and np.array_equal(new, old[: len(new)])
 
     def prepared(self) -> bool | str:
         """True once the new tables are built; an error message if building them failed."""
@@ -272,8 +265,8 @@ class EmbeddingPS:
             # belongs to a worker that died mid-step (its shard is trained again).
             orphans = len(self._pending)
             self._pending.clear()
-        if self._keeps_tables(vmap):
-            self.vmap, self._prepared, self._dirty = vmap, None, None  # only the map moves
+        if np.array_equal(vmap.owned(self.index), self.vmap.owned(self.index)):
+            self.vmap, self._prepared, self._dirty = vmap, None, None  # same slots: only the version moves
             return {"bytes_in": 0, "bytes_precopied": 0, "recv_s": 0.0, "copy_s": 0.0, "orphan_pulls": orphans}
         payloads = [p if isinstance(p, dict) else ray.get(p) for p in incoming]
         t_recv = time.perf_counter()

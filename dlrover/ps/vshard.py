@@ -87,8 +87,8 @@ class VShardMap:
             cand = np.flatnonzero(owner == hi)[::-1]
             if hi == lo or len(cand) <= 1:
                 break
-            # Of equal weights the highest vshard: a PS then gives away the end of its slot
-            # order and keeps the rest where it is (``EmbeddingPS.prepare`` keeps its tables).
+            # Of equal weights the highest vshard: a PS gives away the end of its slot order,
+            # one consecutive run of blocks that it exports without a copy.
             v = cand[np.argmin(weight[cand])]
             if held[hi] - weight[v] < held[lo] + weight[v] - 1e-9:
                 break
