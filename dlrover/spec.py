@@ -201,9 +201,9 @@ class CheckpointSpec(_Strict):
     In-memory checkpoints (every ``memory_interval_s``: a consistent cut of PS vshards with
     optimizer state, dense parameters and the shard queue, kept in the Ray object store)
     serve PS recovery; durable ones (``dir``, a directory or fsspec URL; default the run
-    directory) serve master restarts and the loss of a node with its objects.
-    ``interval_s: auto`` spaces durable writes by Young-Daly, sqrt(2 x write time /
-    failure rate), from the failures observed (``prior_mttf_s`` until there are some).
+    directory) serve master restarts and the loss of a node with its objects (and all
+    recovery with ``keep_in_memory: false``). ``interval_s: auto``: Young-Daly spacing,
+    sqrt(2 x write time / failure rate), ``prior_mttf_s`` until a failure is seen.
     With ``dir`` set the trained model also goes to ``<dir>/<job_id>/final.pt``.
     """
 
@@ -214,15 +214,15 @@ class CheckpointSpec(_Strict):
     max_interval_s: float = Field(600.0, gt=0)
     prior_mttf_s: float = Field(3600.0, gt=0, description="mean time to failure assumed before any is observed")
     keep: int = Field(3, ge=1, description="durable checkpoints kept")
+    keep_in_memory: bool = Field(True, description="false: a checkpoint leaves the object store once on disk (models that fill it)")
     # recover: replace what failed, roll back only when PS state is lost (the platform).
     # restart: every failure restarts the whole job from its last durable checkpoint (the
     # baseline `dlrover bench recovery` compares against, as Ray Train does).
     on_failure: Literal["recover", "restart"] = "recover"
     max_failures: int = Field(20, ge=0, description="the job fails after this many failures")
-    # Durable checkpoints are incremental: the rows pushed since the previous durable one,
-    # with a full one every ``full_every`` (1: always full). ``quantize`` stores the
-    # embedding weights written as fp16 or int8 (per-row scale and offset); optimizer
-    # state stays fp32. See docs/FAULTS.md, "Incremental checkpoints".
+    # Durable checkpoints are incremental (rows pushed since the previous one), a full one
+    # every ``full_every``. ``quantize``: embedding weights as fp16 or int8 (per-row scale
+    # and offset), optimizer state fp32. See docs/FAULTS.md, "Incremental checkpoints".
     full_every: int = Field(5, ge=1, le=1000, description="every Nth durable checkpoint is full, the others deltas")
     quantize: Literal["none", "fp16", "int8"] = Field("none", description="embedding weights written as fp32, fp16 or int8")
 

@@ -89,17 +89,15 @@ def small_spec(data_dir, **over):
 def fault_spec(synth_dir, tmp_path, chaos, **over):
     """A job that checkpoints often (in memory every 2 s, to disk every 5 s) and reports
     twice a second: faults are recovered from a recent cut."""
-    over.setdefault("data__epochs", 3)
-    return small_spec(
-        synth_dir,
-        train__log_every_s=0.5,
-        checkpoint__memory_interval_s=2.0,
-        checkpoint__interval_s=5.0,
-        checkpoint__min_interval_s=5.0,
-        checkpoint__dir=str(tmp_path / "ckpt"),
-        chaos=chaos,
-        **over,
-    )
+    fields = {
+        "data__epochs": 3,
+        "train__log_every_s": 0.5,
+        "checkpoint__memory_interval_s": 2.0,
+        "checkpoint__interval_s": 5.0,
+        "checkpoint__min_interval_s": 5.0,
+        "checkpoint__dir": str(tmp_path / "ckpt"),
+    }
+    return small_spec(synth_dir, chaos=chaos, **{**fields, **over})
 
 
 def auc_spec(synth_dir, tmp_path, chaos, **over):

@@ -35,7 +35,9 @@ KAGGLE_VOCAB = [
 ]  # fmt: skip
 CAP, DIM = 3_500_000, 64
 PS_FROM, PS_PEAK = 4, 6
-CHECKPOINT_EVERY_S = 30.0  # in memory (a copy of every PS's tables in the object store), and each to disk
+# Every cut is written to disk and then leaves the object store (keep_in_memory: false):
+# a 4.4 GB copy left there is spilled to disk when a rescale's moving vshards need room.
+CHECKPOINT_EVERY_S = 30.0
 # PS memory: its share of the model (1.09 GB at 4 PS) twice while a rescale builds its new
 # tables beside the old ones, + ~0.4 GB of process.
 FULL = {"cap": CAP, "rows": 600_000, "epochs": 1, "batch_size": 4096, "ps_memory_mb": 2600}
@@ -68,7 +70,7 @@ def bigtable_spec(data_dir: str, ckpt_dir: str, p: dict) -> JobSpec:
             },
             "train": {"log_every_s": 1.0},
             "policy": {"name": "scripted", "knobs": {"steps": steps}, "interval_s": 0.5, "warmup_s": 1.0, "history_dir": os.path.join(ckpt_dir, "history")},
-            "checkpoint": {"dir": ckpt_dir, "memory_interval_s": CHECKPOINT_EVERY_S, "interval_s": CHECKPOINT_EVERY_S, "min_interval_s": CHECKPOINT_EVERY_S},
+            "checkpoint": {"dir": ckpt_dir, "memory_interval_s": CHECKPOINT_EVERY_S, "interval_s": CHECKPOINT_EVERY_S, "min_interval_s": CHECKPOINT_EVERY_S, "keep_in_memory": False},
         }
     )  # fmt: skip
 
@@ -108,7 +110,7 @@ def _start_ray(spec: JobSpec, model: int) -> bool:
     """An embedded Ray whose logical memory is what the job's actors ask for at the peak of
     a rescale (old and new PS at once), not Ray's default share of this machine (memory
     requests are a scheduling budget; the bench reports what the PS really use), and
-    whose object store holds one in-memory checkpoint and a rescale's moving vshards
+    whose object store holds one checkpoint being written and a rescale's moving vshards
     (``model`` bytes and 2 GB) rather than 30% of the machine: the rest is the PS's."""
     from dlrover.runner import init_ray
 

@@ -57,8 +57,8 @@ def write_where_payloads_are(link: LinkWrite, payloads: list[Any]) -> list[tuple
 
 @dataclass
 class Checkpoint:
-    """One consistent cut. ``ps``: ObjectRefs of the PS payloads (in memory) or the
-    payloads themselves (loaded from disk)."""
+    """One consistent cut. ``ps``: ObjectRefs of the PS payloads (in memory), the
+    payloads themselves (loaded from disk), or None once released (on disk only)."""
 
     seq: int
     at_s: float  # job time of the cut
@@ -67,7 +67,7 @@ class Checkpoint:
     bad_lines: int
     steps: int
     dense: dict
-    ps: list[Any]
+    ps: list[Any] | None
     pause_s: float = 0.0
     durable_path: str | None = None
     extra: dict = field(default_factory=dict)  # job state persisted with it (plan, ...)
@@ -143,14 +143,13 @@ class Checkpointer:
         frozen worker must not hold the loop longer than it takes to declare it hung) or a
         PS does not answer.
 
-        The previous in-memory checkpoint is released first when it is on disk: the
-        object store then holds one copy of the tables, not two (a model near the store's
-        size would otherwise be spilled to disk inside the pause), and recovery still
-        has that state, from disk, should this cut fail."""
+        The previous checkpoint is released first when it is on disk: the object store
+        then holds one copy of the tables, not two (a model near the store's size would
+        otherwise be spilled to disk inside the pause), and recovery still has that
+        state, from disk, should this cut fail."""
         timeout_s = min(timeout_s, PAUSE_TIMEOUT_S)
         m, lz = self.m, self.m.launcher
-        if self.latest is not None and self.latest.durable_path is not None:
-            self.release()
+        self.release()
         t0 = m.clock()
         names, live = list(workers), []
         try:
@@ -213,6 +212,8 @@ class Checkpointer:
                 self.m.events.add("checkpoint_write_failed", seq=ckpt.seq, error=self._write_error[:300])
                 return
             ckpt.durable_path = info.path
+            if not self.spec.keep_in_memory:
+                self.release(ckpt)
             row = {"seq": ckpt.seq, "path": info.path, "link": kind, "bytes": info.nbytes, "write_s": round(info.write_s, 4), "at_s": ckpt.at_s}
             self.written.append(row)
             self.m.events.add("checkpoint_durable", **row)
@@ -220,11 +221,14 @@ class Checkpointer:
         self._writer = threading.Thread(target=write, name="checkpoint-writer", daemon=True)
         self._writer.start()
 
-    def release(self) -> None:
-        """Drop the in-memory checkpoint: its objects go from the object store (recovery
-        then reads the durable one)."""
+    def release(self, ckpt: Checkpoint | None = None) -> None:
+        """Drop the newest checkpoint's PS payloads from the object store if it is on disk
+        (``ckpt``: only if that one is still the newest). Its record stays; recovery
+        reads the payloads from disk."""
         with self._lock:
-            self.latest = None
+            c = self.latest
+            if c is not None and c.durable_path is not None and (ckpt is None or c is ckpt):
+                c.ps = None
 
     def flush(self, timeout_s: float = 120.0) -> None:
         """Wait for a durable write under way."""
@@ -236,6 +240,8 @@ class Checkpointer:
         """The newest checkpoint whose data can be had, its PS payloads, and where they
         came from ("memory" or "durable"). CheckpointError when there is none."""
         ckpt = self.latest
+        if ckpt is not None and ckpt.ps is None:
+            return self.load_durable()  # released: on disk only
         if ckpt is not None and not all(isinstance(p, ray.ObjectRef) for p in ckpt.ps):
             return ckpt, list(ckpt.ps), "durable"  # loaded from disk by an earlier recovery
         if ckpt is not None:
