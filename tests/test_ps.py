@@ -100,6 +100,21 @@ def test_vshard_map_layout_covers_every_row_once():
         VShardMap.round_robin([10], 2, 3)
 
 
+def test_a_rescale_moves_the_end_of_a_ps_slot_order_and_exports_it_without_a_copy():
+    from dlrover.ps.migration import export_blocks
+
+    v = VShardMap.round_robin([50, 7], 8, 2)
+    grown = v.reassigned([0, 1, 2])
+    for k in (0, 1):  # what each old PS gives away is the end of its slots
+        owned, given = list(v.owned(k)), [vs for vs, src, _ in v.moves(grown) if src == k]
+        assert given and owned[-len(given):] == given
+    arrays = [[torch.arange(28 * r, dtype=torch.float32).view(-1, 4)] for r in (7, 1)]
+    rpv = [7, 1]
+    run, scattered = export_blocks(arrays, np.array([2, 3]), rpv), export_blocks(arrays, np.array([0, 2]), rpv)
+    assert np.shares_memory(run[0][0], arrays[0][0].numpy()) and not np.shares_memory(scattered[0][0], arrays[0][0].numpy())
+    assert np.array_equal(run[0][0], arrays[0][0].numpy()[14:28]) and np.array_equal(scattered[1][0], arrays[1][0].numpy()[[0, 2]])
+
+
 def test_initial_weights_do_not_depend_on_the_number_of_ps():
     sizes = [70_000, 5]  # spans two init blocks
     tables = {}

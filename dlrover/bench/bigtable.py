@@ -6,14 +6,14 @@ from the Kaggle data), capped at 3.5M rows as DLRM's ``--max-ind-range`` caps th
 64, with row-wise Adagrad (one fp32 accumulator per row): 16.8M rows, 4.37 GB. The data is
 synthetic Criteo rows whose vocabularies are as large as the tables (Zipf ids). The
 scripted policy adds two PS (every PS hands vshards to the new ones) and then retires
-two; a checkpoint is taken every ``CHECKPOINT_EVERY_S``, in memory and to a temporary
-directory.
+two; a checkpoint is cut every ``CHECKPOINT_EVERY_S``, written to a temporary directory
+and then released from the object store.
 
-Measured from the job's own events: RSS of each PS (the largest its metrics reported)
-against its share of the model, each rescale's pre-copy rate (bytes moved while training
-goes on / copy time; goal >= 0.5 GB/s), pause and duration, each checkpoint's pause, and
-the durable checkpoints' bytes and write times. ``--quick`` runs the same flow on tables 100x smaller (the test
-suite's version).
+Measured from the job's own events: the memory of each PS (the largest its metrics
+reported) against its share of the model, each rescale's pre-copy rate (bytes moved while
+training goes on / copy time; goal >= 0.5 GB/s), pause and duration, each cut's pause,
+and the durable checkpoints' bytes and write times. ``--quick`` runs the same flow on
+tables 100x smaller (the test suite's version).
 """
 
 from __future__ import annotations

@@ -4,9 +4,10 @@ A full checkpoint holds each PS payload as the cut produced it
 (``{"vshards": [k], "tables": [[weights, *optimizer states] per table]}``, blocks of the
 listed vshards back to back, :mod:`dlrover.ps.migration`), one file per payload. A delta
 holds, per table, the *global* row ids pushed since the previous durable cut and those
-rows' weights and optimizer state, also one file per payload (the rows it holds). Global ids make a delta independent of
-which PS held what: replaying it onto a full checkpoint written under another vshard map
-(or restoring the result onto yet another) needs only ``row % V`` and ``row // V``.
+rows' weights and optimizer state, also one file per payload (the rows it holds).
+Global ids make a delta independent of which PS held what: replaying it onto a full
+checkpoint written under another vshard map (or restoring the result onto yet another)
+needs only ``row % V`` and ``row // V``.
 
 ``quantize`` applies to the embedding weights written (full and delta): fp16, or int8
 with a per-row scale and offset (``lo + (q + 128) * scale``, error at most half a step).

@@ -140,7 +140,8 @@ class HashingWriter:
         """Sync the file's data to disk, then drop its pages from the page cache."""
         self.f.flush()
         os.fsync(self.f.fileno())
-        os.posix_fadvise(self.f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        if hasattr(os, "posix_fadvise"):  # not on macOS: synced only
+            os.posix_fadvise(self.f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
         self._dropped_at = self.nbytes
 
 
@@ -152,5 +153,6 @@ def check_key(key: Any) -> str:
 
 
 def check_keys_case(keys: Any) -> None:
-    if len({k.lower() for k in keys}) != len(keys):  # would collide on macOS/Windows
+    """A ValueError when two keys differ only in case (one file on case-folding systems)."""
+    if len({k.lower() for k in keys}) != len(keys):
         raise ValueError(f"checkpoint file keys differ only in case: {sorted(keys)}")

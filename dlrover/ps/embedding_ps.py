@@ -20,8 +20,8 @@ import psutil
 import torch
 
 from dlrover.chaos import ChaosState
-from dlrover.metrics.process import owned_rss_mb
 from dlrover.checkpoint.delta import ChangedRows
+from dlrover.metrics.process import owned_rss_mb
 from dlrover.preemption import on_sigterm
 from dlrover.ps.applied import AppliedLog, BatchId
 from dlrover.ps.delta import CutTracker, report
@@ -297,9 +297,9 @@ class EmbeddingPS:
         (owned by the caller) before the call completes, so a consistent cut costs one
         copy and this PS never holds its tables twice."""
         with self._lock:
-            n, rpv = len(self.vmap.owned(self.index)), self.vmap.rows_per_vshard()
-            tables = [[a[: n * r].numpy() for a in states] for r, states in zip(rpv, self._table_arrays(self.tbe))]
-        return int(sum(a.nbytes for t in tables for a in t)), {"vshards": self.vmap.owned(self.index).astype(np.int64), "tables": tables}
+            owned = self.vmap.owned(self.index)
+            tables = export_blocks(self._table_arrays(self.tbe), np.arange(len(owned)), self.vmap.rows_per_vshard())
+        return int(sum(a.nbytes for t in tables for a in t)), {"vshards": owned.astype(np.int64), "tables": tables}
 
     def restore(self, vmap: VShardMap, payloads: list[Any]) -> int:
         """Roll back to a checkpoint: rebuild the tables of ``vmap`` from full payloads
