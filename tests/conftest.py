@@ -139,9 +139,10 @@ def check_exactly_once(s: dict, spec) -> None:
     assert s["dense_updates"] == batches_expected(spec), (s["dense_updates"], batches_expected(spec))
 
 
-def signal_when_training(job_id: str, actor: str, sig: int, out: dict, min_samples: int = 20_000) -> threading.Thread:
-    """Background thread: once the job has trained ``min_samples``, send ``sig`` to the
-    process of ``<job_id>/<actor>`` (its pid from the actor's own liveness probe)."""
+def signal_when_training(job_id: str, actor: str, sig: int, out: dict, min_samples: int = 20_000, ready=lambda: True) -> threading.Thread:
+    """Background thread: once the job has trained ``min_samples`` and ``ready()`` holds,
+    send ``sig`` to the process of ``<job_id>/<actor>`` (its pid from the actor's own
+    liveness probe)."""
     import ray
 
     def pid_of(handle) -> int:
@@ -155,7 +156,7 @@ def signal_when_training(job_id: str, actor: str, sig: int, out: dict, min_sampl
             time.sleep(0.3)
             try:
                 master = ray.get_actor(f"{job_id}/master", namespace="dlrover")
-                if ray.get(master.progress.remote(), timeout=10)["samples_done"] < min_samples:
+                if ray.get(master.progress.remote(), timeout=10)["samples_done"] < min_samples or not ready():
                     continue
                 pid = pid_of(ray.get_actor(f"{job_id}/{actor}", namespace="dlrover"))
             except (ValueError, ray.exceptions.RayError):

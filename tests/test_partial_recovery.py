@@ -70,17 +70,17 @@ def test_with_keep_in_memory_false_a_written_checkpoint_is_recovered_from_disk(r
     same exact accounting of what was lost."""
     from dlrover.runner import run_job
 
-    # One cut, at the start (written at once, then released); the kill comes well after.
-    spec = fault_spec(
-        synth_dir_large, tmp_path, [{"at_s": 8, "action": "kill", "target": "ps:1"}],
-        checkpoint__keep_in_memory=False, checkpoint__memory_interval_s=0.0,
-    )  # fmt: skip
-    s, path = run_job(spec, runs_dir=str(tmp_path / "runs"), progress="none")
+    # One cut, at the start; ps-1 is SIGKILLed once it is on disk (its manifest written).
+    spec = fault_spec(synth_dir_large, tmp_path, [], checkpoint__keep_in_memory=False, checkpoint__memory_interval_s=0.0, data__epochs=5)
+    manifest = tmp_path / "ckpt" / "keep-false" / "ckpt-00000001" / "manifest.json"
+    out: dict = {}
+    t = signal_when_training("keep-false", "ps-1", signal.SIGKILL, out, ready=manifest.exists)
+    s, path = run_job(spec, runs_dir=str(tmp_path / "runs"), progress="none", job_id="keep-false")
+    t.join(timeout=5)
+    assert "pid" in out, "ps-1 was never killed"
     assert s["status"] == "succeeded" and s["samples_lost"] == 0 and s["samples_replayed"] == 0
-    events = events_of(path)
-    (i, part) = [(i, e) for i, e in enumerate(events) if e["kind"] == "partial_recovery"][0]
-    written = [e["seq"] for e in events[:i] if e["kind"] == "checkpoint_durable"]
-    assert part["checkpoint"]["seq"] in written and part["checkpoint"]["source"] == "durable", (written, part["checkpoint"])
+    (part,) = [e for e in events_of(path) if e["kind"] == "partial_recovery"]
+    assert part["checkpoint"]["seq"] == 1 and part["checkpoint"]["source"] == "durable", part["checkpoint"]
     (f,) = [f for f in s["failures"] if f["kind"] == "ps_death"]
     at_ckpt = part["bags_at_checkpoint"][f["actor"]]
     assert s["ps_bags_updated"] + at_ckpt + f["updates_lost"] == TABLES * s["samples_expected"]
