@@ -134,4 +134,4 @@ def export_final(m: Job) -> None:
             writer.drop_cache()
         del tables
     os.replace(tmp, os.path.join(out, "final.pt"))
-    m.events.add("model_saved", path=os.path.join(out, "final.pt"))
+    m.events.add("model_saved", path=os.path.join(out, "final.pt"), sha256=writer.sha.hexdigest())  # to check a copy against
