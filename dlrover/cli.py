@@ -1,4 +1,4 @@
-"""``dlrover`` command line: run | submit | status | dashboards | data synth | simulate | tune | report | bench ....
+"""``dlrover`` command line: run | submit | status | dashboards | data synth | simulate | simulate-coding | tune | report | bench ....
 
 User errors (bad spec, bad data, bad arguments) print one ``error:`` line and exit 2;
 anything else is a bug and keeps its traceback.
@@ -133,6 +133,15 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--no-stragglers", action="store_true")
     sim.add_argument("--json", action="store_true", help="print only a JSON list of per-policy metrics")
     sim.add_argument("--out", help="directory for CSV and PNG outputs (default runs/sim-<time>)")
+
+    cg = sub.add_parser("simulate-coding", help="gradient coding schemes under slow/active stragglers: step time, decoding error (no Ray)")
+    cg.add_argument("--workers", type=_positive_int, default=12, help="workers = data partitions")
+    cg.add_argument("--stragglers", type=_nonneg_int, default=2, help="stragglers tolerated, s < workers")
+    cg.add_argument("--rates", default="0.01,0.05,0.1,0.2", help="straggler rates (active -> slow per step), comma-separated")
+    cg.add_argument("--d", type=_positive_int, help="partitions per cyclic worker (default stragglers + 1)")
+    cg.add_argument("--steps", type=_positive_int, default=2000)
+    cg.add_argument("--seed", type=_nonneg_int, default=0)
+    cg.add_argument("--json", action="store_true", help="print only a JSON list of per-scheme, per-rate results")
 
     tu = sub.add_parser("tune", help="tune a policy's knobs with Optuna on the cluster simulator")
     tu.add_argument("--policy", default="dlrover_rm")
@@ -289,6 +298,12 @@ def cmd_simulate(args) -> int:
     return run(args)
 
 
+def cmd_simulate_coding(args) -> int:
+    from dlrover.sim.coding_sim import run_cli
+
+    return run_cli(args)
+
+
 def cmd_report(args) -> int:
     from dlrover.report import write_report
 
@@ -367,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("PYTHONWARNINGS", "ignore")
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     args = build_parser().parse_args(argv)
-    handler = {"run": cmd_run, "submit": cmd_submit, "status": cmd_status, "drain": cmd_drain, "dashboards": cmd_dashboards, "data": cmd_data, "bench": cmd_bench, "simulate": cmd_simulate, "tune": cmd_tune, "report": cmd_report}[args.cmd]
+    handler = {"run": cmd_run, "submit": cmd_submit, "status": cmd_status, "drain": cmd_drain, "dashboards": cmd_dashboards, "data": cmd_data, "bench": cmd_bench, "simulate": cmd_simulate, "simulate-coding": cmd_simulate_coding, "tune": cmd_tune, "report": cmd_report}[args.cmd]
     try:
         return handler(args)
     except DLRoverError as e:
