@@ -139,6 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     cg.add_argument("--stragglers", type=_nonneg_int, default=2, help="stragglers tolerated, s < workers")
     cg.add_argument("--rates", default="0.01,0.05,0.1,0.2", help="straggler rates (active -> slow per step), comma-separated")
     cg.add_argument("--d", type=_positive_int, help="partitions per cyclic worker (default stragglers + 1)")
+    cg.add_argument("--slow-factor", type=_positive_float, default=0.4, help="speed of a slow node (0 < f <= 1)")
     cg.add_argument("--steps", type=_positive_int, default=2000)
     cg.add_argument("--seed", type=_nonneg_int, default=0)
     cg.add_argument("--json", action="store_true", help="print only a JSON list of per-scheme, per-rate results")

@@ -121,6 +121,15 @@ def test_more_stragglers_slow_sync_down_and_frc_never_decodes_inexactly() -> Non
     assert by["ignore", 0.01].exact_fraction < 1.0 and by["ignore", 0.01].step_time_mean < by["sync", 0.01].step_time_mean
 
 
+def test_frc_beats_sync_only_when_a_slow_node_is_slower_than_one_over_its_load() -> None:
+    def times(slow_factor: float) -> dict[str, float]:
+        rs = sweep(12, 2, [0.05], 500, np.random.default_rng(6), StragglerModel(slow_factor=slow_factor))
+        return {r.scheme: r.step_time_mean for r in rs}
+
+    mild, severe = times(0.4), times(0.1)  # FRC's load is 3: it pays when slow nodes run under 1/3 speed
+    assert mild["sync"] < mild["frc"] and severe["frc"] < severe["sync"] and severe["frc"] < severe["ignore"]
+
+
 def test_sweep_is_reproducible_for_a_fixed_seed() -> None:
     def run(seed: int) -> list[SchemeResult]:
         return sweep(10, 2, [0.05, 0.1], 200, np.random.default_rng(seed), d=2)
@@ -150,7 +159,7 @@ def test_cli_json_lists_every_scheme_at_every_rate_with_the_documented_fields(ca
     assert all(list(r) == JSON_FIELDS for r in rows) and all(0.0 <= r["exact_fraction"] <= 1.0 for r in rows)
     assert main(["simulate-coding", "--steps", "20", "--rates", "0.1"]) == 0
     table = capsys.readouterr().out
-    assert "cyclic d=3" in table and all(s.value in table for s in Scheme)
+    assert "cyclic d=3, slow factor 0.4" in table and all(s.value in table for s in Scheme)
 
 
 @pytest.mark.parametrize(
@@ -162,6 +171,7 @@ def test_cli_json_lists_every_scheme_at_every_rate_with_the_documented_fields(ca
         (["--rates", "1.5"], "--rates"),
         (["--d", "13"], "--d 13"),
         (["--steps", "0"], "--steps"),
+        (["--slow-factor", "1.5"], "--slow-factor 1.5"),
     ],
 )
 def test_cli_bad_argument_exits_non_zero_with_one_clear_line(capsys, bad: list[str], says: str) -> None:

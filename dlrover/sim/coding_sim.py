@@ -4,7 +4,7 @@ under the two-class slow/active straggler model with persistence, and ``dlrover 
 One worker per node. Each step a node is active or slow (a Markov chain per node, as in
 :class:`~dlrover.sim.cluster.ClusterSpec`: active -> slow with ``p_slow``, slow stays slow
 with ``p_stay``; the first step is drawn from the chain's stationary distribution). A
-worker's compute time is its partitions x ``base_s`` / speed (1, or ``slow_factor`` when
+worker's compute time is its partitions / speed (1, or ``slow_factor`` when
 slow); the dense PS stops waiting as :func:`~dlrover.sim.coding.stop_times` says and
 decodes what arrived by then. Every scheme sees the same straggler path and the same
 gradients (common random numbers), drawn from the injected generator.
@@ -67,18 +67,19 @@ class SchemeResult:
 
 
 def run_scheme(
-    scheme: Scheme, stragglers: int, speeds: np.ndarray, grads: np.ndarray, rate: float, d: int | None = None, base_s: float = 1.0
+    scheme: Scheme, stragglers: int, speeds: np.ndarray, grads: np.ndarray, rate: float, d: int | None = None
 ) -> SchemeResult:
     """``scheme`` over the steps of ``speeds`` (steps x workers) with partition gradients
-    ``grads`` (steps x partitions x dim); each distinct arrival pattern is decoded once."""
+    ``grads`` (steps x partitions x dim); each distinct arrival pattern is decoded once.
+    Times are in units of one partition's compute on an active node."""
     a = assignment(scheme, speeds.shape[1], stragglers, d)
-    finish = a.load * base_s / speeds
+    finish = a.load / speeds
     stop = stop_times(a, finish)
     patterns, which = np.unique(finish <= stop[:, None], axis=0, return_inverse=True)
     decoded = [decode(a, p) for p in patterns]
     which = which.ravel()
-    coef = np.array([d.coefficients for d in decoded])[which]
-    error = np.array([d.error for d in decoded])[which]
+    coef = np.array([x.coefficients for x in decoded])[which]
+    error = np.array([x.error for x in decoded])[which]
     true = grads.sum(axis=1)
     miss = np.einsum("sn,snd->sd", coef - 1.0, grads)
     return SchemeResult(
@@ -105,10 +106,12 @@ def sweep(
     assignment(Scheme.CYCLIC, workers, stragglers, d)  # a bad d fails before any work
     if steps < 1:
         raise DLRoverError(f"--steps {steps}: expected at least 1")
+    if not 0.0 < model.slow_factor <= 1.0:
+        raise DLRoverError(f"--slow-factor {model.slow_factor}: expected 0 < slow_factor <= 1")
+    if not rates or not all(0.0 <= rate <= 1.0 for rate in rates):
+        raise DLRoverError(f"--rates: expected probabilities in [0, 1], got {','.join(map(str, rates))}")
     out = []
     for rate in rates:
-        if not 0.0 <= rate <= 1.0:
-            raise DLRoverError(f"--rates: expected probabilities in [0, 1], got {rate}")
         m = replace(model, p_slow=rate)
         speeds = np.where(slow_states(m, workers, steps, rng), m.slow_factor, 1.0)
         grads = rng.standard_normal((steps, 1, dim)) + rng.standard_normal((steps, workers, dim))
@@ -140,12 +143,14 @@ def format_table(results: list[SchemeResult], model: StragglerModel = StragglerM
 def run_cli(args: argparse.Namespace) -> int:
     """``dlrover simulate-coding``: the sweep, printed as a table or a JSON list."""
     rng = np.random.default_rng(args.seed)
-    results = sweep(args.workers, args.stragglers, parse_rates(args.rates), args.steps, rng, d=args.d)
+    model = StragglerModel(slow_factor=args.slow_factor)
+    results = sweep(args.workers, args.stragglers, parse_rates(args.rates), args.steps, rng, model, d=args.d)
     if args.json:
         print(json.dumps([asdict(r) for r in results]))
     else:
         d = args.stragglers + 1 if args.d is None else args.d
-        print(f"{args.workers} workers, {args.stragglers} stragglers tolerated, cyclic d={d}, {args.steps} steps, seed {args.seed};"
+        print(f"{args.workers} workers, {args.stragglers} stragglers tolerated, cyclic d={d}, slow factor {args.slow_factor},"
+              f" {args.steps} steps, seed {args.seed};"
               " time in units of one partition on an active node")  # fmt: skip
-        print(format_table(results))
+        print(format_table(results, model))
     return 0
