@@ -4,7 +4,9 @@ A ``ChaosState`` lives in each worker and PS actor. The master sets it through t
 actor's ``set_chaos`` call; the actor calls ``after_step(busy_s)`` once per step (worker)
 or per request (PS): a slowed actor then sleeps ``(factor - 1) x busy_s``, so it runs
 ``factor`` times slower whatever it does; a leaking one keeps ``mb_per_s`` x elapsed
-megabytes alive. Killing needs no help from the actor (the master uses ``ray.kill``).
+megabytes alive. A delayed PS sleeps ``delay_s`` in every pull and push before it
+answers (``before_call``), like a server behind a slow link: the delay does not depend
+on how much work the call carries. Killing needs no help from the actor (``ray.kill``).
 """
 
 from __future__ import annotations
@@ -16,13 +18,19 @@ class ChaosState:
     def __init__(self) -> None:
         self.slowdown = 1.0
         self.leak_mb_per_s = 0.0
+        self.delay_s = 0.0
         self._leak_since = 0.0
         self._leaked: list[bytearray] = []
 
-    def set(self, slowdown: float = 1.0, leak_mb_per_s: float = 0.0) -> None:
+    def set(self, slowdown: float = 1.0, leak_mb_per_s: float = 0.0, delay_ms: float = 0.0) -> None:
         self.slowdown = max(1.0, float(slowdown))
         self.leak_mb_per_s = max(0.0, float(leak_mb_per_s))
+        self.delay_s = max(0.0, float(delay_ms)) / 1000.0
         self._leak_since = time.monotonic()
+
+    def before_call(self) -> None:
+        if self.delay_s > 0:
+            time.sleep(self.delay_s)
 
     def after_step(self, busy_s: float) -> None:
         if self.slowdown > 1.0 and busy_s > 0:

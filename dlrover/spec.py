@@ -273,27 +273,28 @@ class TrainSpec(_Strict):
 
 class ChaosEvent(_Strict):
     """A fault injected on purpose ``at_s`` seconds after the job's actors first started
-    (the time a master restart takes does not count), to test what the platform does.
-
-    ``kill``: the actor dies (as on a crash). ``slow``: it runs ``factor`` times slower
-    (a straggler). ``leak``: its memory grows by ``mb_per_s``. ``target``: ``worker:i`` is
-    the i-th running worker (launch order), ``ps:i`` the i-th PS, ``master`` the job
-    master (its process exits; Ray restarts it), ``node:i`` the i-th node of the cluster
-    (by node id) with every actor of the job on it (all but the master's node's master
-    and dense PS: a node loss as the job sees it). A worker or PS the job can never have
-    (:meth:`JobSpec.max_actors`) is an error, not a fault that silently never fires.
+    (master restarts do not count), to test what the platform does. ``kill``: the actor
+    dies. ``slow``: it runs ``factor`` times slower. ``leak``: its memory grows by
+    ``mb_per_s``. ``delay``: a PS answers each pull and push ``ms`` later (a slow link).
+    ``target``: ``worker:i`` the i-th running worker (launch order), ``ps:i`` the i-th PS,
+    ``master`` (its process exits; Ray restarts it), ``node:i`` the i-th node of the
+    cluster (by node id) with the job's actors on it (not the master's node's master and
+    dense PS). An actor the job can never have (:meth:`JobSpec.max_actors`) is an error.
     """
 
     at_s: float = Field(ge=0)
-    action: Literal["kill", "slow", "leak"]
+    action: Literal["kill", "slow", "leak", "delay"]
     target: str = Field(pattern=r"^((worker|ps|node):[0-9]+|master)$")
     factor: float = Field(3.0, gt=1, description="slow: how many times slower")
     mb_per_s: float = Field(50.0, gt=0, description="leak: growth of RSS (MB/s)")
+    ms: float = Field(50.0, gt=0, description="delay: added to each PS pull and push (ms)")
 
     @model_validator(mode="after")
     def _supported(self) -> "ChaosEvent":
         if self.action != "kill" and (self.target == "master" or self.target.startswith("node:")):
             raise ValueError(f"target: {self.target} can only be killed")
+        if self.action == "delay" and not self.target.startswith("ps:"):
+            raise ValueError(f"target: {self.target}: delay applies to a PS (ps:i)")
         return self
 
     def role_index(self) -> tuple[str, int]:
@@ -379,8 +380,7 @@ def spec_from_dict(doc: Any, source: str = "<spec>", overrides: list[tuple[str, 
 
 
 def read_yaml(path: str | Path, what: str = "spec") -> Any:
-    """``yaml.safe_load`` of a file; any problem is a :class:`SpecError` naming the file
-    (and the line, for YAML syntax errors)."""
+    """``yaml.safe_load`` of a file; a problem is a :class:`SpecError` naming file(:line)."""
     p = Path(path)
     if not p.is_file():
         raise SpecError(f"{path}: {what} file not found")

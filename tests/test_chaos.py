@@ -19,6 +19,8 @@ def test_chaos_spec_is_validated(synth_dir):
         ({"at_s": -1, "action": "slow", "target": "worker:0"}, "chaos.0.at_s"),
         ({"at_s": 1, "action": "slow", "target": "master"}, "chaos.0"),
         ({"at_s": 1, "action": "leak", "target": "node:0"}, "chaos.0"),
+        ({"at_s": 1, "action": "delay", "target": "worker:0"}, "chaos.0"),
+        ({"at_s": 1, "action": "delay", "target": "ps:0", "ms": 0}, "chaos.0.ms"),
     ]:
         with pytest.raises(SpecError, match=field):
             spec_from_dict(dict(base, chaos=[bad]), "job.yaml")
@@ -76,6 +78,48 @@ def test_straggler_is_replaced_by_dlrover_rm(ray_local, synth_dir_large, tmp_pat
         (f,) = [f for f in s["failures"] if f["kind"] == "straggler"]
         assert f["actor"] == fired["actor"] and f["cause_class"] == "infrastructure"
         assert f["at_s"] <= f["detected_s"] <= f["recovered_s"]
+
+
+def test_slow_ps_is_detected_by_its_call_time_and_replaced_without_losing_an_update(ray_local, synth_dir_large, tmp_path):
+    """A PS whose pulls and pushes each answer 50 ms late (a slow link) is marked slow
+    against the PS's median time per call and replaced by dlrover_rm's runtime correction:
+    a new PS takes its vshards by live migration, every bag update lands exactly once,
+    and the model is as good as without the fault."""
+    from dlrover.runner import run_job
+
+    spec = small_spec(
+        synth_dir_large,
+        data__epochs=3,  # the delayed steps outlast detection (2 s) and the migration
+        data__batch_size=512,
+        resources__workers=1,
+        resources__ps=2,
+        resources__budget_cpu=6,
+        train__log_every_s=0.25,
+        policy={
+            "name": "dlrover_rm",
+            "interval_s": 0.5,
+            "warmup_s": 1.0,
+            "history_dir": str(tmp_path / "h"),
+            "knobs": {"straggler_window_s": 2.0, "max_changes": 0},
+        },
+        chaos=[{"at_s": 0, "action": "delay", "target": "ps:1", "ms": 50}],
+    )
+    s, path = run_job(spec, runs_dir=str(tmp_path / "runs"), progress="none")
+    assert s["status"] == "succeeded" and s["samples_lost"] == 0
+    assert s["samples_trained"] == s["samples_expected"]
+    assert s["ps_bags_updated"] == 26 * s["samples_expected"]
+    (fired,) = s["chaos"]
+    assert fired["action"] == "delay" and fired["ms"] == 50 and fired["actor"].endswith("ps-1")
+    events = [json.loads(line) for line in (path.parent / "events.jsonl").read_text().splitlines()]
+    calls = {e["actor"]: e["call_ms"] for e in events if e["kind"] == "ps_metrics" and e["at_s"] > fired["job_s"] + 1}
+    assert calls[fired["actor"]] >= 50.0, calls  # what the master measured of the delayed PS
+    plans = [e for e in events if e["kind"] == "scale_begin"]
+    assert plans and plans[0]["reason"].startswith("slow PS: " + fired["actor"]), plans
+    assert [e["kind"] for e in s["scale_events"]] == ["replace"], s["scale_events"]
+    assert s["final_config"]["ps"] == 2
+    (f,) = [f for f in s["failures"] if f["kind"] == "straggler"]
+    assert f["actor"] == fired["actor"] and f["at_s"] <= f["detected_s"] <= f["recovered_s"]
+    assert abs(s["auc"] - fault_free_auc(spec, tmp_path)) < 0.01
 
 
 def test_memory_trend_acts_before_the_limit(ray_local, synth_dir_large, tmp_path):

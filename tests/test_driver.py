@@ -172,6 +172,20 @@ def test_a_worker_is_slow_from_the_first_report_over_the_median_bar_until_one_is
     assert w.slow_since("w2") is None and w.slow_since("w2", 30.0) == 30.0
 
 
+def test_a_ps_is_slow_while_its_time_per_call_is_over_the_bar_of_the_ps_median():
+    def ps(name: str, call_ms: float, at_s: float) -> ActorMetrics:
+        return ActorMetrics(name, "ps", 1.0, 1024, call_ms=call_ms, at_s=at_s)
+
+    w = ActorWatch(factor=1.5)
+    w.note_steps([ps("ps-0", 3.0, 10.0), ps("ps-1", 55.0, 10.0), worker("w0", 0.1, 10.0)])
+    assert w.slow_since("ps-1") == 10.0 and w.slow_since("ps-0") is None and w.slow_since("w0") is None
+    assert w.metrics([ps("ps-0", 3.0, 11.0), ps("ps-1", 55.0, 11.0)])["ps-1"].slow_since_s == 10.0
+    w.note_steps([ps("ps-0", 3.0, 20.0), ps("ps-1", 3.5, 20.0)])
+    assert w.slow_since("ps-1") is None
+    w.note_steps([ps("ps-0", 0.0, 30.0), ps("ps-1", 55.0, 30.0)])  # one PS with calls: no median to compare with
+    assert w.slow_since("ps-1") is None
+
+
 def test_no_straggler_without_two_reports_or_under_the_policys_own_bar():
     alone = ActorWatch()
     alone.note_steps([worker("w0", 9.0, 1.0)])

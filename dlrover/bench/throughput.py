@@ -112,6 +112,12 @@ def run_throughput_bench(rows: int = 400_000, batch_size: int = 2048, steps: int
     }
 
 
+def print_throughput(result: dict) -> None:
+    print(f"baseline (single-process TorchRec, FusedEmbeddingBagCollection): {result['baseline_samples_per_s']:,.0f} samples/s")
+    print(f"dlrover (1 worker + 1 PS actor):                                 {result['dlrover_samples_per_s']:,.0f} samples/s")
+    print(f"ratio dlrover/baseline: {result['ratio']:.3f}")
+
+
 def cores_default() -> int:
     """The worker gets every core for its MLP (the PS actor shares them: it is busy ~10%)."""
     return os.cpu_count() or 1

@@ -19,7 +19,7 @@ class ActorStats:
         self.m = job
         self._rss = rss
         self.peak_rss = {"worker": 0.0, "ps_total": 0.0}  # for the history record (memory right-sizing)
-        self._ps_prev: dict[int, tuple[float, float]] = {}  # PS id -> (uptime, busy seconds) at the last poll
+        self._ps_prev: dict[int, tuple[float, float, int]] = {}  # PS id -> (uptime, busy seconds, calls) at the last poll
         self._ps: dict[int, ActorMetrics] = {}
 
     def worker_rss(self, mb: float) -> None:
@@ -64,10 +64,13 @@ class ActorStats:
         for k, st in zip(ids, stats):
             name = lz.ps_name(k)
             prev = self._ps_prev.get(k)
-            busy = 0.0
+            busy = call_ms = 0.0
+            calls = st.get("pulls", 0) + st.get("pushes", 0)
             if prev is not None and st["uptime_s"] > prev[0]:
                 busy = (st["busy_s"] - prev[1]) / (st["uptime_s"] - prev[0])
-            self._ps_prev[k] = (st["uptime_s"], st["busy_s"])
+                if calls > prev[2]:
+                    call_ms = 1000.0 * (st["busy_s"] - prev[1]) / (calls - prev[2])
+            self._ps_prev[k] = (st["uptime_s"], st["busy_s"], calls)
             self._rss(name, now, float(st.get("rss_mb", 0.0)))
             cpu, mem = lz.resources.get(name, (1.0, 0))
             out[k] = ActorMetrics(
@@ -78,6 +81,7 @@ class ActorStats:
                 rss_mb=float(st.get("rss_mb", 0.0)),
                 cpu_util=float(st.get("cpu_percent", 0.0)) / 100.0 / max(cpu, 1e-9),
                 busy=max(0.0, busy),
+                call_ms=max(0.0, call_ms),
                 queue_depth=int(st.get("pending", 0)),
                 at_s=now,
             )
@@ -85,5 +89,5 @@ class ActorStats:
         if len(out) == len(ids):
             self.peak_rss["ps_total"] = max(self.peak_rss["ps_total"], sum(m.rss_mb for m in out.values()))
         for m in out.values():
-            self.m.events.add("ps_metrics", actor=m.name, busy=m.busy, rss_mb=m.rss_mb, cpu_util=m.cpu_util, pending=m.queue_depth)
+            self.m.events.add("ps_metrics", actor=m.name, busy=m.busy, call_ms=m.call_ms, rss_mb=m.rss_mb, cpu_util=m.cpu_util, pending=m.queue_depth)
         return out

@@ -69,6 +69,8 @@ class ChaosInjector:
             ray.kill(handle, no_restart=True)
         elif ev.action == "slow":
             handle.set_chaos.remote(slowdown=ev.factor)
+        elif ev.action == "delay":
+            handle.set_chaos.remote(delay_ms=ev.ms)
         else:
             handle.set_chaos.remote(leak_mb_per_s=ev.mb_per_s)
         self._fired(ev, now, name)
@@ -93,5 +95,7 @@ class ChaosInjector:
             fired["factor"] = ev.factor
         if ev.action == "leak":
             fired["mb_per_s"] = ev.mb_per_s
+        if ev.action == "delay":
+            fired["ms"] = ev.ms
         self.fired.append(fired)
         self.m.events.add("chaos", **fired)

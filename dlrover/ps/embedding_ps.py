@@ -91,6 +91,8 @@ class EmbeddingPS:
         worker's shared memory on this node to write the answer into (``dlrover.ps.shm``).
         """
         t0 = time.perf_counter()
+        self.chaos.before_call()
+        t1 = time.perf_counter()
         idx = torch.as_tensor(indices)
         if offsets is None:
             off, nz = torch.arange(idx.numel() + 1, dtype=torch.int64), None
@@ -109,8 +111,8 @@ class EmbeddingPS:
             num_tables = len(self.vmap.table_sizes)
             out = out.view(out.shape[0], num_tables, self.dim).transpose(0, 1).reshape(-1, self.dim)[nz]
         self._stats["pulls"] += 1
-        self._stats["busy_s"] += time.perf_counter() - t0
-        self.chaos.after_step(time.perf_counter() - t0)
+        self.chaos.after_step(time.perf_counter() - t1)
+        self._stats["busy_s"] += time.perf_counter() - t0  # the whole call, injected faults included
         return out.numpy() if room is None else self._segments.put(room, out.numpy())
 
     def push(self, key: tuple, grad: np.ndarray | ShmSlice, batch: BatchId | None = None) -> int:
@@ -119,6 +121,7 @@ class EmbeddingPS:
         updated: 0 for a ``batch`` this PS applied before (a replacement worker pushing
         again what a dead one had pushed)."""
         t0 = time.perf_counter()
+        self.chaos.before_call()
         if isinstance(grad, ShmSlice):
             grad = self._segments.view(grad)
         with self._lock:
@@ -335,9 +338,9 @@ class EmbeddingPS:
         with torch.no_grad():
             self.tbe.split_embedding_weights()[table][torch.from_numpy(local)] = torch.as_tensor(weights)
 
-    def set_chaos(self, slowdown: float = 1.0, leak_mb_per_s: float = 0.0) -> None:
-        """Fault injection (the spec's ``chaos:``): serve slower, or leak memory."""
-        self.chaos.set(slowdown, leak_mb_per_s)
+    def set_chaos(self, slowdown: float = 1.0, leak_mb_per_s: float = 0.0, delay_ms: float = 0.0) -> None:
+        """Fault injection (the spec's ``chaos:``): serve slower, leak memory, or answer late."""
+        self.chaos.set(slowdown, leak_mb_per_s, delay_ms)
 
     def stats(self) -> dict:
         s = dict(self._stats)

@@ -65,16 +65,20 @@ class ActorWatch:
         return _slope(points)
 
     def note_steps(self, reports: Iterable[ActorMetrics]) -> None:
-        """Mark the workers whose step time is over ``factor`` x the median of the workers
-        reporting one (at least two), from the report's time on; unmark the others."""
-        workers = [a for a in reports if a.role == "worker"]
-        steps = [a.step_time_s for a in workers if a.step_time_s > 0]
-        median = statistics.median(steps) if len(steps) >= 2 else 0.0
-        for a in workers:
-            if median > 0 and a.step_time_s > self.factor * median:
-                self._slow_since.setdefault(a.name, a.at_s)
-            else:
-                self._slow_since.pop(a.name, None)
+        """Mark the workers whose step time (the PS whose call time) is over ``factor`` x
+        the median of their role's actors reporting one (at least two), from the report's
+        time on; unmark the others. A PS call waits on the PS and its link alike, so a PS
+        behind a slow link is marked as one with a slow CPU is."""
+        reports = list(reports)
+        for role, time_of in (("worker", _step_time), ("ps", _call_time)):
+            actors = [a for a in reports if a.role == role]
+            times = [time_of(a) for a in actors if time_of(a) > 0]
+            median = statistics.median(times) if len(times) >= 2 else 0.0
+            for a in actors:
+                if median > 0 and time_of(a) > self.factor * median:
+                    self._slow_since.setdefault(a.name, a.at_s)
+                else:
+                    self._slow_since.pop(a.name, None)
 
     def slow_since(self, name: str, default: float | None = None) -> float | None:
         """Since when the worker has been marked slow (``default``: it is not)."""
@@ -88,8 +92,7 @@ class ActorWatch:
         for a in reports:
             m = out[a.name] = object.__new__(ActorMetrics)  # a shallow copy, ~8x cheaper than dataclasses.replace (hot in the simulator)
             m.__dict__.update(vars(a))
-            if a.role == "worker":
-                m.slow_since_s = self._slow_since.get(a.name)
+            m.slow_since_s = self._slow_since.get(a.name)
             m.rss_trend_mb_per_s = self.trend(a.name, a.at_s)
         return out
 
@@ -102,6 +105,14 @@ class ActorWatch:
         self._samples.clear()
         self._first_seen.clear()
         self._slow_since.clear()
+
+
+def _step_time(a: ActorMetrics) -> float:
+    return a.step_time_s
+
+
+def _call_time(a: ActorMetrics) -> float:
+    return a.call_ms
 
 
 def _slope(points: deque[tuple[float, float]]) -> float:
