@@ -205,3 +205,16 @@ def test_dict_round_trip_is_json_safe_and_identical():
         "throughput",
         "weight",
     ]
+
+
+def test_the_noise_floor_is_the_spread_of_a_windows_binned_samples_per_s():
+    """The perf-model bench reports each configuration's own spread next to the model's
+    error: steady reports give none, reports alternating 2x give a large one."""
+    from dlrover.bench.perf_model import NOISE_BIN_S, noise_floor
+
+    steady = [{"kind": "metrics", "at_s": 10.0 + 0.5 * i, "samples": 1000} for i in range(1, 25)]
+    assert noise_floor(steady, 10.0, 22.0) == pytest.approx(0.0, abs=1e-9)
+    bursty = [{"kind": "metrics", "at_s": 10.0 + NOISE_BIN_S * (i + 0.5), "samples": 1000 * (1 + i % 2)} for i in range(6)]
+    assert noise_floor(bursty, 10.0, 22.0) == pytest.approx(1 / 3)  # rates 500 / 1000: std 250 over mean 750
+    assert noise_floor(steady, 10.0, 14.0) is None  # fewer than 3 bins: no spread to speak of
+    assert noise_floor([{"kind": "ps_metrics", "at_s": 11.0}] + steady, 10.0, 22.0) == pytest.approx(0.0, abs=1e-9)
