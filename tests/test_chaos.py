@@ -37,6 +37,16 @@ def fault_free_auc(spec, tmp_path) -> float:
     return s["auc"]
 
 
+def corrections_only(tmp_path, **knobs) -> dict:
+    """``dlrover_rm`` with its runtime correction only (no model-driven change), asked
+    twice a second, with its own history dir."""
+    return {"name": "dlrover_rm", "interval_s": 0.5, "warmup_s": 1.0, "history_dir": str(tmp_path / "h"), "knobs": {"max_changes": 0, **knobs}}
+
+
+def events_of(path) -> list[dict]:
+    return [json.loads(line) for line in (path.parent / "events.jsonl").read_text().splitlines()]
+
+
 def test_straggler_is_replaced_by_dlrover_rm(ray_local, synth_dir_large, tmp_path):
     """A worker made 6x slower is marked slow against the median, replaced by the policy's
     runtime correction (stage 3), and drained: nothing is lost or applied twice."""
@@ -51,14 +61,7 @@ def test_straggler_is_replaced_by_dlrover_rm(ray_local, synth_dir_large, tmp_pat
         resources__ps_memory_mb=2048,
         resources__budget_cpu=8,
         train__log_every_s=0.25,
-        policy={
-            "name": "dlrover_rm",
-            "interval_s": 0.5,
-            "warmup_s": 1.0,
-            "standby": 1,
-            "history_dir": str(tmp_path / "h"),
-            "knobs": {"straggler_window_s": 2.0, "max_changes": 0},
-        },
+        policy=dict(corrections_only(tmp_path, straggler_window_s=2.0), standby=1),
         chaos=[{"at_s": 0, "action": "slow", "target": "worker:0", "factor": 6}],
     )
     s, path = run_job(spec, runs_dir=str(tmp_path / "runs"), progress="none")
@@ -69,7 +72,7 @@ def test_straggler_is_replaced_by_dlrover_rm(ray_local, synth_dir_large, tmp_pat
     (fired,) = s["chaos"]
     assert fired["action"] == "slow" and fired["actor"].endswith("worker-0")
     # The replacement is decided (event log) and, unless the job ends first, carried out.
-    events = [json.loads(line) for line in (path.parent / "events.jsonl").read_text().splitlines()]
+    events = events_of(path)
     plans = [e for e in events if e["kind"] == "scale_begin"]
     assert plans and "straggler" in plans[0]["reason"] and fired["actor"] in plans[0]["reason"], plans
     assert all(e["kind"] == "replace" for e in s["scale_events"]), s["scale_events"]
@@ -95,13 +98,7 @@ def test_slow_ps_is_detected_by_its_call_time_and_replaced_without_losing_an_upd
         resources__ps=2,
         resources__budget_cpu=6,
         train__log_every_s=0.25,
-        policy={
-            "name": "dlrover_rm",
-            "interval_s": 0.5,
-            "warmup_s": 1.0,
-            "history_dir": str(tmp_path / "h"),
-            "knobs": {"straggler_window_s": 2.0, "max_changes": 0},
-        },
+        policy=corrections_only(tmp_path, straggler_window_s=2.0),
         chaos=[{"at_s": 0, "action": "delay", "target": "ps:1", "ms": 50}],
     )
     s, path = run_job(spec, runs_dir=str(tmp_path / "runs"), progress="none")
@@ -110,7 +107,7 @@ def test_slow_ps_is_detected_by_its_call_time_and_replaced_without_losing_an_upd
     assert s["ps_bags_updated"] == 26 * s["samples_expected"]
     (fired,) = s["chaos"]
     assert fired["action"] == "delay" and fired["ms"] == 50 and fired["actor"].endswith("ps-1")
-    events = [json.loads(line) for line in (path.parent / "events.jsonl").read_text().splitlines()]
+    events = events_of(path)
     calls = {e["actor"]: e["call_ms"] for e in events if e["kind"] == "ps_metrics" and e["at_s"] > fired["job_s"] + 1}
     assert calls[fired["actor"]] >= 50.0, calls  # what the master measured of the delayed PS
     plans = [e for e in events if e["kind"] == "scale_begin"]
@@ -140,13 +137,7 @@ def test_memory_trend_acts_before_the_limit(ray_local, synth_dir_large, tmp_path
         resources__budget_cpu=8,
         resources__budget_memory_mb=16384,
         train__log_every_s=0.25,
-        policy={
-            "name": "dlrover_rm",
-            "interval_s": 0.5,
-            "warmup_s": 1.0,
-            "history_dir": str(tmp_path / "h"),
-            "knobs": {"max_changes": 0, "oom_horizon_s": 120},
-        },
+        policy=corrections_only(tmp_path, oom_horizon_s=120),
         # 10 MB/s leaves the replacement ~80 s between the decision and the limit: actor
         # start-up on a busy 2-core host takes 7-25 s, and the leaking worker drains its
         # leased shards meanwhile (at 15 MB/s and a 60 s horizon a slow CI host saw it
@@ -163,7 +154,7 @@ def test_memory_trend_acts_before_the_limit(ray_local, synth_dir_large, tmp_path
     # The decision, taken on the trend while the leaking worker was under its limit. (On a
     # fast machine the job may end before the bigger workers are running: then the plan is
     # in the event log, given up with "job finished first", and not in scale_events.)
-    events = [json.loads(line) for line in (path.parent / "events.jsonl").read_text().splitlines()]
+    events = events_of(path)
     plans = [e for e in events if e["kind"] == "scale_begin" and fired["actor"] in e["reason"]]
     assert plans and "memory" in plans[0]["reason"] and "reaches 90%" in plans[0]["reason"], [e for e in events if e["kind"].startswith("scale")]
     rss_at_plan = [e["rss_mb"] for e in events if e["kind"] == "metrics" and e["actor"] == fired["actor"] and e["at_s"] <= plans[0]["at_s"]]
