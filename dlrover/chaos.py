@@ -22,11 +22,15 @@ class ChaosState:
         self._leak_since = 0.0
         self._leaked: list[bytearray] = []
 
-    def set(self, slowdown: float = 1.0, leak_mb_per_s: float = 0.0, delay_ms: float = 0.0) -> None:
-        self.slowdown = max(1.0, float(slowdown))
-        self.leak_mb_per_s = max(0.0, float(leak_mb_per_s))
-        self.delay_s = max(0.0, float(delay_ms)) / 1000.0
-        self._leak_since = time.monotonic()
+    def set(self, slowdown: float | None = None, leak_mb_per_s: float | None = None, delay_ms: float | None = None) -> None:
+        """Turn on the faults given; the others stay as they are (faults add up)."""
+        if slowdown is not None:
+            self.slowdown = max(1.0, float(slowdown))
+        if leak_mb_per_s is not None:
+            self.leak_mb_per_s = max(0.0, float(leak_mb_per_s))
+            self._leak_since = time.monotonic()
+        if delay_ms is not None:
+            self.delay_s = max(0.0, float(delay_ms)) / 1000.0
 
     def before_call(self) -> None:
         if self.delay_s > 0:

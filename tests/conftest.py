@@ -66,6 +66,13 @@ def synth_dir_auc(tmp_path_factory):
     return d
 
 
+def events_of(summary_path) -> list[dict]:
+    """The rows of a run's ``events.jsonl``, given the path of its ``summary.json``."""
+    from dlrover.runlog import read_events
+
+    return [row for _, row in read_events(summary_path.parent / "events.jsonl")]
+
+
 def small_spec(data_dir, **over):
     """A fast job spec over ``data_dir`` (small MLPs and tables)."""
     from dlrover.spec import spec_from_dict

@@ -172,17 +172,17 @@ def test_a_worker_is_slow_from_the_first_report_over_the_median_bar_until_one_is
     assert w.slow_since("w2") is None and w.slow_since("w2", 30.0) == 30.0
 
 
-def test_a_ps_is_slow_while_its_time_per_call_is_over_the_bar_of_the_ps_median():
-    def ps(name: str, call_ms: float, at_s: float) -> ActorMetrics:
-        return ActorMetrics(name, "ps", 1.0, 1024, call_ms=call_ms, at_s=at_s)
+def test_a_ps_is_slow_while_its_time_per_id_is_over_the_bar_of_the_ps_median():
+    def ps(name: str, us_per_id: float, at_s: float) -> ActorMetrics:
+        return ActorMetrics(name, "ps", 1.0, 1024, us_per_id=us_per_id, at_s=at_s)
 
     w = ActorWatch(factor=1.5)
-    w.note_steps([ps("ps-0", 3.0, 10.0), ps("ps-1", 55.0, 10.0), worker("w0", 0.1, 10.0)])
+    w.note_steps([ps("ps-0", 0.2, 10.0), ps("ps-1", 4.0, 10.0), worker("w0", 0.1, 10.0)])
     assert w.slow_since("ps-1") == 10.0 and w.slow_since("ps-0") is None and w.slow_since("w0") is None
-    assert w.metrics([ps("ps-0", 3.0, 11.0), ps("ps-1", 55.0, 11.0)])["ps-1"].slow_since_s == 10.0
-    w.note_steps([ps("ps-0", 3.0, 20.0), ps("ps-1", 3.5, 20.0)])
-    assert w.slow_since("ps-1") is None
-    w.note_steps([ps("ps-0", 0.0, 30.0), ps("ps-1", 55.0, 30.0)])  # one PS with calls: no median to compare with
+    assert w.metrics([ps("ps-0", 0.2, 11.0), ps("ps-1", 4.0, 11.0)])["ps-1"].slow_since_s == 10.0
+    w.note_steps([ps("ps-0", 0.0, 15.0), ps("ps-1", 0.0, 15.0)])  # a window without calls (parked): no news
+    assert w.slow_since("ps-1") == 10.0
+    w.note_steps([ps("ps-0", 0.2, 20.0), ps("ps-1", 0.25, 20.0)])
     assert w.slow_since("ps-1") is None
 
 

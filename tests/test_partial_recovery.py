@@ -3,17 +3,12 @@ dead PS goes back to its checkpoint, and what it loses is counted exactly."""
 
 from __future__ import annotations
 
-import json
 import signal
 
-from conftest import auc_spec, batches_expected, fault_spec, signal_when_training
+from conftest import auc_spec, batches_expected, events_of, fault_spec, signal_when_training
 
 AUC_TOLERANCE = 0.005
 TABLES = 26
-
-
-def events_of(path) -> list[dict]:
-    return [json.loads(line) for line in (path.parent / "events.jsonl").read_text().splitlines()]
 
 
 def test_a_killed_ps_is_restored_alone_and_its_lost_updates_are_counted_exactly(fault_free, synth_dir_auc, tmp_path):

@@ -396,14 +396,14 @@ def test_slow_ps_is_replaced_not_rebalanced_after_its_window():
     """A PS whose calls take longer than the others' (a slow host or link) holds up every
     step whatever share of the vshards it keeps: it is replaced, and its busy share (the
     delay occupies it) does not also trigger the hot-PS rebalance."""
-    actors = {"w-0": worker("w-0", step_time_s=0.1), "ps-0": ps("ps-0", busy=0.2, call_ms=3.0),
-              "ps-1": ps("ps-1", busy=0.97, call_ms=55.0, slow_since_s=960.0)}  # fmt: skip
+    actors = {"w-0": worker("w-0", step_time_s=0.1), "ps-0": ps("ps-0", busy=0.2, us_per_id=0.2),
+              "ps-1": ps("ps-1", busy=0.97, us_per_id=4.0, slow_since_s=960.0)}  # fmt: skip
     pol = rm(straggler_window_s=30)
     plan = pol.decide(mk_view(config=cfg(1, 2), actors=actors, current=None))
     assert plan is not None and plan.replace == ["ps-1"] and not plan.rebalance_ps
-    assert plan.config == cfg(1, 2) and plan.reason.startswith("slow PS: ps-1") and "55.0 ms" in plan.reason
+    assert plan.config == cfg(1, 2) and plan.reason.startswith("slow PS: ps-1") and "4.00 us per id" in plan.reason
     assert pol.decide(mk_view(config=cfg(1, 2), actors=actors, current=None, now_s=1001.0)) is None  # cooldown
-    actors["ps-1"] = ps("ps-1", busy=0.97, call_ms=55.0, slow_since_s=990.0)  # slow for 10 s only
+    actors["ps-1"] = ps("ps-1", busy=0.97, us_per_id=4.0, slow_since_s=990.0)  # slow for 10 s only
     assert rm(straggler_window_s=30).decide(mk_view(config=cfg(1, 2), actors=actors, current=None)) is None
 
 

@@ -14,7 +14,6 @@ MAPE (mean absolute percentage error) of both is reported; the goal is <= 10%.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import tempfile
@@ -22,8 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-from dlrover.resource.perf_model import PerfModel
 from dlrover.resource.configs import Config
+from dlrover.resource.perf_model import PerfModel
+from dlrover.runlog import read_events
 from dlrover.spec import JobSpec, spec_from_dict
 
 # (workers, ps, worker_cpu, ps_cpu): the sweep, in order, starting from the first. On the
@@ -81,14 +81,21 @@ class StopAfterSweep:
 
 def noise_floor(events: list[dict], start_s: float, end_s: float) -> float | None:
     """Relative spread (std / mean) of the job's samples/s over ``NOISE_BIN_S`` bins of a
-    measured window (all workers' ``metrics`` reports summed per bin): how far apart two
-    measurements of the same configuration may land. None with fewer than 3 bins."""
+    measured window: how far apart two measurements of the same configuration may land.
+    None with fewer than 3 bins. Each worker report's samples are spread over the span it
+    covers (``samples / samples_per_s`` before ``at_s``): counted where it ends, a bin
+    would get three or four reports by their timing alone, a spread of 10-15% that is
+    not in the throughput."""
     edges = np.arange(start_s, end_s + 1e-9, NOISE_BIN_S)
     if len(edges) < 4:
         return None
-    t = np.array([e["at_s"] for e in events if e.get("kind") == "metrics" and "samples" in e])
-    n = np.array([e["samples"] for e in events if e.get("kind") == "metrics" and "samples" in e], dtype=np.float64)
-    rates = np.histogram(t - 1e-9, bins=edges, weights=n)[0] / NOISE_BIN_S  # a report ending at an edge belongs to the bin before
+    reports = [(e["at_s"], e["samples"], e.get("samples_per_s") or 0.0) for e in events if e.get("kind") == "metrics" and "samples" in e]
+    if not reports:
+        return None
+    end, n, rate = (np.array(c, dtype=np.float64) for c in zip(*reports))
+    span = np.where(rate > 0, n / np.where(rate > 0, rate, 1.0), 1e-9)  # no rate: a point at its end
+    overlap = np.minimum(end, edges[1:, None]) - np.maximum(end - span, edges[:-1, None])
+    rates = (np.clip(overlap, 0.0, None) / span * n).sum(axis=1) / NOISE_BIN_S
     return float(np.std(rates) / np.mean(rates)) if np.mean(rates) > 0 else None
 
 
@@ -130,7 +137,7 @@ def run_perf_model_bench(window_s: float = 12.0) -> dict:
         ensure_data(spec)
         print(f"[bench] sweeping {len(SWEEP)} configurations, {window_s:g}s measured each (live rescales)", file=sys.stderr)
         summary, path = run_job(spec, runs_dir=os.path.join(tmp, "runs"), progress="none", stop_when=StopAfterSweep(len(SWEEP), window_s))
-        events = [json.loads(line) for line in (Path(path).parent / "events.jsonl").read_text().splitlines() if line.strip()]
+        events = [row for _, row in read_events(Path(path).parent / "events.jsonl")]
     rows = [c for c in summary["configurations"] if c["duration_s"] >= window_s * 0.5]
     points = [(Config(**c["config"]), c["measured_throughput"], c["duration_s"]) for c in rows]
     if len(points) < 4:

@@ -4,8 +4,8 @@ job trains (issue 17, item 5).
 The throughput bench's DLRM with 1 worker and 2 PS runs twice over the same rows under
 ``dlrover_rm`` with its runtime correction only (``max_changes: 0``): fault-free, and with
 ``chaos: {action: delay, target: "ps:1", ms: N}`` from ``at_s``. Every pull and push of
-that PS then answers N ms late. The master marks a PS slow while its time per call is
-over ``straggler_factor`` x the PS's median; after ``straggler_window_s`` the policy
+that PS then answers N ms late. The master marks a PS slow while its busy time per id
+served is over ``straggler_factor`` x the PS's median; after ``straggler_window_s`` the policy
 replaces it (a new PS takes its vshards by live migration). From the worker's metrics
 windows (``metrics`` events) the bench reports samples/s while the fault was undetected
 and after the replacement, against the fault-free run's windows from the same job time
@@ -14,7 +14,6 @@ on (steady state on both sides), and both runs' AUC.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import tempfile
@@ -22,6 +21,7 @@ from pathlib import Path
 
 from dlrover.bench.progress import JobProgress
 from dlrover.errors import DLRoverError
+from dlrover.runlog import read_events
 from dlrover.spec import JobSpec
 
 BATCH_SIZE = 2048
@@ -69,7 +69,7 @@ def run_one(spec: JobSpec, runs_dir: str, label: str) -> tuple[dict, list[dict]]
         raise DLRoverError(f"bench slow-ps: the {label} run failed: {e}") from None
     if summary["status"] != "succeeded":
         raise DLRoverError(f"bench slow-ps: the {label} run ended {summary['status']} (summary: {path})")
-    events = [json.loads(line) for line in (Path(path).parent / "events.jsonl").read_text().splitlines() if line.strip()]
+    events = [row for _, row in read_events(Path(path).parent / "events.jsonl")]
     return summary, events
 
 

@@ -19,7 +19,7 @@ class ActorStats:
         self.m = job
         self._rss = rss
         self.peak_rss = {"worker": 0.0, "ps_total": 0.0}  # for the history record (memory right-sizing)
-        self._ps_prev: dict[int, tuple[float, float, int]] = {}  # PS id -> (uptime, busy seconds, calls) at the last poll
+        self._ps_prev: dict[int, tuple[float, float, int]] = {}  # PS id -> (uptime, busy seconds, ids served) at the last poll
         self._ps: dict[int, ActorMetrics] = {}
 
     def worker_rss(self, mb: float) -> None:
@@ -64,13 +64,13 @@ class ActorStats:
         for k, st in zip(ids, stats):
             name = lz.ps_name(k)
             prev = self._ps_prev.get(k)
-            busy = call_ms = 0.0
-            calls = st.get("pulls", 0) + st.get("pushes", 0)
+            busy = us_per_id = 0.0
+            served = st.get("ids", 0)
             if prev is not None and st["uptime_s"] > prev[0]:
                 busy = (st["busy_s"] - prev[1]) / (st["uptime_s"] - prev[0])
-                if calls > prev[2]:
-                    call_ms = 1000.0 * (st["busy_s"] - prev[1]) / (calls - prev[2])
-            self._ps_prev[k] = (st["uptime_s"], st["busy_s"], calls)
+                if served > prev[2]:
+                    us_per_id = 1e6 * (st["busy_s"] - prev[1]) / (served - prev[2])
+            self._ps_prev[k] = (st["uptime_s"], st["busy_s"], served)
             self._rss(name, now, float(st.get("rss_mb", 0.0)))
             cpu, mem = lz.resources.get(name, (1.0, 0))
             out[k] = ActorMetrics(
@@ -81,7 +81,7 @@ class ActorStats:
                 rss_mb=float(st.get("rss_mb", 0.0)),
                 cpu_util=float(st.get("cpu_percent", 0.0)) / 100.0 / max(cpu, 1e-9),
                 busy=max(0.0, busy),
-                call_ms=max(0.0, call_ms),
+                us_per_id=max(0.0, us_per_id),
                 queue_depth=int(st.get("pending", 0)),
                 at_s=now,
             )
@@ -89,5 +89,5 @@ class ActorStats:
         if len(out) == len(ids):
             self.peak_rss["ps_total"] = max(self.peak_rss["ps_total"], sum(m.rss_mb for m in out.values()))
         for m in out.values():
-            self.m.events.add("ps_metrics", actor=m.name, busy=m.busy, call_ms=m.call_ms, rss_mb=m.rss_mb, cpu_util=m.cpu_util, pending=m.queue_depth)
+            self.m.events.add("ps_metrics", actor=m.name, busy=m.busy, us_per_id=m.us_per_id, rss_mb=m.rss_mb, cpu_util=m.cpu_util, pending=m.queue_depth)
         return out

@@ -241,11 +241,11 @@ class JobMaster:
             config = resume_after_restart(self, state)
             self.control.resumed(config)
         self.control.started(config)
+        self.checkpointer.warm_writers()  # before the chaos clock: faults land in training
         self.chaos.start(state.chaos_s if state else 0.0)
         r = self.spec.resources
         dense = f"{r.dense_ps} dense PS x {r.dense_ps_cpu:g}cpu"
         self.events.add("launched", workers=len(self.launcher.workers), ps=len(self.launcher.ps), config=f"{config.short()} + {dense}")
-        self.checkpointer.warm_writers()
         first = self.checkpointer.take({}, self.clock() - self.t0)  # the state to fall back on before any other
         if first is not None:
             self.checkpointer.write_durable(first, first.at_s)

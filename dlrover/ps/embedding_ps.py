@@ -65,7 +65,8 @@ class EmbeddingPS:
         self._pending: dict[tuple, tuple[torch.Tensor, torch.Tensor | None]] = {}
         self._dropped: set[str] = set()  # workers gone: their late pulls keep no graph
         self._lock = threading.Lock()
-        self._stats = {"pulls": 0, "pushes": 0, "rows_updated": 0, "duplicates": 0, "busy_s": 0.0}
+        # ids: ids looked up by pulls plus ids updated by pushes, the work busy_s was spent on
+        self._stats = {"pulls": 0, "pushes": 0, "ids": 0, "rows_updated": 0, "duplicates": 0, "busy_s": 0.0}
         self.applied = AppliedLog()  # batches applied: a batch pushed again is skipped
         self._started = time.monotonic()
         self._proc = psutil.Process()
@@ -111,6 +112,7 @@ class EmbeddingPS:
             num_tables = len(self.vmap.table_sizes)
             out = out.view(out.shape[0], num_tables, self.dim).transpose(0, 1).reshape(-1, self.dim)[nz]
         self._stats["pulls"] += 1
+        self._stats["ids"] += idx.numel()
         self.chaos.after_step(time.perf_counter() - t1)
         self._stats["busy_s"] += time.perf_counter() - t0  # the whole call, injected faults included
         return out.numpy() if room is None else self._segments.put(room, out.numpy())
@@ -145,6 +147,7 @@ class EmbeddingPS:
         if self._cut_tracker is not None:
             self._cut_tracker.mark(self.tbe, idx, off, rows)
         self._stats["pushes"] += 1
+        self._stats["ids"] += idx.numel()
         self._stats["rows_updated"] += bags
         self._stats["busy_s"] += time.perf_counter() - t0
         return bags
@@ -338,7 +341,7 @@ class EmbeddingPS:
         with torch.no_grad():
             self.tbe.split_embedding_weights()[table][torch.from_numpy(local)] = torch.as_tensor(weights)
 
-    def set_chaos(self, slowdown: float = 1.0, leak_mb_per_s: float = 0.0, delay_ms: float = 0.0) -> None:
+    def set_chaos(self, slowdown: float | None = None, leak_mb_per_s: float | None = None, delay_ms: float | None = None) -> None:
         """Fault injection (the spec's ``chaos:``): serve slower, leak memory, or answer late."""
         self.chaos.set(slowdown, leak_mb_per_s, delay_ms)
 

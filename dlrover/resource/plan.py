@@ -36,8 +36,8 @@ class ActorMetrics:
     wait_ps_s: float = 0.0  # workers: per-step time blocked on PS pulls
     queue_depth: int = 0  # workers: parsed batches waiting; PS: pending pulls
     busy: float = 0.0  # PS: fraction of wall time spent serving pulls and pushes
-    call_ms: float = 0.0  # PS: mean time of one pull or push over the window
-    slow_since_s: float | None = None  # since when step time (PS: call time) has been over the straggler bar
+    us_per_id: float = 0.0  # PS: busy time per id pulled or pushed over the window (microseconds)
+    slow_since_s: float | None = None  # since when step time (PS: time per id) has been over the straggler bar
     rss_trend_mb_per_s: float = 0.0  # slope of RSS over the recent window
     at_s: float = 0.0
 

@@ -188,7 +188,7 @@ class DLRoverRMKnobs(_Strict):
 
     # Stage 3: runtime correction
     straggler_factor: float = Field(
-        1.5, gt=1, description="a worker is slow while its step time exceeds this x the workers' median, a PS while its time per call exceeds this x the PS's median",
+        1.5, gt=1, description="a worker is slow while its step time exceeds this x the workers' median, a PS while its busy time per id served exceeds this x the PS's median",
     )
     straggler_window_s: float = Field(
         20.0, ge=0, description="replace a worker or PS slow for this long (s)", json_schema_extra=_range(5.0, 1800.0, log=True)

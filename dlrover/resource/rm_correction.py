@@ -2,7 +2,7 @@
 
 Checked every tick, before any model-driven change: memory pressure (RSS plus trend over
 ``oom_horizon_s`` reaches ``mem_high_watermark`` of the limit), stragglers (workers by
-step time, PS by call time, slow for ``straggler_window_s``) and hot PS. Whatever is found at one tick is merged into one
+step time, PS by time per id served, slow for ``straggler_window_s``) and hot PS. Whatever is found at one tick is merged into one
 :class:`Fix`; the policy counts it and keeps the cooldowns.
 """
 
@@ -110,17 +110,17 @@ def find_correction(view: JobView, knobs: DLRoverRMKnobs, ready: Callable[[str],
             marks.append(f"straggler:{a.name}")
             fixes.append(Correction(CorrectionKind.STRAGGLER, a.name))
 
-    # Slow PS (a slow host, or a slow link to it): every step waits on it whatever share of
-    # the vshards it holds, so moving some of them away does not help; it is replaced (a
-    # new PS takes all its vshards, migrated live).
+    # Slow PS (a slow host, or a slow link to it: slow per id it serves, see ActorWatch):
+    # every step waits on it whatever share of the vshards it holds, so moving some of them
+    # away does not help; it is replaced (a new PS takes all its vshards, migrated live).
     ps = [a for a in view.actors.values() if a.role == "ps"]
     marked = [a for a in ps if a.slow_since_s is not None]
     slow_ps = [a for a in marked if now - a.slow_since_s >= k.straggler_window_s and a.name not in replace and ready(f"straggler:{a.name}")]
     if slow_ps and len(marked) < len(ps):
         a = min(slow_ps, key=lambda x: (x.slow_since_s, x.name))
-        median = float(np.median([p.call_ms for p in ps]))
+        median = float(np.median([p.us_per_id for p in ps if p.us_per_id > 0] or [0.0]))
         replace.append(a.name)
-        reasons.append(f"slow PS: {a.name} {a.call_ms:.1f} ms per call vs median {median:.1f} ms for {now - a.slow_since_s:.0f}s: replace it")
+        reasons.append(f"slow PS: {a.name} {a.us_per_id:.2f} us per id vs median {median:.2f} us for {now - a.slow_since_s:.0f}s: replace it")
         marks.append(f"straggler:{a.name}")
         fixes.append(Correction(CorrectionKind.STRAGGLER, a.name))
 

@@ -117,7 +117,7 @@ class Worker:
         self._stats: dict[str, float] = {}
         self._window = MetricsWindow(self.client.timings, time.monotonic())
 
-    def set_chaos(self, slowdown: float = 1.0, leak_mb_per_s: float = 0.0) -> None:
+    def set_chaos(self, slowdown: float | None = None, leak_mb_per_s: float | None = None) -> None:
         """Fault injection (the spec's ``chaos:``): run slower, or leak memory."""
         self.chaos.set(slowdown, leak_mb_per_s)
 

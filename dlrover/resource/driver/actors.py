@@ -33,7 +33,7 @@ DEFAULT_TREND = TrendParams()
 class ActorWatch:
     """Straggler marks and RSS samples of a job's actors, by actor name."""
 
-    DEFAULT_FACTOR = 1.5  # "slow": step time over this x the workers' median
+    DEFAULT_FACTOR = 1.5  # "slow": over this x the median of the actor's role
 
     def __init__(self, factor: float = DEFAULT_FACTOR, trend: TrendParams = DEFAULT_TREND) -> None:
         self.factor = factor
@@ -65,15 +65,16 @@ class ActorWatch:
         return _slope(points)
 
     def note_steps(self, reports: Iterable[ActorMetrics]) -> None:
-        """Mark the workers whose step time (the PS whose call time) is over ``factor`` x
-        the median of their role's actors reporting one (at least two), from the report's
-        time on; unmark the others. A PS call waits on the PS and its link alike, so a PS
-        behind a slow link is marked as one with a slow CPU is."""
+        """Mark the workers whose step time (the PS whose time per id served) is over
+        ``factor`` x the median of their role's actors reporting one (at least two), from
+        the report's time on; unmark the others. A report without a time (no step or call
+        in its window: parked for a cut) changes nothing. Per id, not per call: a PS
+        holding more of the hot ids is busier per call without being slow (the hot-PS
+        path rebalances it), while a slow host or link costs every id it serves."""
         reports = list(reports)
-        for role, time_of in (("worker", _step_time), ("ps", _call_time)):
-            actors = [a for a in reports if a.role == role]
-            times = [time_of(a) for a in actors if time_of(a) > 0]
-            median = statistics.median(times) if len(times) >= 2 else 0.0
+        for role, time_of in (("worker", _step_time), ("ps", _time_per_id)):
+            actors = [a for a in reports if a.role == role and time_of(a) > 0]
+            median = statistics.median(time_of(a) for a in actors) if len(actors) >= 2 else 0.0
             for a in actors:
                 if median > 0 and time_of(a) > self.factor * median:
                     self._slow_since.setdefault(a.name, a.at_s)
@@ -81,7 +82,7 @@ class ActorWatch:
                     self._slow_since.pop(a.name, None)
 
     def slow_since(self, name: str, default: float | None = None) -> float | None:
-        """Since when the worker has been marked slow (``default``: it is not)."""
+        """Since when the actor has been marked slow (``default``: it is not)."""
         return self._slow_since.get(name, default)
 
     def metrics(self, reports: Iterable[ActorMetrics]) -> dict[str, ActorMetrics]:
@@ -111,8 +112,8 @@ def _step_time(a: ActorMetrics) -> float:
     return a.step_time_s
 
 
-def _call_time(a: ActorMetrics) -> float:
-    return a.call_ms
+def _time_per_id(a: ActorMetrics) -> float:
+    return a.us_per_id
 
 
 def _slope(points: deque[tuple[float, float]]) -> float:
