@@ -24,6 +24,19 @@ def test_chaos_spec_is_validated(synth_dir):
             spec_from_dict(dict(base, chaos=[bad]), "job.yaml")
 
 
+def test_faults_injected_into_one_actor_add_up():
+    """A delay injected after a slow-down keeps the slow-down (each set_chaos call turns
+    on its own fault only)."""
+    from dlrover.chaos import ChaosState
+
+    c = ChaosState()
+    c.set(slowdown=3.0)
+    c.set(delay_ms=50.0)
+    assert (c.slowdown, c.delay_s, c.leak_mb_per_s) == (3.0, 0.05, 0.0)
+    c.set(leak_mb_per_s=10.0)
+    assert (c.slowdown, c.delay_s, c.leak_mb_per_s) == (3.0, 0.05, 10.0)
+
+
 def fault_free_auc(spec, tmp_path) -> float:
     """AUC of the same job without its chaos (own history dir: no warm start from the run under test)."""
     from dlrover.runner import run_job
