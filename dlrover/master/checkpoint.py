@@ -206,14 +206,16 @@ class Checkpointer:
         each PS's node. Started by the first durable write instead, it imports torch (about
         2 s of CPU) during the first seconds of training: on the 2-core machine the first
         metrics window ran at 18k samples/s instead of 22k. Best effort: a failure or a
-        node that does not answer in time only means the first write starts it."""
+        node that does not answer in time only means the first write starts it (as after a
+        master restart, where the PS's nodes are not known yet)."""
         if self.store is None:
             return
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+        lz = self.m.launcher
+        nodes = {lz.nodes[n] for n in map(lz.ps_name, lz.ps) if n in lz.nodes}
         try:
-            nodes = {st["node_id"] for st in ray.get([h.stats.remote() for h in self.m.launcher.ps.values()], timeout=OBJECT_GET_TIMEOUT_S)}
-            ready = [_writer_ready.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=True)).remote() for n in nodes if n]
+            ready = [_writer_ready.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=True)).remote() for n in nodes]
             ray.get(ready, timeout=OBJECT_GET_TIMEOUT_S)
         except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError) as e:
             self.m.events.add("checkpoint_writers_not_started", error=f"{type(e).__name__}: {str(e)[:200]}")

@@ -146,14 +146,14 @@ class Launcher:
     def wait_started(self, names: list[str] | None = None) -> None:
         """Fail fast, with a one-line reason, when actors cannot start: a cluster without
         the CPUs or memory the spec asks for would otherwise leave them pending forever.
-        ``names``: only these actors (default: all)."""
-        ps = {self.ps_name(k): h for k, h in self.ps.items()}
-        probes = [h.stats.remote() for n, h in ps.items() if names is None or n in names]
+        ``names``: only these actors (default: all). Each PS's node is known from then on."""
+        ps = {self.ps_name(k): h for k, h in self.ps.items() if names is None or self.ps_name(k) in names}
+        probes = [h.stats.remote() for h in ps.values()]
         probes += [h.ping.remote() for n, h in self.workers.items() if names is None or n in names]
         if names is None:
             probes += [h.pull.remote() for h in self.dense.handles]
         try:
-            ray.get(probes, timeout=ACTOR_START_TIMEOUT_S)
+            replies = ray.get(probes, timeout=ACTOR_START_TIMEOUT_S)
         except ray.exceptions.GetTimeoutError:
             raise DLRoverError(
                 f"{self.job_id}: actors did not start within {ACTOR_START_TIMEOUT_S:.0f}s; the cluster may lack the "
@@ -161,6 +161,7 @@ class Launcher:
             ) from None
         except ray.exceptions.RayActorError as e:
             raise DLRoverError(f"{self.job_id}: an actor failed to start: {str(e).strip().splitlines()[0]}") from None
+        self.nodes.update((n, st["node_id"]) for n, st in zip(ps, replies) if st.get("node_id"))
 
     def add_worker(self, cpu: float | None = None, memory_mb: int | None = None) -> str:
         """Create one worker actor and return its name; it trains once ``start``-ed.
