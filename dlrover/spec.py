@@ -19,6 +19,7 @@ from dlrover.data.criteo import NUM_SPARSE
 from dlrover.data.remote import unknown_protocol
 from dlrover.errors import SpecError, format_validation_error
 from dlrover.paths import is_url
+from dlrover.table_spec import TableIndex, TableSpec, rows_of
 
 
 class _Strict(BaseModel):
@@ -32,6 +33,7 @@ class ModelSpec(_Strict):
     num_embeddings: int | list[int] = 100_000
     dense_arch: list[int] = Field(default_factory=lambda: [512, 256, 16])
     over_arch: list[int] = Field(default_factory=lambda: [512, 256, 1])
+    tables: dict[TableIndex, TableSpec] = Field(default_factory=dict)  # by table index; unlisted: hashed
 
     def short(self) -> str:
         """``DLRM 26x40000x16 dense 64-16 over 128-64-1``: tables x rows x dim, MLP widths."""
@@ -60,15 +62,13 @@ class ModelSpec(_Strict):
     @model_validator(mode="after")
     def _shapes(self) -> "ModelSpec":
         if self.dense_arch[-1] != self.embedding_dim:
-            raise ValueError(
-                f"dense_arch: last layer ({self.dense_arch[-1]}) must equal embedding_dim ({self.embedding_dim})"
-            )
+            raise ValueError(f"dense_arch: last layer ({self.dense_arch[-1]}) must equal embedding_dim ({self.embedding_dim})")
         if self.over_arch[-1] != 1:
             raise ValueError(f"over_arch: last layer must be 1 (one logit), got {self.over_arch[-1]}")
         return self
 
     def table_sizes(self) -> list[int]:
-        return [self.num_embeddings] * NUM_SPARSE if isinstance(self.num_embeddings, int) else list(self.num_embeddings)
+        return rows_of([self.num_embeddings] * NUM_SPARSE if isinstance(self.num_embeddings, int) else list(self.num_embeddings), self.tables)
 
 
 class SynthSpec(_Strict):

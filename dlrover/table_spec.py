@@ -1,0 +1,68 @@
+"""Per-table settings of the spec (``model.tables``): how a table maps raw ids to rows.
+
+``hashed`` (the default): row ``id % num_embeddings``; ids that collide share a row.
+``dynamic``: a collision-free map from raw 64-bit ids to at most ``capacity_rows`` rows,
+kept by the PS that owns each id's vshard (:mod:`dlrover.ps.dynamic`). An id reads a
+shared default row, and gets no update, for its first ``admit_after`` training lookups;
+then it gets a row of its own. When its vshard has no free row left, ``eviction``
+chooses whose row it takes: ``lru`` the least recently looked-up id, ``lfu`` the least
+often looked-up one, ``ttl`` the least recently looked-up one of those unseen for more
+than ``ttl_steps`` lookups (none such: the new id waits on the default row).
+
+A separate module because ``dlrover.spec`` is full.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from dlrover.data.criteo import NUM_SPARSE
+
+
+class Eviction(str, Enum):
+    LRU = "lru"
+    LFU = "lfu"
+    TTL = "ttl"
+
+
+class TableSpec(BaseModel):
+    """One table's id mapping (``model.tables.<index>``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["hashed", "dynamic"] = "hashed"
+    capacity_rows: int | None = Field(None, ge=1)
+    admit_after: int = Field(0, ge=0)
+    eviction: Eviction = Eviction.LRU
+    ttl_steps: int | None = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _fields_of_kind(self) -> "TableSpec":
+        if self.kind == "hashed":
+            given = sorted(self.model_fields_set & {"capacity_rows", "admit_after", "eviction", "ttl_steps"})
+            if given:
+                raise ValueError(f"{given[0]}: only for kind: dynamic (this table is hashed)")
+            return self
+        if self.capacity_rows is None:
+            raise ValueError("capacity_rows: required for kind: dynamic")
+        if self.eviction == Eviction.TTL and self.ttl_steps is None:
+            raise ValueError("ttl_steps: required for eviction: ttl")
+        if self.eviction != Eviction.TTL and self.ttl_steps is not None:
+            raise ValueError(f"ttl_steps: only for eviction: ttl (this table evicts by {self.eviction.value})")
+        return self
+
+
+TableIndex = Annotated[int, Field(ge=0, lt=NUM_SPARSE)]
+
+
+def dynamic_tables(tables: dict[int, TableSpec]) -> dict[int, TableSpec]:
+    """The dynamic ones of ``model.tables``, by table index."""
+    return {t: s for t, s in sorted(tables.items()) if s.kind == "dynamic"}
+
+
+def rows_of(sizes: list[int], tables: dict[int, TableSpec]) -> list[int]:
+    """Rows each table holds: ``capacity_rows`` for a dynamic table, its size otherwise."""
+    return [tables[t].capacity_rows if t in tables and tables[t].kind == "dynamic" else n for t, n in enumerate(sizes)]
