@@ -83,6 +83,14 @@ def train_local(spec: JobSpec, threads: int | None = None) -> LocalResult:
                 train_step(model, opt, loss_fn, batch, sizes)
                 samples += len(batch)
     train_s = time.perf_counter() - t0
+    metrics = evaluate_local(model, plan, reader, spec)
+    return LocalResult(samples, train_s, metrics)
+
+
+def evaluate_local(model, plan: DataPlan, reader: FileReader, spec: JobSpec) -> dict:
+    """AUC and log loss of a locally trained model on the plan's held-out rows ({} if none)."""
+    sizes = np.array(spec.model.table_sizes(), dtype=np.int64)
+    b = spec.data.batch_size
     model.eval()
     labels, probs = [], []
     with torch.no_grad():
@@ -92,5 +100,5 @@ def train_local(spec: JobSpec, threads: int | None = None) -> LocalResult:
                 logits = model(torch.from_numpy(batch.dense), make_kjt(hashed(batch, sizes))).squeeze(-1)
                 probs.append(torch.sigmoid(logits).numpy())
                 labels.append(batch.labels)
-    metrics = evaluate_scores(np.concatenate(labels), np.concatenate(probs)) if labels else {}
-    return LocalResult(samples, train_s, metrics)
+    model.train()
+    return evaluate_scores(np.concatenate(labels), np.concatenate(probs)) if labels else {}

@@ -1,11 +1,16 @@
-"""``dlrover bench throughput``: dlrover (1 worker + 1 PS actor) vs single-process TorchRec.
+"""``dlrover bench throughput``: dlrover vs single-process TorchRec on the same cores.
 
 Both sides train the same DLRM (26 tables, dim 16, MLP 512-256) on the same synthetic
 Criteo files, read through the same reader, with the same batch size and optimizers, for
-one epoch over the same rows. The baseline is a plain training loop in this process over a
-``FusedEmbeddingBagCollection`` using every core; dlrover runs its real actors on an
-embedded local Ray. Both timings start at the first batch and end at the last update, so
-Ray start-up and actor creation are excluded, data reading is included.
+one epoch over the same rows, and are scored on the same held-out rows. The baseline is a
+plain training loop in this process over a ``FusedEmbeddingBagCollection``, with one
+intra-op thread and with every core (the faster counts). dlrover runs its real actors on
+an embedded local Ray in each actor layout that fits the cores: one worker whose MLP uses
+every core (intra-op threads), and one single-threaded worker per core (data parallel),
+each with one PS. The fastest layout whose held-out AUC is within ``AUC_TOLERANCE`` of the
+baseline's is dlrover's figure: a layout that is faster only by learning worse does not
+count. Timings start at the first batch and end at the last update (Ray start-up and
+actor creation excluded, data reading included).
 """
 
 from __future__ import annotations
@@ -14,14 +19,45 @@ import os
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from dlrover.spec import JobSpec, spec_from_dict
 
+AUC_TOLERANCE = 0.005  # the fault tests' tolerance for "learns what the reference learns"
+EVAL_FRACTION = 0.1
 
-def bench_spec(data_dir: str, rows: int, batch_size: int, workers_cpu: float = 1.0, ps_cpu: float = 1.0) -> JobSpec:
+
+@dataclass(frozen=True)
+class Layout:
+    """How dlrover spreads the job over the cores."""
+
+    workers: int
+    worker_cpu: float
+    ps: int = 1
+
+    @property
+    def label(self) -> str:
+        return f"{self.workers}w x {self.worker_cpu:g}cpu + {self.ps}ps"
+
+
+def layouts(cores: int) -> list[Layout]:
+    """Intra-op threads in one worker, and (with more than one core) one single-threaded
+    worker per core: on CPUs the second often wins, since an OpenMP team stalls whenever
+    any of its threads is preempted by the PS or an input thread."""
+    out = [Layout(1, float(cores))]
+    if cores > 1:
+        out.append(Layout(cores, 1.0))
+    return out
+
+
+def bench_spec(
+    data_dir: str, rows: int, batch_size: int, workers_cpu: float = 1.0, ps_cpu: float = 1.0, workers: int = 1, eval_fraction: float = 0.0
+) -> JobSpec:
+    """The bench's job. Shards of 4 batches with several workers, so that the last shards
+    keep every worker busy to near the end; 16 with one."""
     return spec_from_dict(
         {
             "name": "bench-throughput",
@@ -31,20 +67,26 @@ def bench_spec(data_dir: str, rows: int, batch_size: int, workers_cpu: float = 1
                 "synth": {"out": data_dir, "rows": rows, "files": 2, "seed": 1},
                 "epochs": 1,
                 "batch_size": batch_size,
-                "eval_fraction": 0.0,
-                "shard_rows": batch_size * 16,
+                "eval_fraction": eval_fraction,
+                "shard_rows": batch_size * (16 if workers == 1 else 4),
                 "shuffle": False,
             },
-            "resources": {"workers": 1, "ps": 1, "worker_cpu": workers_cpu, "ps_cpu": ps_cpu},
+            "resources": {"workers": workers, "ps": 1, "worker_cpu": workers_cpu, "ps_cpu": ps_cpu},
         }
     )
 
 
-def measure_baseline(spec: JobSpec, max_steps: int, threads: int) -> float:
-    """Samples/s of the single-process TorchRec loop (after 3 warm-up steps)."""
-    from dlrover.baseline import build_local_model, train_step
-    from dlrover.data.reader import FileReader
+@dataclass
+class Measured:
+    samples_per_s: float
+    auc: float | None
+
+
+def measure_baseline(spec: JobSpec, max_steps: int, threads: int) -> Measured:
+    """The single-process TorchRec loop: samples/s after 3 warm-up steps, then held-out AUC."""
+    from dlrover.baseline import build_local_model, evaluate_local, train_step
     from dlrover.data.plan import DataPlan
+    from dlrover.data.reader import FileReader
 
     torch.set_num_threads(threads)
     plan = DataPlan.build(spec)
@@ -55,7 +97,7 @@ def measure_baseline(spec: JobSpec, max_steps: int, threads: int) -> float:
     b = spec.data.batch_size
     ranges = [(p, a) for p, idx in plan.files.items() for a in range(0, plan.train_rows[p] - b + 1, b)]
     warm = 3
-    samples, t0 = 0, None
+    samples, t0 = 0, time.perf_counter()
     for i, (path, a) in enumerate(ranges[: max_steps + warm]):
         if i == warm:
             t0 = time.perf_counter()
@@ -63,59 +105,84 @@ def measure_baseline(spec: JobSpec, max_steps: int, threads: int) -> float:
         batch, _ = reader.read(plan.files[path], a, a + b)
         train_step(model, opt, loss_fn, batch, sizes)
         samples += len(batch)
-    return samples / (time.perf_counter() - t0)
+    speed = samples / (time.perf_counter() - t0)
+    return Measured(speed, evaluate_local(model, plan, reader, spec).get("auc"))
 
 
-def measure_dlrover(spec: JobSpec, runs_dir: str) -> float:
+def measure_dlrover(spec: JobSpec, runs_dir: str) -> Measured:
     from dlrover.runner import run_job
 
     summary, _ = run_job(spec, runs_dir=runs_dir, progress="none")
     if summary["status"] != "succeeded":
         raise RuntimeError(f"dlrover bench job ended {summary['status']}")
-    return summary["throughput_samples_per_s"]
+    return Measured(summary["throughput_samples_per_s"], summary.get("auc"))
 
 
 def run_throughput_bench(rows: int = 400_000, batch_size: int = 2048, steps: int = 150) -> dict:
+    """Baseline (1 thread, every core), each dlrover layout, the baseline again (the
+    machine is noisy: the best baseline run counts)."""
     cache = os.environ.get("DLROVER_BENCH_DATA", os.path.join(tempfile.gettempdir(), "dlrover-bench-data"))
-    rows = min(rows, steps * batch_size)
+    train_rows = min(rows, steps * batch_size)
+    rows = int(np.ceil(train_rows / (1 - EVAL_FRACTION) / 2)) * 2  # 2 files, each split
     data_dir = os.path.join(cache, f"criteo-{rows}")
-    spec = bench_spec(data_dir, rows, batch_size, workers_cpu=float(os.environ.get("DLROVER_BENCH_WORKER_CPU", cores_default())))
+    cores = os.cpu_count() or 1
+
+    def spec_for(layout: Layout) -> JobSpec:
+        return bench_spec(data_dir, rows, batch_size, workers_cpu=layout.worker_cpu, workers=layout.workers, eval_fraction=EVAL_FRACTION)
+
     from dlrover.runner import ensure_data
 
-    ensure_data(spec)
-    cores = os.cpu_count() or 1
-    # The strongest baseline: intra-op threads = 1 or every core, whichever is faster, and
-    # measured again after dlrover (this machine is noisy); the best run counts.
-    runs: list[tuple[float, int]] = []
+    ensure_data(spec_for(Layout(1, 1.0)))
+    runs: list[tuple[Measured, int]] = []
 
     def baseline(threads: int) -> None:
         print(f"[bench] baseline: single-process TorchRec, {threads} thread(s), {steps} steps of {batch_size}", file=sys.stderr)
-        runs.append((measure_baseline(spec, steps, threads=threads), threads))
-        print(f"[bench]   {runs[-1][0]:,.0f} samples/s", file=sys.stderr)
+        runs.append((measure_baseline(spec_for(Layout(1, 1.0)), steps, threads=threads), threads))
+        print(f"[bench]   {runs[-1][0].samples_per_s:,.0f} samples/s, held-out AUC {runs[-1][0].auc:.4f}", file=sys.stderr)
 
     for threads in sorted({1, cores}):
         baseline(threads)
-    print(f"[bench] dlrover: 1 worker + 1 PS actor, {rows} rows", file=sys.stderr)
-    with tempfile.TemporaryDirectory() as runs_dir:
-        ours = measure_dlrover(spec, runs_dir)
-    print(f"[bench]   {ours:,.0f} samples/s", file=sys.stderr)
-    baseline(max(runs)[1])
-    base, base_threads = max(runs)
+    rows_out = []
+    for layout in layouts(cores):
+        print(f"[bench] dlrover: {layout.label}, {train_rows:,} training rows", file=sys.stderr)
+        with tempfile.TemporaryDirectory() as runs_dir:
+            got = measure_dlrover(spec_for(layout), runs_dir)
+        print(f"[bench]   {got.samples_per_s:,.0f} samples/s, held-out AUC {got.auc:.4f}", file=sys.stderr)
+        rows_out.append({"layout": layout.label, "workers": layout.workers, "worker_cpu": layout.worker_cpu, "ps": layout.ps,
+                         "samples_per_s": got.samples_per_s, "auc": got.auc})  # fmt: skip
+    baseline(max(runs, key=lambda r: r[0].samples_per_s)[1])
+    base, base_threads = max(runs, key=lambda r: r[0].samples_per_s)
+    for r in rows_out:
+        r["ratio"] = r["samples_per_s"] / base.samples_per_s
+        r["auc_delta"] = r["auc"] - base.auc if r["auc"] is not None and base.auc is not None else None
+        r["counts"] = r["auc_delta"] is not None and r["auc_delta"] >= -AUC_TOLERANCE
+    counted = [r for r in rows_out if r["counts"]]
+    best = max(counted, key=lambda r: r["samples_per_s"]) if counted else None
     return {
-        "dlrover_samples_per_s": ours,
-        "baseline_samples_per_s": base,
-        "ratio": ours / base,
+        "dlrover_samples_per_s": best["samples_per_s"] if best else None,
+        "dlrover_layout": best["layout"] if best else None,
+        "baseline_samples_per_s": base.samples_per_s,
+        "baseline_auc": base.auc,
+        "ratio": best["ratio"] if best else None,
+        "layouts": rows_out,
+        "baseline_runs": [{"threads": t, "samples_per_s": m.samples_per_s, "auc": m.auc} for m, t in runs],
         "batch_size": batch_size,
-        "rows": rows,
+        "train_rows": train_rows,
         "cores": cores,
         "baseline_threads": base_threads,
     }
 
 
 def print_throughput(result: dict) -> None:
-    print(f"baseline (single-process TorchRec, FusedEmbeddingBagCollection): {result['baseline_samples_per_s']:,.0f} samples/s")
-    print(f"dlrover (1 worker + 1 PS actor):                                 {result['dlrover_samples_per_s']:,.0f} samples/s")
-    print(f"ratio dlrover/baseline: {result['ratio']:.3f}")
+    print(f"baseline (single-process TorchRec, FusedEmbeddingBagCollection, {result['baseline_threads']} thread(s)): "
+          f"{result['baseline_samples_per_s']:,.0f} samples/s, held-out AUC {result['baseline_auc']:.4f}")  # fmt: skip
+    for r in result["layouts"]:
+        note = "" if r["counts"] else f"  (not counted: AUC more than {AUC_TOLERANCE} below the baseline's)"
+        print(f"dlrover {r['layout']:<22} {r['samples_per_s']:>9,.0f} samples/s  ratio {r['ratio']:.3f}  AUC {r['auc']:.4f} ({r['auc_delta']:+.4f}){note}")
+    if result["ratio"] is None:
+        print("ratio dlrover/baseline: none (no layout learned what the baseline learns)")
+    else:
+        print(f"ratio dlrover/baseline: {result['ratio']:.3f} ({result['dlrover_layout']})")
 
 
 def cores_default() -> int:
