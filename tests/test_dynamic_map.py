@@ -1,0 +1,159 @@
+"""The PS-side id map of dynamic tables: admission, eviction, capacity, moving between PS.
+
+Pure logic with an explicit clock (``now``); a dict-based reference model of the same
+rules checks the vectorised map on random streams."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+
+from dlrover.ps.dynamic import FREQ, KEY, DynamicMap, from_ages, to_ages, vshard_of
+from dlrover.table_spec import TableSpec
+
+
+def _map(rpv: int, blocks: int = 1, valid: np.ndarray | None = None, **table) -> DynamicMap:
+    n = rpv * blocks
+    spec = TableSpec(kind="dynamic", capacity_rows=n, **table)
+    return DynamicMap(DynamicMap.new_states(n), rpv, np.ones(n, bool) if valid is None else valid, spec)
+
+
+def _rows(m: DynamicMap, ids: list[int], now: int | None) -> list[int]:
+    return m.lookup(np.array(ids, dtype=np.int64), np.zeros(len(ids), dtype=np.int64), now).rows.tolist()
+
+
+def test_an_id_reads_the_default_row_for_its_first_admit_after_sightings():
+    m = _map(4, admit_after=2)
+    assert _rows(m, [7], 1) == [-1] and _rows(m, [7], 2) == [-1]
+    assert _rows(m, [7], 3)[0] >= 0
+    assert _rows(m, [9, 9], 4) == [-1, -1] and _rows(m, [9], 5)[0] >= 0  # two sightings in one batch
+
+
+def test_a_read_only_lookup_neither_counts_nor_admits():
+    m = _map(4, admit_after=1)
+    assert _rows(m, [5], None) == [-1] and _rows(m, [5], 1) == [-1] and _rows(m, [5], None) == [-1]
+    row = _rows(m, [5], 2)[0]
+    assert row >= 0 and _rows(m, [5], None) == [row]
+
+
+def test_lru_evicts_the_least_recently_looked_up_id_and_reports_its_row():
+    m = _map(3, eviction="lru")
+    a, b, c = (_rows(m, [x], t)[0] for t, x in enumerate([1, 2, 3], start=1))
+    _rows(m, [1], 4)
+    got = m.lookup(np.array([4]), np.array([0]), 5)
+    assert got.rows.tolist() == [b] and got.evicted.tolist() == [b]
+    assert sorted(m.ids().tolist()) == [1, 3, 4] and _rows(m, [1, 3], None) == [a, c]
+
+
+def test_lfu_evicts_the_least_often_looked_up_id():
+    m = _map(3, eviction="lfu")
+    _rows(m, [1, 1, 1, 2, 3, 3], 1)
+    got = m.lookup(np.array([4]), np.array([0]), 2)
+    assert got.evicted.tolist() == _rows(m, [4], None) and sorted(m.ids().tolist()) == [1, 3, 4]
+
+
+def test_ttl_evicts_only_ids_unseen_for_longer_than_ttl_steps():
+    m = _map(2, eviction="ttl", ttl_steps=2)
+    _rows(m, [1], 1)
+    _rows(m, [2], 2)
+    assert _rows(m, [3], 3) == [-1]  # 1 unseen for 2 lookups: not expired, 3 waits
+    assert _rows(m, [3], 4)[0] >= 0 and sorted(m.ids().tolist()) == [2, 3]  # 1 expired
+
+
+def test_rows_held_by_a_pulled_but_not_pushed_batch_are_not_evicted():
+    m = _map(1, eviction="lru")
+    row = _rows(m, [1], 1)
+    m.pin(np.array(row), 1)
+    assert _rows(m, [2], 2) == [-1]
+    m.pin(np.array(row), -1)
+    assert _rows(m, [2], 3) == row
+
+
+def test_vshards_spread_raw_ids_evenly():
+    counts = np.bincount(vshard_of(np.arange(64_000, dtype=np.int64), 64), minlength=64)
+    assert counts.min() > 850 and counts.max() < 1150
+
+
+class _Reference:
+    """The map's rules, one id at a time over dicts (no sorting, no numpy)."""
+
+    def __init__(self, valid: np.ndarray, rpv: int, admit_after: int, eviction: str, ttl: int | None) -> None:
+        self.valid, self.rpv, self.admit, self.eviction, self.ttl = valid, rpv, admit_after, eviction, ttl
+        self.rows: dict[int, list[int]] = {}  # position -> [id, last, freq]
+        self.wait: dict[int, list[int]] = {}  # position -> [id, last, count]
+
+    def _where(self, table: dict, x: int) -> int | None:
+        return next((p for p, e in table.items() if e[0] == x), None)
+
+    def lookup(self, ids: list[int], block_of: dict[int, int], now: int) -> dict[int, int]:
+        out, counts = {}, Counter(ids)
+        for x, n in counts.items():
+            p = self._where(self.rows, x)
+            if p is not None:
+                self.rows[p][1], self.rows[p][2], out[x] = now, self.rows[p][2] + n, p
+        for s in sorted({block_of[x] for x in counts if x not in out}):
+            positions = [p for p in range(s * self.rpv, (s + 1) * self.rpv) if self.valid[p]]
+            mine = sorted(x for x in counts if x not in out and block_of[x] == s)
+            ready = [x for x in mine if (self.wait[w][2] if (w := self._where(self.wait, x)) is not None else 0) >= self.admit]
+            for x in ready:  # admissions first, then the waiting ids
+                spot = next((p for p in positions if p not in self.rows), None)
+                if spot is None:
+                    old = [p for p in positions if self.rows[p][1] < now]
+                    if self.eviction == "ttl":
+                        old = [p for p in old if now - self.rows[p][1] > self.ttl]
+                    key = (lambda p: (self.rows[p][2], self.rows[p][1], p)) if self.eviction == "lfu" else (lambda p: (self.rows[p][1], p))
+                    spot = min(old, key=key, default=None)
+                if spot is not None:
+                    self.rows[spot], out[x] = [x, now, counts[x]], spot
+                    self.wait.pop(self._where(self.wait, x), None)
+            fresh = []
+            for x in (x for x in mine if x not in out):  # waiting ids are counted, then new ones wait
+                w = self._where(self.wait, x)
+                if w is None:
+                    fresh.append(x)
+                else:
+                    self.wait[w][1], self.wait[w][2] = now, self.wait[w][2] + counts[x]
+            for x in fresh:
+                free = [p for p in positions if p not in self.wait]
+                old = sorted((self.wait[p][1], p) for p in positions if p in self.wait and self.wait[p][1] < now)
+                spot = free[0] if free else (old[0][1] if old else None)
+                if spot is not None:
+                    self.wait[spot] = [x, now, counts[x]]
+        return {x: out.get(x, -1) for x in counts}
+
+
+@pytest.mark.parametrize("eviction,ttl", [("lru", None), ("lfu", None), ("ttl", 3)])
+@pytest.mark.parametrize("admit_after", [0, 2])
+def test_the_map_assigns_the_same_rows_as_the_reference_model(eviction, ttl, admit_after):
+    rpv, blocks = 5, 4
+    valid = np.ones(rpv * blocks, bool)
+    valid[[4, 9]] = False  # padding rows, as the last rows of some vshards are
+    m = _map(rpv, blocks, valid, eviction=eviction, ttl_steps=ttl, admit_after=admit_after)
+    ref = _Reference(valid, rpv, admit_after, eviction, ttl)
+    rng = np.random.default_rng(3)
+    for now in range(1, 60):
+        ids = (rng.zipf(1.3, size=12) % 50).astype(np.int64)
+        blocks_of = vshard_of(ids, blocks)
+        got = m.lookup(ids, blocks_of, now)
+        want = ref.lookup(ids.tolist(), dict(zip(ids.tolist(), blocks_of.tolist())), now)
+        assert got.rows.tolist() == [want[x] for x in ids.tolist()], f"lookup {now}"
+        used = m.states[FREQ].numpy() > 0
+        assert not used[~valid].any()  # capacity: never a padding row, at most one id per row
+        assert sorted(m.ids().tolist()) == sorted(e[0] for e in ref.rows.values())
+
+
+def test_a_map_moved_to_another_ps_keeps_its_ids_rows_and_ages():
+    m = _map(2, eviction="lru")
+    _rows(m, [1], 10)
+    _rows(m, [2], 11)
+    payload = to_ages([s.numpy().copy() for s in m.states], clock=11)  # as exported on a PS at clock 11
+    states = DynamicMap.new_states(2)
+    for dst, src in zip(states, from_ages(payload, clock=500)):  # imported on a PS at clock 500
+        dst.copy_(torch.as_tensor(src))
+    moved = DynamicMap(states, 2, np.ones(2, bool), m.table)
+    assert _rows(moved, [1, 2], None) == _rows(m, [1, 2], None)
+    assert moved.states[KEY].tolist() == m.states[KEY].tolist()
+    assert moved.lookup(np.array([3]), np.array([0]), 501).evicted.tolist() == _rows(m, [1], None)  # 1 is still the older
