@@ -1,4 +1,4 @@
-"""``dlrover`` command line: run | submit | status | dashboards | data synth | simulate | simulate-coding | tune | report | bench ....
+"""``dlrover`` command line: run | submit | status | dashboards | data synth | simulate | simulate-coding | tune | report | export | predict | bench ....
 
 User errors (bad spec, bad data, bad arguments) print one ``error:`` line and exit 2;
 anything else is a bug and keeps its traceback.
@@ -13,6 +13,7 @@ import os
 import sys
 from typing import Callable
 
+from dlrover.cli_serving import SERVING_COMMANDS, add_serving_parsers
 from dlrover.errors import DLRoverError
 from dlrover.paths import out_dir
 
@@ -162,6 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     rp = sub.add_parser("report", help="an HTML report of a finished run: throughput, allocation, memory, model, events")
     rp.add_argument("run_dir")
     rp.add_argument("--out", help="output file (default RUN_DIR/report.html)")
+    add_serving_parsers(sub.add_parser)
 
     b = sub.add_parser("bench", help="benchmarks, printed as ratios against a baseline")
     bsub = b.add_subparsers(dest="bench_cmd", required=True, parser_class=_Parser)
@@ -380,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("PYTHONWARNINGS", "ignore")
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     args = build_parser().parse_args(argv)
-    handler = {"run": cmd_run, "submit": cmd_submit, "status": cmd_status, "drain": cmd_drain, "dashboards": cmd_dashboards, "data": cmd_data, "bench": cmd_bench, "simulate": cmd_simulate, "simulate-coding": cmd_simulate_coding, "tune": cmd_tune, "report": cmd_report}[args.cmd]
+    handler = {"run": cmd_run, "submit": cmd_submit, "status": cmd_status, "drain": cmd_drain, "dashboards": cmd_dashboards, "data": cmd_data, "bench": cmd_bench, "simulate": cmd_simulate, "simulate-coding": cmd_simulate_coding, "tune": cmd_tune, "report": cmd_report, **SERVING_COMMANDS}[args.cmd]
     try:
         return handler(args)
     except DLRoverError as e:

@@ -1,0 +1,37 @@
+"""``dlrover export`` and ``dlrover predict``: their arguments and handlers, kept out of
+``dlrover.cli`` (which adds them to its parser and dispatch table)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Callable
+
+
+def add_serving_parsers(add_parser: Callable[..., argparse.ArgumentParser]) -> None:
+    """Add both commands with ``add_parser`` (the CLI's ``subparsers.add_parser``)."""
+    ex = add_parser("export", help="a finished run's model (checkpoint.dir set) as a self-contained directory for serving")
+    ex.add_argument("run_dir", help="the job's run directory, runs/<job_id>")
+    ex.add_argument("--out", required=True, help="model directory to write (model.json, dense.pt2, tables.pt)")
+    pr = add_parser("predict", help="score Criteo rows with an exported model: CSV label,score, one line per row")
+    pr.add_argument("model", help="a directory written by dlrover export")
+    pr.add_argument("data", help="data file, glob or directory (TSV, .gz, Parquet)")
+    pr.add_argument("--out", required=True, help="CSV to write")
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from dlrover.export import export_run
+
+    print(f"wrote {export_run(args.run_dir, args.out).parent}")
+    return 0
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    from dlrover.predict import predict
+
+    rows = predict(args.model, args.data, args.out)
+    print(f"scored {rows:,} rows -> {args.out}", file=sys.stderr)
+    return 0
+
+
+SERVING_COMMANDS = {"export": cmd_export, "predict": cmd_predict}

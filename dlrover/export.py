@@ -1,0 +1,129 @@
+"""``dlrover export RUN_DIR --out DIR``: a finished job's model as a self-contained
+directory that :class:`dlrover.serving.ServedModel` (torch only) loads.
+
+The job's ``final.pt`` (``<checkpoint.dir>/<job_id>/final.pt``, written by the master
+when the job ends) holds the global tables and the flat dense parameter vector, which
+only dlrover's model code can put back into a DLRM. Here the dense part becomes a
+``torch.export`` program (graph and weights in one file, no Python class needed to load
+it) and the tables plain tensors, with a manifest that says how to use them.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from pydantic import ValidationError
+from torch import nn
+from torchrec.models.dlrm import InteractionArch
+
+from dlrover.data.criteo import DENSE_COLUMNS, NUM_DENSE, SPARSE_COLUMNS
+from dlrover.errors import DataError, SpecError, format_validation_error
+from dlrover.model.dlrm import FEATURES, dense_arches
+from dlrover.paths import out_dir
+from dlrover.serving import DENSE_FILE, DENSE_TRANSFORM, FORMAT, HASHING, MANIFEST, SCORE, TABLES_FILE, FileDigest, Manifest, sha256_of
+from dlrover.spec import JobSpec, ModelSpec
+
+
+class DenseHead(nn.Module):
+    """The DLRM after its embedding lookup: (dense features [B, 13], pooled embeddings
+    [B, T*D]) -> logits [B], the same modules and order as ``torchrec``'s ``DLRM.forward``
+    so that it scores exactly as the trained model does."""
+
+    def __init__(self, model: ModelSpec, dense_vector: torch.Tensor) -> None:
+        super().__init__()
+        self.num_tables, self.dim = len(FEATURES), model.embedding_dim
+        self.dense_arch, self.over_arch = dense_arches(model, seed=0)  # weights set just below
+        self.inter_arch = InteractionArch(num_sparse_features=self.num_tables)
+        params = [*self.dense_arch.parameters(), *self.over_arch.parameters()]  # dlrm.dense_parameters order
+        want = sum(p.numel() for p in params)
+        if dense_vector.numel() != want:
+            raise ValueError(f"dense: {dense_vector.numel()} parameters, the job's model has {want}")
+        # copies, not views into one vector: each weight is its own tensor in the export
+        with torch.no_grad():
+            for p, chunk in zip(params, dense_vector.to(torch.float32).split([p.numel() for p in params])):
+                p.copy_(chunk.view_as(p))
+
+    def forward(self, dense: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
+        sparse = pooled.reshape(pooled.shape[0], self.num_tables, self.dim)
+        return self.over_arch(self.inter_arch(dense_features=self.dense_arch(dense), sparse_features=sparse)).squeeze(-1)
+
+
+def run_spec(run_dir: Path) -> JobSpec:
+    """The spec the job ran with (``spec.json``, written by the driver, paths resolved)."""
+    path = run_dir / "spec.json"
+    if not path.is_file():
+        raise DataError(f"{path}: no such file (is {run_dir} a run directory of dlrover run?)")
+    try:
+        return JobSpec.model_validate_json(path.read_text())
+    except ValidationError as e:
+        raise SpecError(format_validation_error(str(path), e)) from None
+
+
+def find_final_model(run_dir: Path) -> tuple[Path, JobSpec]:
+    """``<checkpoint.dir>/<job_id>/final.pt`` of a run directory, and the job's spec."""
+    spec = run_spec(run_dir)
+    dynamic = [t for t, s in sorted(spec.model.tables.items()) if s.kind != "hashed"]
+    if dynamic:  # their id -> row maps live on the PS and are not in final.pt
+        raise DataError(f"{run_dir / 'spec.json'}: model.tables.{dynamic[0]}: kind {spec.model.tables[dynamic[0]].kind}: export supports hashed tables only")
+    if not spec.checkpoint.dir:
+        raise DataError(f"{run_dir / 'spec.json'}: checkpoint.dir is not set, so the job saved no final.pt (rerun with --set checkpoint.dir=DIR)")
+    job_id = run_dir.resolve().name  # the driver names a run directory after its job
+    path = Path(spec.checkpoint.dir) / job_id / "final.pt"
+    if not path.is_file():
+        raise DataError(f"{path}: no such file (written when job {job_id} finishes; did it?)")
+    return path, spec
+
+
+def load_final(path: Path, model: ModelSpec) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """The tables and dense vector of a ``final.pt``, checked against the job's model."""
+    try:
+        doc = torch.load(path, weights_only=True, mmap=True)
+    except Exception as e:  # noqa: BLE001 - torch raises many kinds for a bad file
+        raise DataError(f"{path}: not a readable torch file: {str(e).splitlines()[0]}") from None
+    for field in ("tables", "dense"):
+        if not isinstance(doc, dict) or field not in doc:
+            raise DataError(f"{path}: no {field!r} field (not a dlrover final model)")
+    tables, dense = doc["tables"], doc["dense"]
+    if not isinstance(tables, list) or not isinstance(dense, torch.Tensor) or not all(isinstance(t, torch.Tensor) for t in tables):
+        raise DataError(f"{path}: 'tables' is not a list of tensors or 'dense' not a tensor (not a dlrover final model)")
+    expected = [(n, model.embedding_dim) for n in model.table_sizes()]
+    for t, (w, want) in enumerate(zip(tables, expected)):
+        if tuple(w.shape) != want:
+            raise DataError(f"{path}: table {t} is {list(w.shape)}, the job's model has {list(want)}")
+    if len(tables) != len(expected):
+        raise DataError(f"{path}: {len(tables)} tables, the job's model has {len(expected)}")
+    return tables, dense
+
+
+def export_run(run_dir: str | Path, out: str | Path) -> Path:
+    """Write the model of a finished run to ``out``; returns the manifest's path."""
+    run_dir, out = Path(run_dir), Path(out)
+    if not run_dir.is_dir():
+        raise DataError(f"{run_dir}: no such run directory")
+    final, spec = find_final_model(run_dir)
+    source_sha = sha256_of(final)
+    tables, dense = load_final(final, spec.model)
+    try:
+        head = DenseHead(spec.model, dense).eval()
+    except ValueError as e:
+        raise DataError(f"{final}: {e}") from None
+    out_dir(str(out))
+    batch = torch.export.Dim("batch", min=1)
+    example = (torch.zeros(2, NUM_DENSE), torch.zeros(2, len(tables) * spec.model.embedding_dim))
+    with torch.no_grad():
+        program = torch.export.export(head, example, dynamic_shapes=({0: batch}, {0: batch}))
+    written = []
+    for name, save in ((DENSE_FILE, lambda p: torch.export.save(program, p)), (TABLES_FILE, lambda p: torch.save(list(tables), p))):
+        tmp = out / f".tmp-{name}"  # the same extension: torch.export.save checks it
+        save(str(tmp))
+        os.replace(tmp, out / name)
+        written.append(FileDigest.of(out / name))
+    manifest = Manifest(
+        format=FORMAT, job_id=run_dir.resolve().name, source_sha256=source_sha, embedding_dim=spec.model.embedding_dim,
+        table_rows=list(spec.model.table_sizes()), dense_features=list(DENSE_COLUMNS), sparse_features=list(SPARSE_COLUMNS),
+        dense_transform=DENSE_TRANSFORM, hashing=HASHING, score=SCORE, files=written,
+    )  # fmt: skip
+    manifest.write(out)
+    return out / MANIFEST

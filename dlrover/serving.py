@@ -1,0 +1,137 @@
+"""An exported model, as ``dlrover predict`` (or any serving process) loads it.
+
+A model directory holds ``model.json`` (the :class:`Manifest`), ``dense.pt2`` (a
+``torch.export`` program: DenseArch, interaction and OverArch of the DLRM, taking the
+dense features and the pooled embeddings) and ``tables.pt`` (the embedding tables, a list
+of [rows, dim] tensors). Loading needs torch alone: no Ray, no TorchRec, nothing of
+dlrover's training code, so a server carries only torch and these files; the lookup
+(``row = id mod rows``, one id per feature) is the one line in :meth:`ServedModel.logits`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dlrover.errors import DataError
+
+FORMAT = "dlrover-dlrm/1"
+MANIFEST = "model.json"
+DENSE_FILE = "dense.pt2"
+TABLES_FILE = "tables.pt"
+HASHING = "row = id mod table_rows[t] (ids >= 0, as Criteo's hex categories decode to)"
+DENSE_TRANSFORM = "log1p(max(x, 0)); a missing value is 0"
+SCORE = "sigmoid(dense.pt2(dense_features, pooled)); pooled = concat over t of tables[t][row_t]"
+
+
+def sha256_of(path: Path) -> str:
+    """Hex sha256 of a file, read in 16 MiB pieces (tables may be GBs)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while piece := f.read(16 << 20):
+            h.update(piece)
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class FileDigest:
+    """A file of the model directory and the sha256 it must have: a truncated copy or a
+    file from another export is refused instead of scoring with the wrong weights."""
+
+    name: str
+    sha256: str
+    bytes: int
+
+    @classmethod
+    def of(cls, path: Path) -> "FileDigest":
+        return cls(path.name, sha256_of(path), path.stat().st_size)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What a server must know besides the tensors: the input layout, how a raw id becomes
+    a table row, and which files (with their checksums) make up the model."""
+
+    format: str
+    job_id: str
+    source_sha256: str  # of the job's final.pt: which trained model this is
+    embedding_dim: int
+    table_rows: list[int]
+    dense_features: list[str]  # columns of the dense input, in order
+    sparse_features: list[str]  # columns of the id input, in order (one table each)
+    dense_transform: str
+    hashing: str
+    score: str
+    files: list[FileDigest]
+
+    def write(self, model_dir: Path) -> None:
+        (model_dir / MANIFEST).write_text(json.dumps(dataclasses.asdict(self), indent=2) + "\n")
+
+    @classmethod
+    def read(cls, model_dir: Path) -> "Manifest":
+        path = model_dir / MANIFEST
+        if not path.is_file():
+            raise DataError(f"{path}: no such file (is {model_dir} a directory written by dlrover export?)")
+        try:
+            doc: Any = json.loads(path.read_text())
+        except (ValueError, UnicodeDecodeError) as e:
+            raise DataError(f"{path}: not JSON: {e}") from None
+        names = [f.name for f in dataclasses.fields(cls)]
+        missing = [n for n in names if not isinstance(doc, dict) or n not in doc]
+        if missing:
+            raise DataError(f"{path}: missing field {missing[0]!r}")
+        if doc["format"] != FORMAT:
+            raise DataError(f"{path}: format {doc['format']!r}, expected {FORMAT!r}")
+        try:
+            files = [FileDigest(**f) for f in doc["files"]]
+        except TypeError:
+            raise DataError(f"{path}: files: expected a list of {{name, sha256, bytes}}") from None
+        return cls(**{**{n: doc[n] for n in names}, "files": files})
+
+
+@dataclass
+class ServedModel:
+    """A loaded model directory: scores rows given their dense features and raw ids."""
+
+    manifest: Manifest
+    dense: torch.nn.Module
+    tables: list[torch.Tensor]
+
+    @classmethod
+    def load(cls, model_dir: str | Path) -> "ServedModel":
+        """Read and check a model directory: every listed file present with its sha256,
+        the tables of the manifest's shapes. Each problem is one DataError naming the file."""
+        d = Path(model_dir)
+        manifest = Manifest.read(d)
+        for f in manifest.files:
+            path = d / f.name
+            if not path.is_file():
+                raise DataError(f"{path}: no such file (listed in {d / MANIFEST})")
+            if sha256_of(path) != f.sha256:
+                raise DataError(f"{path}: sha256 does not match {d / MANIFEST} (corrupt or replaced file)")
+        listed = {f.name for f in manifest.files}
+        for name in (DENSE_FILE, TABLES_FILE):
+            if name not in listed:
+                raise DataError(f"{d / MANIFEST}: files: {name} is not listed")
+        dense = torch.export.load(str(d / DENSE_FILE)).module()
+        # mmap: a table is paged in as ids touch it, not read whole before the first score
+        tables = torch.load(d / TABLES_FILE, weights_only=True, mmap=True)
+        shapes = [tuple(getattr(t, "shape", ())) for t in tables] if isinstance(tables, list) else None
+        expected = [(n, manifest.embedding_dim) for n in manifest.table_rows]
+        if shapes != expected:
+            raise DataError(f"{d / TABLES_FILE}: tables of shapes {shapes}, {d / MANIFEST} says {expected}")
+        return cls(manifest, dense, tables)
+
+    def logits(self, dense: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """Logits [B] of rows with ``dense`` [B, 13] (already transformed, see
+        ``Manifest.dense_transform``) and raw ``ids`` [B, 26] (int64)."""
+        rows = torch.remainder(ids, torch.tensor(self.manifest.table_rows, dtype=torch.int64))
+        pooled = torch.cat([t[rows[:, i]] for i, t in enumerate(self.tables)], dim=1)
+        with torch.no_grad():
+            return self.dense(dense, pooled)
