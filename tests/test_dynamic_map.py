@@ -5,14 +5,13 @@ rules checks the vectorised map on random streams."""
 
 from __future__ import annotations
 
-from collections import Counter
-
 import numpy as np
 import pytest
 import torch
 
-from dlrover.ps.dynamic import FREQ, KEY, DynamicMap, from_ages, to_ages, vshard_of
+from dlrover.ps.dynamic import FREQ, KEY, DynamicMap, to_ages, vshard_of
 from dlrover.table_spec import TableSpec
+from dynamic_reference import ReferenceMap
 
 
 def _map(rpv: int, blocks: int = 1, valid: np.ndarray | None = None, **table) -> DynamicMap:
@@ -77,54 +76,6 @@ def test_vshards_spread_raw_ids_evenly():
     assert counts.min() > 850 and counts.max() < 1150
 
 
-class _Reference:
-    """The map's rules, one id at a time over dicts (no sorting, no numpy)."""
-
-    def __init__(self, valid: np.ndarray, rpv: int, admit_after: int, eviction: str, ttl: int | None) -> None:
-        self.valid, self.rpv, self.admit, self.eviction, self.ttl = valid, rpv, admit_after, eviction, ttl
-        self.rows: dict[int, list[int]] = {}  # position -> [id, last, freq]
-        self.wait: dict[int, list[int]] = {}  # position -> [id, last, count]
-
-    def _where(self, table: dict, x: int) -> int | None:
-        return next((p for p, e in table.items() if e[0] == x), None)
-
-    def lookup(self, ids: list[int], block_of: dict[int, int], now: int) -> dict[int, int]:
-        out, counts = {}, Counter(ids)
-        for x, n in counts.items():
-            p = self._where(self.rows, x)
-            if p is not None:
-                self.rows[p][1], self.rows[p][2], out[x] = now, self.rows[p][2] + n, p
-        for s in sorted({block_of[x] for x in counts if x not in out}):
-            positions = [p for p in range(s * self.rpv, (s + 1) * self.rpv) if self.valid[p]]
-            mine = sorted(x for x in counts if x not in out and block_of[x] == s)
-            ready = [x for x in mine if (self.wait[w][2] if (w := self._where(self.wait, x)) is not None else 0) >= self.admit]
-            for x in ready:  # admissions first, then the waiting ids
-                spot = next((p for p in positions if p not in self.rows), None)
-                if spot is None:
-                    old = [p for p in positions if self.rows[p][1] < now]
-                    if self.eviction == "ttl":
-                        old = [p for p in old if now - self.rows[p][1] > self.ttl]
-                    key = (lambda p: (self.rows[p][2], self.rows[p][1], p)) if self.eviction == "lfu" else (lambda p: (self.rows[p][1], p))
-                    spot = min(old, key=key, default=None)
-                if spot is not None:
-                    self.rows[spot], out[x] = [x, now, counts[x]], spot
-                    self.wait.pop(self._where(self.wait, x), None)
-            fresh = []
-            for x in (x for x in mine if x not in out):  # waiting ids are counted, then new ones wait
-                w = self._where(self.wait, x)
-                if w is None:
-                    fresh.append(x)
-                else:
-                    self.wait[w][1], self.wait[w][2] = now, self.wait[w][2] + counts[x]
-            for x in fresh:
-                free = [p for p in positions if p not in self.wait]
-                old = sorted((self.wait[p][1], p) for p in positions if p in self.wait and self.wait[p][1] < now)
-                spot = free[0] if free else (old[0][1] if old else None)
-                if spot is not None:
-                    self.wait[spot] = [x, now, counts[x]]
-        return {x: out.get(x, -1) for x in counts}
-
-
 @pytest.mark.parametrize("eviction,ttl", [("lru", None), ("lfu", None), ("ttl", 3)])
 @pytest.mark.parametrize("admit_after", [0, 2])
 def test_the_map_assigns_the_same_rows_as_the_reference_model(eviction, ttl, admit_after):
@@ -132,13 +83,13 @@ def test_the_map_assigns_the_same_rows_as_the_reference_model(eviction, ttl, adm
     valid = np.ones(rpv * blocks, bool)
     valid[[4, 9]] = False  # padding rows, as the last rows of some vshards are
     m = _map(rpv, blocks, valid, eviction=eviction, ttl_steps=ttl, admit_after=admit_after)
-    ref = _Reference(valid, rpv, admit_after, eviction, ttl)
+    ref = ReferenceMap(valid, rpv, admit_after, eviction, ttl)
     rng = np.random.default_rng(3)
     for now in range(1, 60):
         ids = (rng.zipf(1.3, size=12) % 50).astype(np.int64)
         blocks_of = vshard_of(ids, blocks)
         got = m.lookup(ids, blocks_of, now)
-        want = ref.lookup(ids.tolist(), dict(zip(ids.tolist(), blocks_of.tolist())), now)
+        want, _ = ref.lookup(ids.tolist(), dict(zip(ids.tolist(), blocks_of.tolist())), now)
         assert got.rows.tolist() == [want[x] for x in ids.tolist()], f"lookup {now}"
         used = m.states[FREQ].numpy() > 0
         assert not used[~valid].any()  # capacity: never a padding row, at most one id per row
@@ -151,7 +102,7 @@ def test_a_map_moved_to_another_ps_keeps_its_ids_rows_and_ages():
     _rows(m, [2], 11)
     payload = to_ages([s.numpy().copy() for s in m.states], clock=11)  # as exported on a PS at clock 11
     states = DynamicMap.new_states(2)
-    for dst, src in zip(states, from_ages(payload, clock=500)):  # imported on a PS at clock 500
+    for dst, src in zip(states, to_ages(payload, clock=500)):  # imported on a PS at clock 500
         dst.copy_(torch.as_tensor(src))
     moved = DynamicMap(states, 2, np.ones(2, bool), m.table)
     assert _rows(moved, [1, 2], None) == _rows(m, [1, 2], None)

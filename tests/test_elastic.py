@@ -39,7 +39,7 @@ def test_migration_keeps_weights_and_optimizer_state(opt):
     ps = {k: EmbeddingPS(k, v1, 4, {"name": opt, "lr": 0.1}, seed=5) for k in range(2)}
     gen = torch.Generator().manual_seed(0)
     for p in ps.values():  # give every weight and state a distinct value
-        for arrays in p._table_arrays(p.tbe):
+        for arrays in p._table_arrays(p.tbe, p.dyn):
             for a in arrays:
                 with torch.no_grad():
                     a.copy_(torch.rand(a.shape, generator=gen))
@@ -47,12 +47,12 @@ def test_migration_keeps_weights_and_optimizer_state(opt):
     def snapshot(servers: dict, vmap: VShardMap) -> list[np.ndarray]:
         out = []
         for t, n in enumerate(SIZES):
-            cols = len(servers[vmap.ps_ids[0]]._table_arrays(servers[vmap.ps_ids[0]].tbe)[t])
-            full = [np.full((n,) + tuple(servers[vmap.ps_ids[0]]._table_arrays(servers[vmap.ps_ids[0]].tbe)[t][c].shape[1:]), np.nan) for c in range(cols)]
+            cols = len(servers[vmap.ps_ids[0]]._table_arrays(servers[vmap.ps_ids[0]].tbe, servers[vmap.ps_ids[0]].dyn)[t])
+            full = [np.full((n,) + tuple(servers[vmap.ps_ids[0]]._table_arrays(servers[vmap.ps_ids[0]].tbe, servers[vmap.ps_ids[0]].dyn)[t][c].shape[1:]), np.nan) for c in range(cols)]
             for k in vmap.ps_ids:
                 rows = vmap.global_rows(k, t)
                 valid = rows >= 0
-                for c, a in enumerate(servers[k]._table_arrays(servers[k].tbe)[t]):
+                for c, a in enumerate(servers[k]._table_arrays(servers[k].tbe, servers[k].dyn)[t]):
                     full[c][rows[valid]] = a.numpy()[valid]
             out += full
         return out

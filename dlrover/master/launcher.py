@@ -25,6 +25,7 @@ from dlrover.model.dlrm import initial_dense_vector
 from dlrover.ps.dense_shards import DenseShards, start_dense_shards
 from dlrover.ps.embedding_ps import EmbeddingPS
 from dlrover.ps.vshard import VShardMap
+from dlrover.table_spec import dynamic_tables
 from dlrover.resource.configs import Config
 from dlrover.spec import JobSpec
 from dlrover.ps.shm import shm_prefix
@@ -76,7 +77,8 @@ class Launcher:
     def launch(self, config: Config) -> None:
         """Start the job's first actors: ``config.ps`` PS, the dense PS, ``config.workers`` workers."""
         spec = self.spec
-        self.vmap = VShardMap.round_robin(spec.model.table_sizes(), max(spec.train.vshards, config.ps), config.ps)
+        dynamic = tuple(dynamic_tables(spec.model.tables))
+        self.vmap = VShardMap.round_robin(spec.model.table_sizes(), max(spec.train.vshards, config.ps), config.ps, dynamic)
         for _ in range(config.ps):
             self.add_ps(config.ps_cpu, config.ps_memory_mb)
         self.new_dense()
@@ -131,7 +133,7 @@ class Launcher:
             .options(name=name, num_cpus=cpu, memory=memory_mb * MB, **self._placement())
             .remote(
                 ps_id, self.vmap, self.spec.model.embedding_dim, self.spec.optimizer.sparse.model_dump(), self.spec.seed,
-                worker_threads(cpu, None), master=self.master, name=name,
+                worker_threads(cpu, None), master=self.master, name=name, tables=self.spec.model.tables,
             )  # fmt: skip
         )
         self.resources[name] = (cpu, memory_mb)

@@ -80,7 +80,7 @@ def recover_partially(m: Job, pending: dict[Any, str], lost_ps: LostPs) -> Parti
     owner, replaced = replace_ps(m, lost_ps.ps)
     lz.wait_started()
     refs = [p if isinstance(p, ray.ObjectRef) else ray.put(p) for p in payloads]
-    vmap = VShardMap(at_death.table_sizes, at_death.num_vshards, owner, at_death.version + 1)
+    vmap = at_death.with_owner(owner)
     # The replacements rebuild their vshards; the survivors keep theirs (same slots: only
     # the map's version moves, and pulls of the aborted runs are dropped).
     new = set(replaced.values())

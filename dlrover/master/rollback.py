@@ -15,7 +15,6 @@ import numpy as np
 import ray
 
 from dlrover.failures import CheckpointRef, Failure, FailureKind, LostPs
-from dlrover.ps.vshard import VShardMap
 from dlrover.resource.configs import Config
 
 from dlrover.master.job import Job
@@ -126,7 +125,7 @@ def roll_back(m: Job, pending: dict[Any, str], lost_ps: LostPs, replace_all: boo
     lz.wait_started()
     ckpt, payloads, source = m.checkpointer.payloads()
     refs = [p if isinstance(p, ray.ObjectRef) else ray.put(p) for p in payloads]
-    vmap = VShardMap(lz.vmap.table_sizes, lz.vmap.num_vshards, owner, lz.vmap.version + 1)
+    vmap = lz.vmap.with_owner(owner)
     ray.get([h.restore.remote(vmap, refs) for h in lz.ps.values()])
     lz.dense.set_state(ckpt.dense)
     lz.vmap = vmap

@@ -114,6 +114,7 @@ class PSClient:
         if not isinstance(self.ps, dict):
             self.ps = dict(enumerate(self.ps))
         self._table_sizes = torch.tensor(self.vmap.table_sizes, dtype=torch.int64)
+        self._raw = torch.tensor([t in self.vmap.dynamic for t in range(len(self.vmap.table_sizes))])  # dynamic: ids stay raw
         self.timings = {"route_s": 0.0, "issue_pull_s": 0.0, "wait_pull_s": 0.0, "push_s": 0.0}
 
     def route(self, kjt: KeyedJaggedTensor, put: Callable[[Any], Any] | None = None) -> RoutedBatch:
@@ -123,7 +124,11 @@ class PSClient:
         t0 = time.perf_counter()
         batch = kjt.stride()
         lengths = kjt.lengths().to(torch.int64)
-        rows = torch.remainder(kjt.values().to(torch.int64), torch.repeat_interleave(self._table_sizes, lengths.view(-1, batch).sum(1)))
+        per_table = lengths.view(-1, batch).sum(1)
+        values = kjt.values().to(torch.int64)
+        rows = torch.remainder(values, torch.repeat_interleave(self._table_sizes, per_table))
+        if self.vmap.dynamic:
+            rows = torch.where(torch.repeat_interleave(self._raw, per_table), values, rows)
         routed = route(rows, lengths, batch, self.vmap)
         if put is not None:
             for r in routed.requests:

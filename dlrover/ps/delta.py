@@ -40,6 +40,11 @@ class CutTracker:
         if self._tbe() is tbe:
             self.rows.mark(indices, offsets, batch)
 
+    def mark_rows(self, tbe: Any, t: int, rows: np.ndarray) -> None:
+        """Local rows of table ``t`` changed outside a push (see ``mark``)."""
+        if self._tbe() is tbe:
+            self.rows.mark_rows(t, rows)
+
     def same_layout(self, vmap: VShardMap, tbe: Any) -> bool:
         """True while the tables this tracker counts rows of are still the live ones."""
         # A restore or a reconfigure installs a new map object (and, moving rows, new tables).

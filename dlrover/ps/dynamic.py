@@ -45,16 +45,12 @@ def vshard_of(ids: np.ndarray, num_vshards: int) -> np.ndarray:
 
 
 def to_ages(states: list, clock: int) -> list:
-    """A table's states for a payload: the map's times as ages on a PS at ``clock``."""
+    """A table's states for a payload: the map's times as ages on a PS at ``clock``. The
+    same function turns a payload's ages back into times on the PS receiving it."""
     out = list(states)
     for i in _AGES:
         out[i] = clock - np.asarray(states[i])
     return out
-
-
-def from_ages(states: list, clock: int) -> list:
-    """Inverse of :func:`to_ages` on the PS receiving the payload."""
-    return to_ages(states, clock)  # clock - (clock' - last) relabels the same instants
 
 
 @dataclass

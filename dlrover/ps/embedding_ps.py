@@ -25,16 +25,20 @@ from dlrover.metrics.process import owned_rss_mb
 from dlrover.preemption import on_sigterm
 from dlrover.ps.applied import AppliedLog, BatchId
 from dlrover.ps.delta import CutTracker, report
-from dlrover.ps.migration import DirtyRows, apply_dirty, copy_blocks, copy_dirty_local, export_blocks, export_dirty
+from dlrover.ps.dynamic import MAP_STATES
+from dlrover.ps.dynamic_tables import DynamicTables, Translated
+from dlrover.ps.migration import DirtyRows
+from dlrover.ps.moves import VShardMoves
 from dlrover.ps.routing import nonempty_bags
 from dlrover.ps.shm import Attached, ShmSlice
 from dlrover.ps.tables import init_rows, new_tbe
 from dlrover.ps.vshard import VShardMap
+from dlrover.table_spec import TableSpec
 
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
 
 
-class EmbeddingPS:
+class EmbeddingPS(VShardMoves):
     """Serves pooled partial embeddings of the vshards it owns (see ``dlrover.ps.vshard``)."""
 
     def __init__(
@@ -47,6 +51,7 @@ class EmbeddingPS:
         threads: int = 1,
         master: Any = None,  # told of a SIGTERM (a preemption notice), with this PS's ``name``
         name: str = "",
+        tables: dict[int, TableSpec] | None = None,  # the dynamic tables' settings, by index
     ) -> None:
         torch.set_num_threads(max(1, threads))
         if master is not None:
@@ -54,8 +59,9 @@ class EmbeddingPS:
         self.index = ps_index
         self.vmap = vmap
         self.dim = dim
-        self._optimizer = dict(optimizer)
+        self._optimizer, self._seed, self._tables = dict(optimizer), seed, {t: tables[t] for t in vmap.dynamic} if tables else {}
         self.tbe = self._new_tbe(vmap.local_table_sizes(ps_index))
+        self.dyn = self._new_dyn(vmap, 0)
         with torch.no_grad():
             for t, w in enumerate(self.tbe.split_embedding_weights()):
                 rows = vmap.global_rows(ps_index, t)
@@ -82,6 +88,30 @@ class EmbeddingPS:
     def _new_tbe(self, sizes: list[int]):
         return new_tbe(sizes, self.dim, self._optimizer)
 
+    def _new_dyn(self, vmap: VShardMap, clock: int) -> DynamicTables:
+        """Empty id maps of the dynamic tables for ``vmap``, at the PS's ``clock``."""
+        return DynamicTables(vmap, self.index, self._tables, self._seed, self.dim, clock)
+
+    def _translate(self, idx: torch.Tensor, off: torch.Tensor | None, train: bool) -> Translated:
+        """Map a batch's dynamic ids to rows; reset the rows evicted, mark the map's changes."""
+        batch = (idx.numel() if off is None else len(off) - 1) // len(self.vmap.table_sizes)
+        tr = self.dyn.translate(idx, off, batch, train, self._reset_rows)
+        for t, rows in tr.changed.items():
+            if self._dirty is not None:
+                self._dirty.mark_rows(t, rows)
+            if self._cut_tracker is not None:
+                self._cut_tracker.mark_rows(self.tbe, t, rows)
+        return tr
+
+    def _reset_rows(self, t: int, rows: np.ndarray) -> None:
+        """Evicted rows of dynamic table ``t`` back to their initial values, no optimizer state."""
+        states = self._table_arrays(self.tbe, self.dyn)[t][: -MAP_STATES]
+        r = torch.from_numpy(rows)
+        with torch.no_grad():
+            states[0][r] = init_rows(self._seed, t, self.vmap.table_sizes[t], self.dim, self.vmap.global_rows(self.index, t)[rows])
+            for a in states[1:]:
+                a[r] = 0
+
     # -- hot path ---------------------------------------------------------------------
     def pull(self, key: tuple, indices: np.ndarray, offsets: np.ndarray | None, train: bool = True, room: ShmSlice | None = None) -> np.ndarray | ShmSlice:
         """Pooled partial sums of the non-empty bags.
@@ -95,24 +125,30 @@ class EmbeddingPS:
         self.chaos.before_call()
         t1 = time.perf_counter()
         idx = torch.as_tensor(indices)
-        if offsets is None:
-            off, nz = torch.arange(idx.numel() + 1, dtype=torch.int64), None
-        else:
+        num_ids, training = idx.numel(), train and key[0] not in self._dropped
+        off = nz = None
+        if offsets is not None:
             off = torch.as_tensor(offsets)
             nz = nonempty_bags(off)
-        if train and key[0] not in self._dropped:
-            out = self.tbe(idx, off)
+        tr = self._translate(idx, off, training) if self.dyn.maps else None
+        if tr is not None:
+            idx, off = tr.indices, tr.offsets
+        tbe_off = off if off is not None else torch.arange(idx.numel() + 1, dtype=torch.int64)
+        if training:
+            out = self.tbe(idx, tbe_off)
             with self._lock:
-                self._pending[key] = (out, nz, idx, None if offsets is None else off)
+                self._pending[key] = (out, nz, idx, off, tr.pins if tr is not None else {})
         else:
             with torch.no_grad():
-                out = self.tbe(idx, off)
+                out = self.tbe(idx, tbe_off)
         out = out.detach()
+        if tr is not None and tr.defaults is not None:
+            out = out + tr.defaults  # the unadmitted ids' default rows, outside the graph
         if nz is not None:
             num_tables = len(self.vmap.table_sizes)
             out = out.view(out.shape[0], num_tables, self.dim).transpose(0, 1).reshape(-1, self.dim)[nz]
         self._stats["pulls"] += 1
-        self._stats["ids"] += idx.numel()
+        self._stats["ids"] += num_ids
         self.chaos.after_step(time.perf_counter() - t1)
         self._stats["busy_s"] += time.perf_counter() - t0  # the whole call, injected faults included
         return out.numpy() if room is None else self._segments.put(room, out.numpy())
@@ -127,9 +163,10 @@ class EmbeddingPS:
         if isinstance(grad, ShmSlice):
             grad = self._segments.view(grad)
         with self._lock:
-            out, nz, idx, off = self._pending.pop(key)
+            out, nz, idx, off, pins = self._pending.pop(key)
             if batch is not None and not self.applied.first_time(BatchId(*batch)):
                 self._stats["duplicates"] += 1
+                self.dyn.unpin(pins)
                 return 0
         num_tables = len(self.vmap.table_sizes)
         batch = out.shape[0]
@@ -141,6 +178,7 @@ class EmbeddingPS:
             g[nz] = torch.as_tensor(grad)
             out.backward(g.view(num_tables, batch, self.dim).transpose(0, 1).reshape(batch, num_tables * self.dim))
             bags = int(nz.numel())
+        self.dyn.unpin(pins)  # only now: an evicted row must not take this batch's update
         rows = (len(off) - 1) // num_tables if off is not None else batch
         if self._dirty is not None:
             self._dirty.mark(idx, off, rows)
@@ -167,160 +205,8 @@ class EmbeddingPS:
             self._dropped.add(key_prefix)
             stale = [k for k in self._pending if k[0] == key_prefix]
             for k in stale:
-                del self._pending[k]
+                self.dyn.unpin(self._pending.pop(k)[4])
         return len(stale)
-
-    # -- migration (see dlrover.ps.migration) -------------------------------------------
-    # Round 1, training goes on: track() on every PS, export_vshards() on the old owners,
-    # prepare() on every PS of the new map (new tables filled from its own kept blocks and
-    # the exports), prepared() polled. Round 2, workers paused: export_vshards(dirty_only)
-    # and reconfigure() copy only the rows pushed since track().
-    def _table_arrays(self, tbe) -> list[list[torch.Tensor]]:
-        """Per table: [weights, *optimizer states] as writable views into ``tbe``."""
-        weights = tbe.split_embedding_weights()
-        states = [] if self._optimizer["name"] == "sgd" else tbe.split_optimizer_states()
-        return [[w.detach(), *(states[t] if states else [])] for t, w in enumerate(weights)]
-
-    def track(self) -> None:
-        """Start recording which local rows pushes update."""
-        self._dirty = DirtyRows(self.vmap.local_table_sizes(self.index))
-
-    def export_vshards(self, vshards: list[int], dirty_only: bool = False) -> dict:
-        """Weights and optimizer state of owned ``vshards`` for their new owner: whole blocks,
-        or (``dirty_only``) the rows updated since ``track()``."""
-        vs = np.asarray(sorted(vshards), dtype=np.int64)
-        if len(vs) and np.any(self.vmap.owner[vs] != self.index):
-            raise ValueError(f"ps-{self.index} does not own all of vshards {vs.tolist()}")
-        slots = np.searchsorted(self.vmap.owned(self.index), vs)
-        arrays, rpv = self._table_arrays(self.tbe), self.vmap.rows_per_vshard()
-        if dirty_only:
-            if self._dirty is None:
-                raise RuntimeError(f"ps-{self.index}: dirty rows asked for without track()")
-            return {"vshards": vs, "dirty": export_dirty(arrays, self._dirty, slots, rpv)}
-        return {"vshards": vs, "tables": export_blocks(arrays, slots, rpv)}
-
-    def prepare(self, vmap: VShardMap, incoming: list[Any]) -> None:
-        """Round 1: build the tables of ``vmap`` on a background thread (pulls and pushes
-        go on meanwhile) from this PS's kept blocks and the full ``incoming`` payloads."""
-        import ray
-
-        def build() -> None:
-            try:
-                payloads = [p if isinstance(p, dict) else ray.get(p) for p in incoming]
-                tbe = self._new_tbe(vmap.local_table_sizes(self.index))
-                box["bytes"] = self._fill(tbe, vmap, payloads)
-                box["tbe"] = tbe
-            except Exception as e:  # reported by prepared()
-                box["error"] = f"{type(e).__name__}: {e}"
-
-        box: dict = {}
-        if np.array_equal(vmap.owned(self.index), self.vmap.owned(self.index)):
-            self._prepared = None  # nothing moves in or out of this PS
-            return
-        thread = threading.Thread(target=build, name="vshard-precopy", daemon=True)
-        thread.start()
-        self._prepared = (vmap.version, thread, box)
-
-    def prepared(self) -> bool | str:
-        """True once the new tables are built; an error message if building them failed."""
-        if self._prepared is None:
-            return True
-        if self._prepared[1].is_alive():
-            return False
-        return self._prepared[2].get("error", True)
-
-    def cancel_migration(self) -> None:
-        """Drop the tables prepared for a migration that will not happen, stop tracking."""
-        if self._prepared is not None:
-            self._prepared[1].join()
-        self._prepared, self._dirty = None, None
-
-    def _fill(self, tbe, vmap: VShardMap, payloads: list[dict], keep: bool = True) -> int:
-        """Copy into ``tbe`` (laid out for ``vmap``) the kept blocks (``keep``) and the
-        payloads' blocks."""
-        rpv = vmap.rows_per_vshard()
-        new_owned = list(vmap.owned(self.index))
-        new_slot = {int(v): i for i, v in enumerate(new_owned)}
-        dst = self._table_arrays(tbe)
-        old_slot = {int(v): i for i, v in enumerate(self.vmap.owned(self.index))}
-        kept = [v for v in new_slot if v in old_slot] if keep else []
-        copy_blocks(dst, np.array([new_slot[v] for v in kept]), self._table_arrays(self.tbe), np.array([old_slot[v] for v in kept]), rpv)
-        nbytes, have = 0, set(kept)
-        for p in payloads:  # a payload may also hold vshards going to other PS
-            mine = [(i, int(v)) for i, v in enumerate(p["vshards"]) if int(v) in new_slot]
-            nbytes += copy_blocks(dst, np.array([new_slot[v] for _, v in mine]), p["tables"], np.array([i for i, _ in mine]), rpv)
-            have.update(v for _, v in mine)
-        missing = sorted(set(new_slot) - have)
-        if missing:
-            raise RuntimeError(f"ps-{self.index}: no data for vshards {missing}")
-        return nbytes
-
-    def reconfigure(self, vmap: VShardMap, incoming: list[Any]) -> dict:
-        """Switch to ``vmap`` (workers paused: nothing pulled-but-not-pushed).
-
-        After ``prepare(vmap)``: ``incoming`` are dirty payloads, and the rows of kept
-        vshards updated since ``track()`` are copied over too. Without: ``incoming`` are
-        full payloads and the whole switch happens now. The fused optimizer's state moves
-        with the weights, so training goes on exactly where it stopped.
-        """
-        import ray
-
-        t0 = time.perf_counter()
-        with self._lock:
-            # Live workers are parked with every push applied: a pull still pending here
-            # belongs to a worker that died mid-step (its shard is trained again).
-            orphans = len(self._pending)
-            self._pending.clear()
-        if np.array_equal(vmap.owned(self.index), self.vmap.owned(self.index)):
-            self.vmap, self._prepared, self._dirty = vmap, None, None  # same slots: only the version moves
-            return {"bytes_in": 0, "bytes_precopied": 0, "recv_s": 0.0, "copy_s": 0.0, "orphan_pulls": orphans}
-        payloads = [p if isinstance(p, dict) else ray.get(p) for p in incoming]
-        t_recv = time.perf_counter()
-        prepared, self._prepared = self._prepared, None
-        if prepared is not None and prepared[0] == vmap.version:
-            prepared[1].join()
-            if "tbe" not in prepared[2]:
-                raise RuntimeError(f"ps-{self.index}: preparing the new tables failed")
-            tbe, precopied = prepared[2]["tbe"], prepared[2]["bytes"]
-            rpv = vmap.rows_per_vshard()
-            new_slot = {int(v): i for i, v in enumerate(vmap.owned(self.index))}
-            old_to_new = {i: new_slot[int(v)] for i, v in enumerate(self.vmap.owned(self.index)) if int(v) in new_slot}
-            dst = self._table_arrays(tbe)
-            copy_dirty_local(dst, self._table_arrays(self.tbe), self._dirty, old_to_new, rpv)
-            nbytes = sum(apply_dirty(dst, new_slot, p["vshards"], p["dirty"], rpv) for p in payloads)
-        else:
-            tbe = self._new_tbe(vmap.local_table_sizes(self.index))
-            precopied, nbytes = 0, self._fill(tbe, vmap, payloads)
-        self.tbe, self.vmap, self._dirty = tbe, vmap, None
-        done = time.perf_counter()
-        return {"bytes_in": nbytes, "bytes_precopied": precopied, "recv_s": t_recv - t0, "copy_s": done - t_recv, "orphan_pulls": orphans}
-
-    # -- checkpoints (see dlrover.master.checkpoint) -------------------------------------
-    def snapshot(self) -> tuple[int, dict]:
-        """``(bytes, payload)``: every owned vshard (weights + optimizer state) as one
-        export payload, taken with the workers parked. The payload is views of the live
-        tables; called with ``options(num_returns=2)``, Ray copies it into the object store
-        (owned by the caller) before the call completes, so a consistent cut costs one
-        copy and this PS never holds its tables twice."""
-        with self._lock:
-            owned = self.vmap.owned(self.index)
-            tables = export_blocks(self._table_arrays(self.tbe), np.arange(len(owned)), self.vmap.rows_per_vshard())
-        return int(sum(a.nbytes for t in tables for a in t)), {"vshards": owned.astype(np.int64), "tables": tables}
-
-    def restore(self, vmap: VShardMap, payloads: list[Any]) -> int:
-        """Roll back to a checkpoint: rebuild the tables of ``vmap`` from full payloads
-        (they may come from PS that no longer exist, under an older map). Pulls not pushed
-        yet are dropped: the workers that made them restart from the checkpoint too."""
-        import ray
-
-        payloads = [p if isinstance(p, dict) else ray.get(p) for p in payloads]
-        tbe = self._new_tbe(vmap.local_table_sizes(self.index))
-        nbytes = self._fill(tbe, vmap, payloads, keep=False)
-        with self._lock:
-            self._pending.clear()
-            self.applied.clear()  # batches after the checkpoint's cut are pushed again
-            self.tbe, self.vmap, self._prepared, self._dirty = tbe, vmap, None, None
-        return nbytes
 
     # -- state --------------------------------------------------------------------------
     def table_rows(self, table: int) -> tuple[np.ndarray, np.ndarray]:
@@ -341,6 +227,10 @@ class EmbeddingPS:
         with torch.no_grad():
             self.tbe.split_embedding_weights()[table][torch.from_numpy(local)] = torch.as_tensor(weights)
 
+    def dynamic_ids(self, table: int) -> np.ndarray:
+        """The ids of dynamic table ``table`` admitted on this PS, ascending."""
+        return self.dyn.ids(table)
+
     def set_chaos(self, slowdown: float | None = None, leak_mb_per_s: float | None = None, delay_ms: float | None = None) -> None:
         """Fault injection (the spec's ``chaos:``): serve slower, leak memory, or answer late."""
         self.chaos.set(slowdown, leak_mb_per_s, delay_ms)
@@ -348,6 +238,7 @@ class EmbeddingPS:
     def stats(self) -> dict:
         s = dict(self._stats)
         s["pending"] = len(self._pending)
+        s["dynamic_ids"] = sum(len(self.dyn.ids(t)) for t in self.dyn.maps)  # admitted, all dynamic tables
         s["applied_log"] = self.applied.entries()
         s["uptime_s"] = time.monotonic() - self._started
         s["pid"] = os.getpid()

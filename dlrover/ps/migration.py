@@ -40,6 +40,10 @@ class DirtyRows:
             table = np.repeat(np.arange(len(lengths)) // batch, lengths)
         self.flat[self.base[table] + idx] = True
 
+    def mark_rows(self, t: int, rows: np.ndarray) -> None:
+        """Local rows of table ``t`` changed outside a push (a dynamic table's id map)."""
+        self.flat[self.base[t] + rows] = True
+
     def table(self, t: int) -> np.ndarray:
         return self.flat[self.base[t] : self.base[t + 1]]
 

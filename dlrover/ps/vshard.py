@@ -10,6 +10,9 @@ PS 1 of 0..2 retires, the owners are {0, 2}.
 On a PS the owned vshards are laid out back to back: table ``t`` on PS ``k`` has
 ``len(owned_k) * rows_per_vshard[t]`` rows and global row ``r`` sits at local row
 ``slot_k(r % V) * rows_per_vshard[t] + r // V``.
+
+A dynamic table (``dynamic``, :mod:`dlrover.ps.dynamic`) is laid out the same way, but an
+id is not a row: it goes to vshard ``vshard_of(id)`` and its owner maps it to a row.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+
+from dlrover.ps.dynamic import vshard_of
 
 
 @dataclass
@@ -28,6 +33,7 @@ class VShardMap:
     num_vshards: int
     owner: np.ndarray  # int32 [V]: PS index owning each vshard
     version: int = 0
+    dynamic: tuple[int, ...] = ()  # dynamic tables: routed by a hash of the raw id
     _slot: np.ndarray = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -40,10 +46,14 @@ class VShardMap:
             self._slot[vs] = np.arange(len(vs))
 
     @classmethod
-    def round_robin(cls, table_sizes: list[int], num_vshards: int, num_ps: int) -> "VShardMap":
+    def round_robin(cls, table_sizes: list[int], num_vshards: int, num_ps: int, dynamic: tuple[int, ...] = ()) -> "VShardMap":
         if num_ps > num_vshards:
             raise ValueError(f"{num_ps} PS need at least as many vshards, got {num_vshards}")
-        return cls(list(table_sizes), num_vshards, np.arange(num_vshards) % num_ps)
+        return cls(list(table_sizes), num_vshards, np.arange(num_vshards) % num_ps, dynamic=tuple(dynamic))
+
+    def with_owner(self, owner: np.ndarray) -> "VShardMap":
+        """The next version, with vshard ``v`` on PS ``owner[v]``."""
+        return VShardMap(list(self.table_sizes), self.num_vshards, owner, self.version + 1, self.dynamic)
 
     @property
     def ps_ids(self) -> list[int]:
@@ -57,8 +67,11 @@ class VShardMap:
     def bags_on(self, sparse: np.ndarray, ps_ids: list[int]) -> int:
         """How many bags of a batch of raw ids (``[N, tables]``, one id per bag, as the
         workers route them) go to the PS ``ps_ids``."""
-        rows = np.remainder(np.asarray(sparse, dtype=np.int64), np.asarray(self.table_sizes, dtype=np.int64))
-        return int(np.isin(self.owner[rows % self.num_vshards], ps_ids).sum())
+        sparse = np.asarray(sparse, dtype=np.int64)
+        vs = np.remainder(sparse, np.asarray(self.table_sizes, dtype=np.int64)) % self.num_vshards
+        for t in self.dynamic:
+            vs[:, t] = vshard_of(sparse[:, t], self.num_vshards)
+        return int(np.isin(self.owner[vs], ps_ids).sum())
 
     def reassigned(self, ps_ids: list[int], load: dict[int, float] | None = None) -> "VShardMap":
         """A new version spreading the vshards over ``ps_ids`` with as few moves as possible.
@@ -95,7 +108,7 @@ class VShardMap:
             owner[v] = lo
             held[hi] -= weight[v]
             held[lo] += weight[v]
-        return VShardMap(list(self.table_sizes), self.num_vshards, owner, self.version + 1)
+        return self.with_owner(owner)
 
     def moves(self, new: "VShardMap") -> list[tuple[int, int, int]]:
         """``(vshard, from_ps, to_ps)`` for every vshard whose owner differs in ``new``."""
@@ -122,10 +135,16 @@ class VShardMap:
         return rows
 
     def route(self, rows: torch.Tensor, tables: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Owner PS and local row of each global row id (``tables``: the table of each)."""
+        """Owner PS and local row of each global row id (``tables``: the table of each). The
+        ids of dynamic tables are raw ids: routed by their hash, sent as they are."""
         v = self.num_vshards
         vs = rows % v
+        raw = torch.from_numpy(np.isin(tables.numpy(), self.dynamic)) if self.dynamic else None
+        if raw is not None:
+            vs[raw] = torch.from_numpy(vshard_of(rows[raw].numpy(), v))
         owner = torch.from_numpy(self.owner)[vs]
         rpv = torch.tensor(self.rows_per_vshard(), dtype=torch.int64)[tables]
         local = torch.from_numpy(self._slot)[vs] * rpv + torch.div(rows, v, rounding_mode="floor")
+        if raw is not None:
+            local[raw] = rows[raw]
         return owner, local

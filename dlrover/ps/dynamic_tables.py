@@ -1,0 +1,134 @@
+"""The dynamic tables of one PS (:mod:`dlrover.ps.dynamic`): raw ids in, TBE rows out.
+
+A pull's table-major TBE batch carries raw ids for dynamic tables. ``translate`` maps them
+to local rows under one lock (the maps are shared by the PS's threads), drops the ids not
+admitted from the TBE batch and hands back, per bag, how many default rows to add to the
+pooled output: the default row is a constant outside the TBE, so it is never updated.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+
+from dlrover.ps.dynamic import DynamicMap, to_ages, vshard_of
+from dlrover.ps.vshard import VShardMap
+from dlrover.table_spec import TableSpec
+
+
+def default_row(seed: int, table: int, num_rows: int, dim: int) -> torch.Tensor:
+    """The constant row every unadmitted id of a dynamic table reads (same on every PS)."""
+    bound = (1.0 / num_rows) ** 0.5
+    g = torch.Generator().manual_seed(((seed * 7919 + table) << 20) - 1)  # no row block uses -1
+    return torch.empty(dim).uniform_(-bound, bound, generator=g)
+
+
+@dataclass
+class Translated:
+    """A TBE batch with the dynamic ids mapped: ``offsets`` None when every bag still holds
+    one id; ``defaults`` ``[batch, T*D]`` to add to the pooled output (None: nothing);
+    ``pins``, ``evicted``, ``changed``: local rows per dynamic table."""
+
+    indices: torch.Tensor
+    offsets: torch.Tensor | None
+    defaults: torch.Tensor | None
+    pins: dict[int, np.ndarray] = field(default_factory=dict)
+    evicted: dict[int, np.ndarray] = field(default_factory=dict)
+    changed: dict[int, np.ndarray] = field(default_factory=dict)
+
+
+class DynamicTables:
+    """The id maps of a PS's dynamic tables under one layout (``vmap``); ``clock`` counts
+    the PS's training lookups and carries over to the next layout."""
+
+    def __init__(self, vmap: VShardMap, ps_index: int, tables: dict[int, TableSpec], seed: int, dim: int, clock: int = 0) -> None:
+        self.vmap, self.clock, self.dim = vmap, clock, dim
+        sizes, rpv = vmap.local_table_sizes(ps_index), vmap.rows_per_vshard()
+        self.maps: dict[int, DynamicMap] = {}
+        for t in sorted(tables):
+            valid = np.zeros(sizes[t], dtype=bool)
+            rows = vmap.global_rows(ps_index, t)
+            valid[: len(rows)] = rows >= 0
+            self.maps[t] = DynamicMap(DynamicMap.new_states(sizes[t]), rpv[t], valid, tables[t])
+        self.default = {t: default_row(seed, t, vmap.table_sizes[t], dim) for t in self.maps}
+        self._slot = np.full(vmap.num_vshards, -1, dtype=np.int64)
+        owned = vmap.owned(ps_index)
+        self._slot[owned] = np.arange(len(owned))
+        self._lock = threading.Lock()
+
+    def states(self, t: int) -> list[torch.Tensor]:
+        """The map states of table ``t`` (none for a hashed table)."""
+        return self.maps[t].states if t in self.maps else []
+
+    def translate(self, indices: torch.Tensor, offsets: torch.Tensor | None, batch: int, train: bool, reset: Callable[[int, np.ndarray], None]) -> Translated:
+        """Map the raw ids of the dynamic tables in a TBE batch (``batch`` bags per table).
+        ``reset(table, rows)`` puts evicted rows back to their initial state, under the
+        lock, before any lookup can hand them to another batch."""
+        num_tables = len(self.vmap.table_sizes)
+        idx = indices.numpy().copy()
+        lengths = np.ones(len(idx), dtype=np.int64) if offsets is None else np.diff(offsets.numpy())
+        start = np.concatenate([[0], np.cumsum(lengths.reshape(num_tables, batch).sum(1))])
+        out = Translated(torch.from_numpy(idx), offsets, None)
+        with self._lock:
+            now = None
+            if train:
+                self.clock += 1
+                now = self.clock
+            for t, m in self.maps.items():
+                ids = idx[start[t] : start[t + 1]]
+                slots = self._slot[vshard_of(ids, self.vmap.num_vshards)]
+                if np.any(slots < 0):
+                    raise ValueError(f"table {t}: ids of vshards this PS does not own")
+                got = m.lookup(ids, slots, now)
+                idx[start[t] : start[t + 1]] = got.rows
+                if len(got.evicted):
+                    reset(t, got.evicted)
+                if train:
+                    m.pin(got.rows, 1)
+                    out.pins[t] = got.rows
+                out.evicted[t], out.changed[t] = got.evicted, got.changed
+        keep = idx >= 0
+        if keep.all():
+            return out
+        bag = np.repeat(np.arange(num_tables * batch), lengths)
+        counts = torch.from_numpy(np.bincount(bag[~keep], minlength=num_tables * batch).reshape(num_tables, batch)).to(torch.float32)
+        extra = torch.zeros(num_tables, batch, self.dim)
+        for t, row in self.default.items():
+            extra[t] = counts[t].unsqueeze(1) * row
+        out.defaults = extra.transpose(0, 1).reshape(batch, num_tables * self.dim)
+        out.indices = torch.from_numpy(idx[keep])
+        out.offsets = torch.zeros(num_tables * batch + 1, dtype=torch.int64)
+        torch.cumsum(torch.from_numpy(np.bincount(bag[keep], minlength=num_tables * batch)), 0, out=out.offsets[1:])
+        return out
+
+    def unpin(self, pins: dict[int, np.ndarray]) -> None:
+        """The batch that pinned these rows was pushed (or dropped): they may be evicted."""
+        with self._lock:
+            for t, rows in pins.items():
+                self.maps[t].pin(rows, -1)
+
+    def clear_pins(self) -> None:
+        """No batch is in flight any more (a reconfigure with the workers parked)."""
+        with self._lock:
+            for m in self.maps.values():
+                m.pins[:] = 0
+
+    def reindex(self) -> None:
+        for m in self.maps.values():
+            m.reindex()
+
+    def ids(self, t: int) -> np.ndarray:
+        """The admitted ids of dynamic table ``t`` on this PS, ascending."""
+        return self.maps[t].ids()
+
+    def as_ages(self, tables: list, dirty: bool = False) -> list:
+        """A payload's per-table states (``dirty``: ``(positions, states)`` pairs) with the
+        map's times as ages on this PS, or, applied to a payload received, back to times."""
+        out = list(tables)
+        for t in self.maps:
+            out[t] = (tables[t][0], to_ages(tables[t][1], self.clock)) if dirty else to_ages(tables[t], self.clock)
+        return out

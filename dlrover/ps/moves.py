@@ -1,0 +1,181 @@
+"""Moving and saving an embedding PS's vshards: the migration rounds and checkpoints.
+
+A mixin of :class:`dlrover.ps.embedding_ps.EmbeddingPS` (its own module only to keep the
+hot path apart). Every table's rows travel as ``[weights, *optimizer states]``, plus the
+id map of a dynamic table (:mod:`dlrover.ps.dynamic`), whose times travel as ages.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from dlrover.ps.dynamic_tables import DynamicTables
+from dlrover.ps.migration import DirtyRows, apply_dirty, copy_blocks, copy_dirty_local, export_blocks, export_dirty
+from dlrover.ps.vshard import VShardMap
+
+
+class VShardMoves:
+    """``export_vshards`` / ``prepare`` / ``reconfigure`` (live migration, see
+    :mod:`dlrover.ps.migration`), ``snapshot`` / ``restore`` (checkpoints)."""
+
+    # -- migration (see dlrover.ps.migration) -------------------------------------------
+    # Round 1, training goes on: track() on every PS, export_vshards() on the old owners,
+    # prepare() on every PS of the new map (new tables filled from its own kept blocks and
+    # the exports), prepared() polled. Round 2, workers paused: export_vshards(dirty_only)
+    # and reconfigure() copy only the rows pushed since track().
+    def _table_arrays(self, tbe, dyn: DynamicTables) -> list[list[torch.Tensor]]:
+        """Per table: [weights, *optimizer states, *map states of a dynamic table] as
+        writable views into ``tbe`` and ``dyn``."""
+        weights = tbe.split_embedding_weights()
+        states = [] if self._optimizer["name"] == "sgd" else tbe.split_optimizer_states()
+        return [[w.detach(), *(states[t] if states else []), *dyn.states(t)] for t, w in enumerate(weights)]
+
+    def track(self) -> None:
+        """Start recording which local rows pushes update."""
+        self._dirty = DirtyRows(self.vmap.local_table_sizes(self.index))
+
+    def export_vshards(self, vshards: list[int], dirty_only: bool = False) -> dict:
+        """Weights and optimizer state of owned ``vshards`` for their new owner: whole blocks,
+        or (``dirty_only``) the rows updated since ``track()``."""
+        vs = np.asarray(sorted(vshards), dtype=np.int64)
+        if len(vs) and np.any(self.vmap.owner[vs] != self.index):
+            raise ValueError(f"ps-{self.index} does not own all of vshards {vs.tolist()}")
+        slots = np.searchsorted(self.vmap.owned(self.index), vs)
+        arrays, rpv = self._table_arrays(self.tbe, self.dyn), self.vmap.rows_per_vshard()
+        if dirty_only:
+            if self._dirty is None:
+                raise RuntimeError(f"ps-{self.index}: dirty rows asked for without track()")
+            return {"vshards": vs, "dirty": self.dyn.as_ages(export_dirty(arrays, self._dirty, slots, rpv), dirty=True)}
+        return {"vshards": vs, "tables": self.dyn.as_ages(export_blocks(arrays, slots, rpv))}
+
+    def prepare(self, vmap: VShardMap, incoming: list[Any]) -> None:
+        """Round 1: build the tables of ``vmap`` on a background thread (pulls and pushes
+        go on meanwhile) from this PS's kept blocks and the full ``incoming`` payloads."""
+        import ray
+
+        def build() -> None:
+            try:
+                payloads = [p if isinstance(p, dict) else ray.get(p) for p in incoming]
+                tbe, dyn = self._new_tbe(vmap.local_table_sizes(self.index)), self._new_dyn(vmap, self.dyn.clock)
+                box["bytes"] = self._fill(tbe, dyn, vmap, payloads)
+                box["tbe"], box["dyn"] = tbe, dyn
+            except Exception as e:  # reported by prepared()
+                box["error"] = f"{type(e).__name__}: {e}"
+
+        box: dict = {}
+        if np.array_equal(vmap.owned(self.index), self.vmap.owned(self.index)):
+            self._prepared = None  # nothing moves in or out of this PS
+            return
+        thread = threading.Thread(target=build, name="vshard-precopy", daemon=True)
+        thread.start()
+        self._prepared = (vmap.version, thread, box)
+
+    def prepared(self) -> bool | str:
+        """True once the new tables are built; an error message if building them failed."""
+        if self._prepared is None:
+            return True
+        if self._prepared[1].is_alive():
+            return False
+        return self._prepared[2].get("error", True)
+
+    def cancel_migration(self) -> None:
+        """Drop the tables prepared for a migration that will not happen, stop tracking."""
+        if self._prepared is not None:
+            self._prepared[1].join()
+        self._prepared, self._dirty = None, None
+
+    def _fill(self, tbe, dyn: DynamicTables, vmap: VShardMap, payloads: list[dict], keep: bool = True) -> int:
+        """Copy into ``tbe`` and ``dyn`` (laid out for ``vmap``) the kept blocks (``keep``)
+        and the payloads' blocks."""
+        rpv = vmap.rows_per_vshard()
+        new_owned = list(vmap.owned(self.index))
+        new_slot = {int(v): i for i, v in enumerate(new_owned)}
+        dst = self._table_arrays(tbe, dyn)
+        old_slot = {int(v): i for i, v in enumerate(self.vmap.owned(self.index))}
+        kept = [v for v in new_slot if v in old_slot] if keep else []
+        copy_blocks(dst, np.array([new_slot[v] for v in kept]), self._table_arrays(self.tbe, self.dyn), np.array([old_slot[v] for v in kept]), rpv)
+        nbytes, have = 0, set(kept)
+        for p in payloads:  # a payload may also hold vshards going to other PS
+            mine = [(i, int(v)) for i, v in enumerate(p["vshards"]) if int(v) in new_slot]
+            nbytes += copy_blocks(dst, np.array([new_slot[v] for _, v in mine]), dyn.as_ages(p["tables"]), np.array([i for i, _ in mine]), rpv)
+            have.update(v for _, v in mine)
+        missing = sorted(set(new_slot) - have)
+        if missing:
+            raise RuntimeError(f"ps-{self.index}: no data for vshards {missing}")
+        dyn.reindex()
+        return nbytes
+
+    def reconfigure(self, vmap: VShardMap, incoming: list[Any]) -> dict:
+        """Switch to ``vmap`` (workers paused: nothing pulled-but-not-pushed).
+
+        After ``prepare(vmap)``: ``incoming`` are dirty payloads, and the rows of kept
+        vshards updated since ``track()`` are copied over too. Without: ``incoming`` are
+        full payloads and the whole switch happens now. The fused optimizer's state moves
+        with the weights, so training goes on exactly where it stopped.
+        """
+        import ray
+
+        t0 = time.perf_counter()
+        with self._lock:
+            # Live workers are parked with every push applied: a pull still pending here
+            # belongs to a worker that died mid-step (its shard is trained again).
+            orphans = len(self._pending)
+            self._pending.clear()
+        self.dyn.clear_pins()
+        if np.array_equal(vmap.owned(self.index), self.vmap.owned(self.index)):
+            self.vmap, self._prepared, self._dirty = vmap, None, None  # same slots: only the version moves
+            return {"bytes_in": 0, "bytes_precopied": 0, "recv_s": 0.0, "copy_s": 0.0, "orphan_pulls": orphans}
+        payloads = [p if isinstance(p, dict) else ray.get(p) for p in incoming]
+        t_recv = time.perf_counter()
+        prepared, self._prepared = self._prepared, None
+        if prepared is not None and prepared[0] == vmap.version:
+            prepared[1].join()
+            if "tbe" not in prepared[2]:
+                raise RuntimeError(f"ps-{self.index}: preparing the new tables failed")
+            tbe, dyn, precopied = prepared[2]["tbe"], prepared[2]["dyn"], prepared[2]["bytes"]
+            rpv = vmap.rows_per_vshard()
+            new_slot = {int(v): i for i, v in enumerate(vmap.owned(self.index))}
+            old_to_new = {i: new_slot[int(v)] for i, v in enumerate(self.vmap.owned(self.index)) if int(v) in new_slot}
+            dst = self._table_arrays(tbe, dyn)
+            copy_dirty_local(dst, self._table_arrays(self.tbe, self.dyn), self._dirty, old_to_new, rpv)
+            dyn.clock = self.dyn.clock  # training went on since prepare()
+            nbytes = sum(apply_dirty(dst, new_slot, p["vshards"], dyn.as_ages(p["dirty"], dirty=True), rpv) for p in payloads)
+            dyn.reindex()
+        else:
+            tbe, dyn = self._new_tbe(vmap.local_table_sizes(self.index)), self._new_dyn(vmap, self.dyn.clock)
+            precopied, nbytes = 0, self._fill(tbe, dyn, vmap, payloads)
+        self.tbe, self.dyn, self.vmap, self._dirty = tbe, dyn, vmap, None
+        done = time.perf_counter()
+        return {"bytes_in": nbytes, "bytes_precopied": precopied, "recv_s": t_recv - t0, "copy_s": done - t_recv, "orphan_pulls": orphans}
+
+    # -- checkpoints (see dlrover.master.checkpoint) -------------------------------------
+    def snapshot(self) -> tuple[int, dict]:
+        """``(bytes, payload)``: every owned vshard (weights + optimizer state) as one
+        export payload, taken with the workers parked. The payload is views of the live
+        tables; called with ``options(num_returns=2)``, Ray copies it into the object store
+        (owned by the caller) before the call completes, so a consistent cut costs one
+        copy and this PS never holds its tables twice."""
+        with self._lock:
+            owned = self.vmap.owned(self.index)
+            tables = self.dyn.as_ages(export_blocks(self._table_arrays(self.tbe, self.dyn), np.arange(len(owned)), self.vmap.rows_per_vshard()))
+        return int(sum(a.nbytes for t in tables for a in t)), {"vshards": owned.astype(np.int64), "tables": tables}
+
+    def restore(self, vmap: VShardMap, payloads: list[Any]) -> int:
+        """Roll back to a checkpoint: rebuild the tables of ``vmap`` from full payloads
+        (they may come from PS that no longer exist, under an older map). Pulls not pushed
+        yet are dropped: the workers that made them restart from the checkpoint too."""
+        import ray
+
+        payloads = [p if isinstance(p, dict) else ray.get(p) for p in payloads]
+        tbe, dyn = self._new_tbe(vmap.local_table_sizes(self.index)), self._new_dyn(vmap, self.dyn.clock)
+        nbytes = self._fill(tbe, dyn, vmap, payloads, keep=False)
+        with self._lock:
+            self._pending.clear()
+            self.applied.clear()  # batches after the checkpoint's cut are pushed again
+            self.tbe, self.dyn, self.vmap, self._prepared, self._dirty = tbe, dyn, vmap, None, None
+        return nbytes

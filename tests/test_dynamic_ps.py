@@ -1,0 +1,107 @@
+"""Dynamic tables served by real PS actors: the same ids get the same rows and the same
+pooled sums as a local reference of the map rules, under SGD updates and any PS count."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from dlrover.model.dlrm import FEATURES, PSClient
+from dlrover.ps.dynamic import vshard_of
+from dlrover.ps.dynamic_tables import default_row
+from dlrover.ps.embedding_ps import EmbeddingPS
+from dlrover.ps.tables import init_rows
+from dlrover.ps.vshard import VShardMap
+from dlrover.table_spec import TableSpec, rows_of
+from dynamic_reference import ReferenceMap
+
+V, DIM, LR, SEED, CAP = 8, 4, 0.05, 3, 21  # 21 rows over 8 vshards: some vshards hold 2, some 3
+TABLES = {
+    0: TableSpec(kind="dynamic", capacity_rows=CAP, admit_after=1, eviction="lru"),
+    4: TableSpec(kind="dynamic", capacity_rows=CAP, eviction="lfu"),
+    9: TableSpec(kind="dynamic", capacity_rows=CAP, admit_after=2, eviction="ttl", ttl_steps=2),
+}
+SIZES = rows_of([50] * 26, TABLES)
+
+
+class LocalTables:
+    """Every table in one place: hashed rows by ``id % N``, dynamic rows by the reference
+    map over all vshards, SGD applied per id occurrence."""
+
+    def __init__(self) -> None:
+        self.w = [init_rows(SEED, t, n, DIM, np.arange(n)) for t, n in enumerate(SIZES)]
+        rpv = -(-CAP // V)
+        valid = np.array([j * V + v < CAP for v in range(V) for j in range(rpv)])
+        self.maps = {t: ReferenceMap(valid, rpv, s.admit_after, s.eviction.value, s.ttl_steps) for t, s in TABLES.items()}
+        self.rpv, self.clock, self.evictions = rpv, 0, 0
+
+    def rows(self, t: int, ids: list[int]) -> list[int]:
+        """Global row of each id of a table this step (-1: the default row)."""
+        if t not in self.maps:
+            return [x % SIZES[t] for x in ids]
+        block = dict(zip(ids, vshard_of(np.array(ids, dtype=np.int64), V).tolist()))
+        pos, evicted = self.maps[t].lookup(ids, block, self.clock)
+        self.evictions += len(evicted)
+        for p in evicted:  # back to its initial value
+            g = (p % self.rpv) * V + p // self.rpv
+            self.w[t][g] = init_rows(SEED, t, CAP, DIM, np.array([g]))[0]
+        return [-1 if pos[x] < 0 else (pos[x] % self.rpv) * V + pos[x] // self.rpv for x in ids]
+
+    def step(self, bags: list[list[list[int]]], grad: torch.Tensor) -> torch.Tensor:
+        """Pooled [B, T*D] of ``bags[t][b]``, then the SGD update by ``grad``."""
+        self.clock += 1
+        n = len(bags[0])
+        pooled, touched = torch.zeros(n, len(SIZES), DIM), []
+        for t, table in enumerate(bags):
+            flat = [x for bag in table for x in bag]
+            rows = iter(self.rows(t, flat) if flat else [])
+            for b, bag in enumerate(table):
+                for r in (next(rows) for _ in bag):
+                    pooled[b, t] += default_row(SEED, t, CAP, DIM) if r < 0 else self.w[t][r]
+                    if r >= 0:
+                        touched.append((t, r, b))
+        g = grad.view(n, len(SIZES), DIM)
+        for t, r, b in touched:
+            self.w[t][r] -= LR * g[b, t]
+        return pooled.view(n, -1)
+
+
+def _batch(rng: np.random.Generator, n: int) -> list[list[list[int]]]:
+    """Per table, ``n`` bags of 0..3 ids; dynamic ids are raw 64-bit values from a skewed pool."""
+    pool = (np.arange(40, dtype=np.int64) * 0x9E3779B97F4A7C1) ^ (1 << 62)
+    out = []
+    for t in range(len(SIZES)):
+        lengths = rng.integers(0, 4, size=n)
+        ids = pool[rng.zipf(1.5, size=int(lengths.sum())) % len(pool)] if t in TABLES else rng.integers(0, 2**40, size=int(lengths.sum()))
+        out.append([list(map(int, part)) for part in np.split(ids, np.cumsum(lengths)[:-1])])
+    return out
+
+
+def _kjt(bags: list[list[list[int]]]) -> KeyedJaggedTensor:
+    values = torch.tensor([x for table in bags for bag in table for x in bag], dtype=torch.int64)
+    lengths = torch.tensor([len(bag) for table in bags for bag in table], dtype=torch.int32)
+    return KeyedJaggedTensor.from_lengths_sync(keys=FEATURES, values=values, lengths=lengths)
+
+
+@pytest.mark.parametrize("num_ps", [1, 3])
+def test_dynamic_tables_give_the_reference_rows_and_pooled_sums_under_updates(ray_local, num_ps):
+    vmap = VShardMap.round_robin(SIZES, V, num_ps, tuple(TABLES))
+    actor = ray_local.remote(EmbeddingPS)
+    ps = [actor.remote(k, vmap, DIM, {"name": "sgd", "lr": LR}, SEED, tables=TABLES) for k in range(num_ps)]
+    client, local = PSClient(ps, vmap, DIM, "w", get=ray_local.get), LocalTables()
+    rng = np.random.default_rng(num_ps)
+    for step in range(12):
+        bags = _batch(rng, 48)
+        lookup = client.start(_kjt(bags), train=True)
+        got = client.wait(lookup)
+        grad = torch.from_numpy(rng.standard_normal(got.shape).astype(np.float32))
+        want = local.step(bags, grad)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=f"step {step}")  # summation order only
+        ray_local.get(client.push(lookup, grad))
+    for t, ref in local.maps.items():
+        admitted = np.concatenate([ray_local.get(p.dynamic_ids.remote(t)) for p in ps])
+        assert sorted(admitted.tolist()) == sorted(e[0] for e in ref.rows.values()) and len(ref.rows) > 0
+    assert local.evictions > 0
+    assert all(s["pending"] == 0 for s in ray_local.get([p.stats.remote() for p in ps]))
