@@ -105,3 +105,33 @@ def test_dynamic_tables_give_the_reference_rows_and_pooled_sums_under_updates(ra
         assert sorted(admitted.tolist()) == sorted(e[0] for e in ref.rows.values()) and len(ref.rows) > 0
     assert local.evictions > 0
     assert all(s["pending"] == 0 for s in ray_local.get([p.stats.remote() for p in ps]))
+
+
+def test_a_dynamic_tables_map_moves_with_its_vshard_when_a_ps_joins(ray_local):
+    v1 = VShardMap.round_robin(SIZES, V, 2, tuple(TABLES))
+    actor = ray_local.remote(EmbeddingPS)
+    ps = {k: actor.remote(k, v1, DIM, {"name": "sgd", "lr": LR}, SEED, tables=TABLES) for k in range(3)}  # ps-2 owns nothing yet
+    client, local = PSClient({k: ps[k] for k in (0, 1)}, v1, DIM, "w", get=ray_local.get), LocalTables()
+    rng = np.random.default_rng(5)
+
+    def steps(n: int) -> None:
+        for _ in range(n):
+            bags = _batch(rng, 48)
+            lookup = client.start(_kjt(bags), train=True)
+            got = client.wait(lookup)
+            grad = torch.from_numpy(rng.standard_normal(got.shape).astype(np.float32))
+            torch.testing.assert_close(got, local.step(bags, grad), rtol=1e-5, atol=1e-5)
+            ray_local.get(client.push(lookup, grad))
+
+    steps(6)
+    v2 = v1.reassigned([0, 1, 2])
+    moves = v1.moves(v2)
+    assert any(dst == 2 for _, _, dst in moves)
+    exports = {s: ps[s].export_vshards.remote([v for v, src, _ in moves if src == s]) for s in {src for _, src, _ in moves}}
+    ray_local.get([ps[k].reconfigure.remote(v2, [exports[s] for s in exports if any(src == s and d == k for _, src, d in moves)]) for k in ps])
+    client.set_routing(ps, v2)
+    steps(6)  # the moved ids keep their rows, ages and counts: the same evictions as the reference
+    for t, ref in local.maps.items():
+        admitted = np.concatenate([ray_local.get(p.dynamic_ids.remote(t)) for p in ps.values()])
+        assert sorted(admitted.tolist()) == sorted(e[0] for e in ref.rows.values())
+    assert len(ray_local.get(ps[2].dynamic_ids.remote(0))) > 0
