@@ -21,6 +21,7 @@ from dlrover.data.plan import DataPlan
 from dlrover.metrics.evaluation import evaluate_scores
 from dlrover.model.dlrm import build_dense_dlrm, dense_parameters, make_kjt, table_configs
 from dlrover.ps.dense_ps import make_dense_optimizer
+from dlrover.ps.tables import init_rows
 from dlrover.spec import JobSpec
 
 _SPARSE_OPT = {
@@ -31,12 +32,16 @@ _SPARSE_OPT = {
 
 
 def build_local_model(spec: JobSpec):
-    """DLRM over a FusedEmbeddingBagCollection, plus the dense optimizer."""
+    """DLRM over a FusedEmbeddingBagCollection, plus the dense optimizer; every weight
+    starts where dlrover's starts (dense init by seed, embedding rows as the PS makes them)."""
     sparse = spec.optimizer.sparse
     kwargs = {"lr": sparse.lr} if sparse.name == "sgd" else {"lr": sparse.lr, "eps": sparse.eps}
     torch.manual_seed(spec.seed)
     ebc = FusedEmbeddingBagCollection(tables=table_configs(spec.model), optimizer_type=_SPARSE_OPT[sparse.name], optimizer_kwargs=kwargs)
     model = build_dense_dlrm(spec.model, ebc, spec.seed)
+    with torch.no_grad():  # the PS's initial rows, so that both sides start from one model
+        for t, w in enumerate(ebc.state_dict().values()):
+            w.copy_(init_rows(spec.seed, t, w.shape[0], w.shape[1], np.arange(w.shape[0])))
     opt = make_dense_optimizer(dense_parameters(model), spec.optimizer.dense.model_dump())
     return model, opt
 
