@@ -118,7 +118,7 @@ def measure_dlrover(spec: JobSpec, runs_dir: str) -> Measured:
     return Measured(summary["throughput_samples_per_s"], summary.get("auc"))
 
 
-def run_throughput_bench(rows: int = 400_000, batch_size: int = 2048, steps: int = 150) -> dict:
+def run_throughput_bench(rows: int = 1_000_000, batch_size: int = 2048, steps: int = 300) -> dict:
     """Baseline (1 thread, every core), each dlrover layout, the baseline again (the
     machine is noisy: the best baseline run counts)."""
     cache = os.environ.get("DLROVER_BENCH_DATA", os.path.join(tempfile.gettempdir(), "dlrover-bench-data"))
