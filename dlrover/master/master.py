@@ -41,6 +41,7 @@ from dlrover.master.scale_events import ScaleEvent
 from dlrover.master.summary import actor_rows, export_final, reliability_fields, reliability_of, summary_of
 from dlrover.master.states import TERMINAL, JobLoop, JobStatus, RunGroup
 from dlrover.master.telemetry import Telemetry
+from dlrover.ps.dynamic_tables import total_counts
 from dlrover.resource.plan import Policy
 from dlrover.spec import JobSpec
 
@@ -268,6 +269,7 @@ class JobMaster:
         ps_stats = ray.get([ps.stats.remote() for ps in self.launcher.ps.values()]) + self.control.retired_ps_stats
         # Each (sample, feature) bag is pushed to exactly one PS: this counts applied updates.
         summary["ps_bags_updated"] = int(sum(s["rows_updated"] for s in ps_stats))
+        summary["dynamic_tables"] = total_counts(ps_stats)  # hits, admissions, evictions (dlrover bench embeddings)
         dense = self.launcher.dense.stats()
         # One per batch trained (since the dense PS started), on every shard alike.
         summary["dense_updates_per_shard"] = [int(d["updates"]) for d in dense]

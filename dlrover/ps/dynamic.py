@@ -57,11 +57,13 @@ def to_ages(states: list, clock: int) -> list:
 class Lookup:
     """What one lookup did: ``rows`` per id (-1: not admitted, reads the default row),
     ``evicted`` rows to reset to their initial values, ``changed`` positions whose map
-    state changed (for dirty-row tracking)."""
+    state changed (for dirty-row tracking); ``hits`` and ``admitted`` for the PS's stats."""
 
     rows: np.ndarray
     evicted: np.ndarray
     changed: np.ndarray
+    hits: int = 0  # ids looked up that had a row before this lookup
+    admitted: int = 0  # ids given a row by it
 
 
 def _find(keys: np.ndarray, pos: np.ndarray, ids: np.ndarray) -> np.ndarray:
@@ -127,6 +129,7 @@ class DynamicMap:
         su = np.asarray(slots, dtype=np.int64)[first]
         rows_u = _find(self._rk, self._rp, u)
         hit = rows_u[rows_u >= 0]
+        hits, admitted = int(cnt[rows_u >= 0].sum()), 0
         a[FREQ][hit] += cnt[rows_u >= 0]
         a[LAST][hit] = now
         pend = _find(self._pk, self._pp, u)
@@ -143,6 +146,7 @@ class DynamicMap:
                 victims = self._victims(s, len(ready) - len(free), now)
                 spots = np.concatenate([free, victims])[: len(ready)]
                 took = ready[: len(spots)]
+                admitted += len(took)
                 out = spots[len(free) :]
                 gone_r.append(a[KEY][out])
                 evicted.append(out)
@@ -170,7 +174,7 @@ class DynamicMap:
         cat = lambda xs: np.concatenate(xs).astype(np.int64) if xs else none  # noqa: E731
         self._rk, self._rp = _update(self._rk, self._rp, cat(gone_r), cat(new_r), cat(new_rp))
         self._pk, self._pp = _update(self._pk, self._pp, cat(gone_p), cat(new_p), cat(new_pp))
-        return Lookup(rows_u[inv], cat(evicted), np.unique(cat(changed)))
+        return Lookup(rows_u[inv], cat(evicted), np.unique(cat(changed)), hits, admitted)
 
     def _victims(self, s: int, need: int, now: int) -> np.ndarray:
         """Up to ``need`` rows of block ``s`` to evict, by the table's policy. Rows looked up

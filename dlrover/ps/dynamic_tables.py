@@ -9,13 +9,13 @@ pooled output: the default row is a constant outside the TBE, so it is never upd
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 import numpy as np
 import torch
 
-from dlrover.ps.dynamic import DynamicMap, to_ages, vshard_of
+from dlrover.ps.dynamic import DynamicMap, Lookup, to_ages, vshard_of
 from dlrover.ps.vshard import VShardMap
 from dlrover.table_spec import TableSpec
 
@@ -41,12 +41,37 @@ class Translated:
     changed: dict[int, np.ndarray] = field(default_factory=dict)
 
 
+@dataclass
+class DynamicCounts:
+    """What a PS's dynamic tables did in training lookups since it started (all tables):
+    the evidence of whether capacity and admission fit the data."""
+
+    lookups: int = 0  # ids looked up (each occurrence)
+    hits: int = 0  # of those, ids that had a row already
+    defaults: int = 0  # of those, ids not admitted: they read the default row
+    admitted: int = 0  # ids given a row
+    evicted: int = 0  # rows taken from the id that held them
+
+    def add(self, ids: int, got: Lookup) -> None:
+        self.lookups += ids
+        self.hits += got.hits
+        self.defaults += int((got.rows < 0).sum())
+        self.admitted += got.admitted
+        self.evicted += len(got.evicted)
+
+
+def total_counts(stats: list[dict]) -> dict[str, int]:
+    """The :class:`DynamicCounts` of several PS (their ``stats()["dynamic"]``), summed."""
+    return {k: int(sum(s.get("dynamic", {}).get(k, 0) for s in stats)) for k in asdict(DynamicCounts())}
+
+
 class DynamicTables:
     """The id maps of a PS's dynamic tables under one layout (``vmap``); ``clock`` counts
-    the PS's training lookups and carries over to the next layout."""
+    the PS's training lookups and carries over to the next layout, as ``counts`` does."""
 
-    def __init__(self, vmap: VShardMap, ps_index: int, tables: dict[int, TableSpec], seed: int, dim: int, clock: int = 0) -> None:
+    def __init__(self, vmap: VShardMap, ps_index: int, tables: dict[int, TableSpec], seed: int, dim: int, clock: int = 0, counts: DynamicCounts | None = None) -> None:
         self.vmap, self.clock, self.dim = vmap, clock, dim
+        self.counts = counts if counts is not None else DynamicCounts()
         sizes, rpv = vmap.local_table_sizes(ps_index), vmap.rows_per_vshard()
         self.maps: dict[int, DynamicMap] = {}
         for t in sorted(tables):
@@ -84,6 +109,8 @@ class DynamicTables:
                 if np.any(slots < 0):
                     raise ValueError(f"table {t}: ids of vshards this PS does not own")
                 got = m.lookup(ids, slots, now)
+                if train:
+                    self.counts.add(len(ids), got)
                 idx[start[t] : start[t + 1]] = got.rows
                 if len(got.evicted):
                     reset(t, got.evicted)

@@ -13,6 +13,7 @@ import os
 import threading
 import time
 import warnings
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
@@ -26,7 +27,7 @@ from dlrover.preemption import on_sigterm
 from dlrover.ps.applied import AppliedLog, BatchId
 from dlrover.ps.delta import CutTracker, report
 from dlrover.ps.dynamic import MAP_STATES
-from dlrover.ps.dynamic_tables import DynamicTables, Translated
+from dlrover.ps.dynamic_tables import DynamicCounts, DynamicTables, Translated
 from dlrover.ps.migration import DirtyRows
 from dlrover.ps.moves import VShardMoves
 from dlrover.ps.routing import nonempty_bags
@@ -61,6 +62,7 @@ class EmbeddingPS(VShardMoves):
         self.dim = dim
         self._optimizer, self._seed, self._tables = dict(optimizer), seed, {t: tables[t] for t in vmap.dynamic} if tables else {}
         self.tbe = self._new_tbe(vmap.local_table_sizes(ps_index))
+        self.dyn_counts = DynamicCounts()  # kept across layouts: each new DynamicTables adds to it
         self.dyn = self._new_dyn(vmap, 0)
         with torch.no_grad():
             for t, w in enumerate(self.tbe.split_embedding_weights()):
@@ -90,7 +92,7 @@ class EmbeddingPS(VShardMoves):
 
     def _new_dyn(self, vmap: VShardMap, clock: int) -> DynamicTables:
         """Empty id maps of the dynamic tables for ``vmap``, at the PS's ``clock``."""
-        return DynamicTables(vmap, self.index, self._tables, self._seed, self.dim, clock)
+        return DynamicTables(vmap, self.index, self._tables, self._seed, self.dim, clock, self.dyn_counts)
 
     def _translate(self, idx: torch.Tensor, off: torch.Tensor | None, train: bool) -> Translated:
         """Map a batch's dynamic ids to rows; reset the rows evicted, mark the map's changes."""
@@ -239,6 +241,7 @@ class EmbeddingPS(VShardMoves):
         s = dict(self._stats)
         s["pending"] = len(self._pending)
         s["dynamic_ids"] = sum(len(self.dyn.ids(t)) for t in self.dyn.maps)  # admitted, all dynamic tables
+        s["dynamic"] = asdict(self.dyn_counts)
         s["applied_log"] = self.applied.entries()
         s["uptime_s"] = time.monotonic() - self._started
         s["pid"] = os.getpid()

@@ -1,0 +1,46 @@
+"""The dynamic tables' hit/admit/evict counters a PS reports in ``stats()["dynamic"]``."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from dlrover.ps.dynamic_tables import DynamicCounts, DynamicTables, total_counts
+from dlrover.ps.vshard import VShardMap
+from dlrover.table_spec import TableSpec, rows_of
+
+V, CAP, DIM = 1, 2, 4  # one vshard of two rows: every admission past two evicts
+TABLES = {0: TableSpec(kind="dynamic", capacity_rows=CAP, admit_after=1, eviction="lru")}
+SIZES = rows_of([8] * 26, TABLES)
+
+
+def _lookup(tables: DynamicTables, ids: list[int], train: bool = True) -> None:
+    """One batch of ``len(ids)`` bags (the ids in table 0, id 1 in every hashed table),
+    pushed at once: its rows are unpinned."""
+    idx = torch.ones(26 * len(ids), dtype=torch.int64)
+    idx[: len(ids)] = torch.tensor(ids)
+    tables.unpin(tables.translate(idx, None, len(ids), train, lambda t, rows: None).pins)
+
+
+def test_counts_tell_hits_defaults_admissions_and_evictions_apart() -> None:
+    tables = DynamicTables(VShardMap.round_robin(SIZES, V, 1, (0,)), 0, TABLES, seed=0, dim=DIM)
+    _lookup(tables, [10, 11])  # first sightings: both wait on the default row
+    assert tables.counts == DynamicCounts(lookups=2, hits=0, defaults=2, admitted=0, evicted=0)
+    _lookup(tables, [10, 11])  # second sightings: both admitted into the two free rows
+    assert tables.counts == DynamicCounts(lookups=4, hits=0, defaults=2, admitted=2, evicted=0)
+    _lookup(tables, [12])  # waits
+    _lookup(tables, [10, 10])  # hits, counted per occurrence
+    _lookup(tables, [12])  # admitted by evicting 11, the least recently looked up
+    assert tables.counts == DynamicCounts(lookups=8, hits=2, defaults=3, admitted=3, evicted=1)
+    _lookup(tables, [11, 12], train=False)  # evaluation lookups are not counted
+    assert tables.counts.lookups == 8
+
+
+def test_counts_carry_over_to_the_next_layout_and_sum_over_ps() -> None:
+    counts = DynamicCounts()
+    vmap = VShardMap.round_robin(SIZES, V, 1, (0,))
+    _lookup(DynamicTables(vmap, 0, TABLES, seed=0, dim=DIM, counts=counts), [5, 6])
+    _lookup(DynamicTables(vmap.with_owner(vmap.owner), 0, TABLES, seed=0, dim=DIM, counts=counts), [7])
+    assert counts.lookups == 3 and counts.defaults == 3
+    stats = [{"dynamic": {"lookups": 3, "hits": 1, "defaults": 2, "admitted": 1, "evicted": 0}}, {"dynamic": {"lookups": 4, "hits": 4}}, {}]
+    assert total_counts(stats) == {"lookups": 7, "hits": 5, "defaults": 2, "admitted": 1, "evicted": 0}
