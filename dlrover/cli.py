@@ -13,6 +13,7 @@ import os
 import sys
 from typing import Callable
 
+from dlrover.cli_data import add_data_parsers, cmd_data
 from dlrover.cli_serving import SERVING_COMMANDS, add_serving_parsers
 from dlrover.errors import DLRoverError
 from dlrover.paths import out_dir
@@ -109,14 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     di = dbsub.add_parser("install", help="copy dashboards/dlrover.json next to the Grafana dashboards Ray wrote for a session")
     di.add_argument("--session-dir", default="/tmp/ray/session_latest")
 
-    d = sub.add_parser("data", help="data utilities")
-    dsub = d.add_subparsers(dest="data_cmd", required=True, parser_class=_Parser)
-    syn = dsub.add_parser("synth", help="write learnable synthetic Criteo TSV with a known best AUC")
-    syn.add_argument("--out", required=True)
-    syn.add_argument("--rows", type=_positive_int, default=100_000)
-    syn.add_argument("--files", type=_positive_int, default=4)
-    syn.add_argument("--seed", type=int, default=0)
-    syn.add_argument("--gzip", action="store_true")
+    add_data_parsers(sub.add_parser, _positive_int)
 
     sim = sub.add_parser("simulate", help="compare allocation policies on a job trace in the cluster simulator")
     sim.add_argument("--trace", default="synthetic", help="trace CSV/Parquet, or 'synthetic' (default)")
@@ -211,6 +205,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--json", action="store_true")
     sp.add_argument("--rows", type=_positive_int, default=819_200)
     sp.add_argument("--delay-ms", type=_positive_float, default=50.0, help="added to each pull and push of ps:1 (default 50)")
+    em = bsub.add_parser("embeddings", help="hashed vs dynamic large tables at equal memory on high-cardinality data: AUC, samples/s, memory, evictions")
+    em.add_argument("--json", action="store_true")
+    em.add_argument("--quick", action="store_true", help="60k rows, 4k-row tables (smoke run)")
     return p
 
 
@@ -262,14 +259,6 @@ def _print_result(s: dict) -> None:
         for c in configs:
             pred = f"{c['predicted_throughput']:,.0f}" if c.get("predicted_throughput") else "n/a"
             print(f"  {c['summary']}: measured {c['measured_throughput']:,.0f} samples/s over {c['duration_s']:.0f}s (model predicted {pred})")
-
-
-def cmd_data(args) -> int:
-    from dlrover.data.synth import SynthConfig, generate
-
-    info = generate(args.out, SynthConfig(rows=args.rows, files=args.files, seed=args.seed, gzip=args.gzip), progress=True)
-    print(f"wrote {info['rows']:,} rows in {len(info['files'])} files to {args.out}; ctr {info['ctr']:.3f}; best possible auc {info['best_auc']:.4f}")
-    return 0
 
 
 def cmd_submit(args) -> int:
@@ -353,6 +342,7 @@ BENCHES: dict[str, tuple[str, str, str, Callable[[argparse.Namespace], dict]]] =
     "dense": ("dense", "run_dense_bench", "print_dense", lambda a: {"workers": a.workers, "shards": a.shards, "steps": a.steps}),
     "bigtable": ("bigtable", "run_bigtable_bench", "print_bigtable", lambda a: {"quick": a.quick}),
     "perf-model": ("perf_model", "run_perf_model_bench", "print_perf_model", lambda a: {"window_s": a.window_s}),
+    "embeddings": ("embeddings", "run_embeddings_bench", "print_embeddings", lambda a: {"quick": a.quick}),
     "slow-ps": ("slow_ps", "run_slow_ps_bench", "print_slow_ps", lambda a: {"rows": a.rows, "delay_ms": a.delay_ms}),
 }
 

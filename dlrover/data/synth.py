@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from dlrover.data.criteo import NUM_DENSE, NUM_SPARSE, Batch
+from dlrover.data.synth_highcard import GENERATOR as HIGHCARD_GENERATOR, HighCardOracle
 from dlrover.errors import DataError, DLRoverError
 
 GENERATOR = "dlrover.synth/1"
@@ -361,9 +362,9 @@ class Oracle:
         self._model = _Model(cfg)
 
     @staticmethod
-    def from_dir(data_dir: str) -> "Oracle | None":
-        """The oracle for a synth output directory (or a file in it); None if the
-        data did not come from the generator (no synth.json)."""
+    def from_dir(data_dir: str) -> "Oracle | HighCardOracle | None":
+        """The oracle for a synth output directory (or a file in it), the high-cardinality
+        generator's for its data; None if no generator wrote it (no synth.json)."""
         if os.path.isfile(data_dir):
             data_dir = os.path.dirname(data_dir)
         path = os.path.join(data_dir, META_FILE)
@@ -372,6 +373,8 @@ class Oracle:
         try:
             with open(path) as f:
                 meta = json.load(f)
+            if meta.get("generator") == HIGHCARD_GENERATOR:
+                return HighCardOracle.from_meta(meta)
             cfg = SynthConfig(**meta["config"])
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise DataError(f"{path}: not a valid synth.json: {e}") from None

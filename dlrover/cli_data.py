@@ -1,0 +1,41 @@
+"""``dlrover data synth``: its arguments and handler, kept out of ``dlrover.cli`` (which
+adds them to its parser and dispatch table)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Callable
+
+from dlrover.errors import DLRoverError
+
+
+def add_data_parsers(add_parser: Callable[..., argparse.ArgumentParser], positive_int: Callable[[str], int]) -> None:
+    """Add ``data synth`` with ``add_parser`` (the CLI's ``subparsers.add_parser``)."""
+    d = add_parser("data", help="data utilities")
+    dsub = d.add_subparsers(dest="data_cmd", required=True, parser_class=type(d))
+    syn = dsub.add_parser("synth", help="write learnable synthetic Criteo TSV with a known best AUC")
+    syn.add_argument("--out", required=True)
+    syn.add_argument("--rows", type=positive_int, default=100_000)
+    syn.add_argument("--files", type=positive_int, default=4)
+    syn.add_argument("--seed", type=int, default=0)
+    syn.add_argument("--gzip", action="store_true")
+    syn.add_argument("--high-cardinality", action="store_true", help="4 tables of Zipf ids over --distinct-ids values, every id weighted alike (hashed tables collide)")
+    syn.add_argument("--distinct-ids", type=positive_int, help="values per large table with --high-cardinality (default 10,000,000)")
+
+
+def cmd_data(args: argparse.Namespace) -> int:
+    if args.distinct_ids is not None and not args.high_cardinality:
+        raise DLRoverError("--distinct-ids: only with --high-cardinality")
+    if args.high_cardinality:
+        from dlrover.data.synth_highcard import HighCardConfig, generate_highcard
+
+        cfg = HighCardConfig(rows=args.rows, files=args.files, seed=args.seed, distinct_ids=args.distinct_ids or 10_000_000, gzip=args.gzip)
+        info = generate_highcard(args.out, cfg, progress=True)
+        seen = ", ".join(f"{n:,}" for n in info["distinct_ids_seen"])
+        print(f"wrote {info['rows']:,} rows in {len(info['files'])} files to {args.out}; distinct ids seen per large table {seen}; ctr {info['ctr']:.3f}; best possible auc {info['best_auc']:.4f}")
+        return 0
+    from dlrover.data.synth import SynthConfig, generate
+
+    info = generate(args.out, SynthConfig(rows=args.rows, files=args.files, seed=args.seed, gzip=args.gzip), progress=True)
+    print(f"wrote {info['rows']:,} rows in {len(info['files'])} files to {args.out}; ctr {info['ctr']:.3f}; best possible auc {info['best_auc']:.4f}")
+    return 0
