@@ -1,0 +1,158 @@
+"""``dlrover bench embeddings``: hashed vs dynamic large tables at equal memory, on
+high-cardinality data (:mod:`dlrover.data.synth_highcard`).
+
+Two real jobs (1 worker + 1 PS) train the same DLRM on the same rows; only the
+``LARGE`` tables differ. The dynamic job gives each ``CAPACITY`` rows and an id map; the
+hashed job gives each the rows the same bytes buy: a dynamic row costs its weights and
+optimizer state plus the map (``MAP_STATES`` int64 per row) plus the PS's sorted key
+indexes (two int64 each for the admitted and the waiting id a row position holds), so
+the hashed tables get ``(row + map) / row`` times the rows. Reported: held-out AUC (and
+the generator's best), samples/s, table bytes and the PS's measured peak RSS, and the
+dynamic tables' hit/default/admit/evict counts from the job summary.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+
+from dlrover.bench.progress import JobProgress
+from dlrover.errors import DLRoverError
+from dlrover.spec import JobSpec, spec_from_dict
+
+DIM = 16
+SMALL_ROWS = 4096  # the other tables (vocabularies of at most 1,000): hashed in both jobs
+INDEX_INT64 = 4  # sorted keys + positions, for admitted and for waiting ids
+MAP_BYTES_PER_ROW = (6 + INDEX_INT64) * 8  # MAP_STATES int64 + the key indexes
+SPARSE_LR = 0.05
+
+
+@dataclass
+class EmbeddingsBenchConfig:
+    rows: int
+    distinct_ids: int
+    large: int  # tables C1.. with distinct_ids values (dynamic in one job)
+    capacity: int  # rows of each large table in the dynamic job
+    batch_size: int
+    admit_after: int = 1
+    eviction: str = "lfu"
+    seed: int = 23
+
+
+FULL = EmbeddingsBenchConfig(rows=2_000_000, distinct_ids=10_000_000, large=4, capacity=65_536, batch_size=2048)
+QUICK = EmbeddingsBenchConfig(rows=60_000, distinct_ids=10_000_000, large=4, capacity=4096, batch_size=1024)
+
+
+class EmbeddingsBenchError(DLRoverError):
+    """A bench job did not succeed or did not train every sample (one ``error:`` line)."""
+
+
+def row_bytes(dim: int = DIM) -> int:
+    """A table row with row-wise Adagrad: fp32 weights and one fp32 accumulator."""
+    return dim * 4 + 4
+
+
+def hashed_rows(capacity: int, dim: int = DIM) -> int:
+    """The rows a hashed table gets for the bytes of a ``capacity``-row dynamic one."""
+    return round(capacity * (row_bytes(dim) + MAP_BYTES_PER_ROW) / row_bytes(dim))
+
+
+def table_sizes(cfg: EmbeddingsBenchConfig, large_rows: int) -> list[int]:
+    return [large_rows] * cfg.large + [SMALL_ROWS] * (26 - cfg.large)
+
+
+def model_mb(cfg: EmbeddingsBenchConfig, dynamic: bool) -> float:
+    """Bytes of all tables (weights, optimizer state and, dynamic, the id maps), in MB."""
+    if dynamic:
+        large = cfg.large * cfg.capacity * (row_bytes() + MAP_BYTES_PER_ROW)
+        return (large + (26 - cfg.large) * SMALL_ROWS * row_bytes()) / 2**20
+    return sum(table_sizes(cfg, hashed_rows(cfg.capacity))) * row_bytes() / 2**20
+
+
+def bench_spec(data_dir: str, cfg: EmbeddingsBenchConfig, dynamic: bool) -> JobSpec:
+    tables = {t: {"kind": "dynamic", "capacity_rows": cfg.capacity, "admit_after": cfg.admit_after, "eviction": cfg.eviction} for t in range(cfg.large)}
+    return spec_from_dict(
+        {
+            "name": f"bench-embeddings-{'dynamic' if dynamic else 'hashed'}",
+            "seed": cfg.seed,
+            "model": {
+                "embedding_dim": DIM, "num_embeddings": table_sizes(cfg, cfg.capacity if dynamic else hashed_rows(cfg.capacity)),
+                "dense_arch": [64, DIM], "over_arch": [128, 64, 1], "tables": tables if dynamic else {},
+            },
+            "data": {"paths": [os.path.join(data_dir, "*.tsv")], "epochs": 1, "batch_size": cfg.batch_size, "eval_fraction": 0.1, "shard_rows": 8 * cfg.batch_size},
+            "resources": {"workers": 1, "ps": 1, "worker_cpu": 1, "ps_cpu": 1, "worker_memory_mb": 2048, "ps_memory_mb": 2048},
+            "optimizer": {"sparse": {"name": "rowwise_adagrad", "lr": SPARSE_LR}, "dense": {"name": "adagrad", "lr": 0.01}},
+            "train": {"log_every_s": 1.0},
+        }
+    )  # fmt: skip
+
+
+def _log(msg: str) -> None:
+    print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+
+def _job(spec: JobSpec, runs_dir: str) -> dict:
+    """One job's AUC, samples/s, peak PS RSS and dynamic-table counts."""
+    from dlrover.runner import run_job
+
+    summary, path = run_job(spec, runs_dir=runs_dir, progress="none", stop_when=JobProgress(spec.name))
+    if summary["status"] != "succeeded" or summary["samples_trained"] != summary["samples_expected"]:
+        raise EmbeddingsBenchError(
+            f"bench embeddings: {spec.name} ended {summary['status']} with {summary['samples_trained']:,} of {summary['samples_expected']:,} samples trained"
+        )
+    rss = [float(e["rss_mb"]) for e in (json.loads(line) for line in open(path.parent / "events.jsonl")) if e["kind"] == "ps_metrics"]
+    return {
+        "auc": summary.get("auc"), "best_auc": summary.get("best_auc"), "samples_per_s": summary["throughput_samples_per_s"],
+        "samples": summary["samples_trained"], "samples_expected": summary["samples_expected"], "ps_rss_mb": max(rss, default=None),
+        "dynamic_tables": summary.get("dynamic_tables", {}),
+    }  # fmt: skip
+
+
+def run_embeddings_bench(quick: bool = False, work_dir: str | None = None) -> dict:
+    from dlrover.data.synth_highcard import HighCardConfig, generate_highcard
+
+    cfg = QUICK if quick else FULL
+    own = work_dir is None
+    work = work_dir or tempfile.mkdtemp(prefix="dlrover-embeddings-")
+    try:
+        data = os.path.join(work, "data")
+        _log(f"generating {cfg.rows:,} high-cardinality rows ({cfg.large} tables of {cfg.distinct_ids:,} Zipf ids) -> {data}")
+        meta = generate_highcard(data, HighCardConfig(rows=cfg.rows, files=4, seed=cfg.seed, distinct_ids=cfg.distinct_ids, large_tables=cfg.large), progress=False)
+        _log(f"distinct ids seen per large table: {meta['distinct_ids_seen']}; best possible AUC {meta['best_auc']:.4f}")
+        out: dict = {"config": asdict(cfg), "hashed_rows": hashed_rows(cfg.capacity), "dynamic_rows": cfg.capacity,
+                     "distinct_ids_seen": meta["distinct_ids_seen"], "best_auc": meta["best_auc"]}  # fmt: skip
+        for kind in ("hashed", "dynamic"):
+            rows = cfg.capacity if kind == "dynamic" else hashed_rows(cfg.capacity)
+            _log(f"{kind}: {cfg.large} large tables of {rows:,} rows, {model_mb(cfg, kind == 'dynamic'):.1f} MB of tables")
+            r = _job(bench_spec(data, cfg, kind == "dynamic"), os.path.join(work, "runs"))
+            _log(f"{kind}: auc {r['auc']:.4f}, {r['samples_per_s']:,.0f} samples/s, PS peak RSS {r['ps_rss_mb']:.0f} MB")
+            out[f"auc_{kind}"], out[f"samples_per_s_{kind}"] = r["auc"], r["samples_per_s"]
+            out[f"memory_mb_{kind}"], out[f"ps_rss_mb_{kind}"] = model_mb(cfg, kind == "dynamic"), r["ps_rss_mb"]
+            out[f"samples_{kind}"], out[f"samples_expected_{kind}"] = r["samples"], r["samples_expected"]
+            if kind == "dynamic":
+                out["dynamic_counts"] = r["dynamic_tables"]
+        out["evictions"] = out["dynamic_counts"].get("evicted", 0)
+        return out
+    finally:
+        if own:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def print_embeddings(r: dict) -> None:
+    c = r["config"]
+    print(f"{r['config']['rows']:,} rows, {c['large']} large tables of {c['distinct_ids']:,} Zipf ids (seen per table: {', '.join(f'{n:,}' for n in r['distinct_ids_seen'])})")
+    print(f"  large tables: hashed {r['hashed_rows']:,} rows vs dynamic {r['dynamic_rows']:,} rows + id map (admit after {c['admit_after']}, {c['eviction']})")
+    print(f"{'':12s}{'AUC':>8s}{'samples/s':>11s}{'tables MB':>11s}{'PS RSS MB':>11s}")
+    for kind in ("hashed", "dynamic"):
+        print(f"{kind:12s}{r[f'auc_{kind}']:>8.4f}{r[f'samples_per_s_{kind}']:>11,.0f}{r[f'memory_mb_{kind}']:>11.1f}{r[f'ps_rss_mb_{kind}']:>11.0f}")
+    print(f"  generator's best possible AUC {r['best_auc']:.4f}; dynamic - hashed AUC {r['auc_dynamic'] - r['auc_hashed']:+.4f}")
+    d = r["dynamic_counts"]
+    looked = max(d.get("lookups", 0), 1)
+    print(
+        f"  dynamic tables: {d.get('lookups', 0):,} lookups, hits {d.get('hits', 0) / looked:.1%}, default row {d.get('defaults', 0) / looked:.1%}, "
+        f"admitted {d.get('admitted', 0):,} ids, evicted {d.get('evicted', 0):,}"
+    )
