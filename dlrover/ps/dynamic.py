@@ -114,6 +114,13 @@ class DynamicMap:
         """The admitted ids, ascending."""
         return self._rk.copy()
 
+    def shift_times(self, slots: np.ndarray, by: int) -> None:
+        """Move the times of blocks ``slots`` by ``by`` (a precopied block whose ages were
+        taken against another clock than the one they are now read against)."""
+        pos = (np.asarray(slots, dtype=np.int64)[:, None] * self.rpv + np.arange(self.rpv)).ravel()
+        self._a[LAST][pos] += by
+        self._a[PLAST][pos] += by
+
     def pin(self, rows: np.ndarray, by: int) -> None:
         np.add.at(self.pins, rows[rows >= 0], by)
 

@@ -144,6 +144,11 @@ class DynamicTables:
             for m in self.maps.values():
                 m.pins[:] = 0
 
+    def shift_times(self, slots: np.ndarray, by: int) -> None:
+        """Move the lookup and sighting times of blocks ``slots`` by ``by`` lookups."""
+        for m in self.maps.values():
+            m.shift_times(slots, by)
+
     def reindex(self) -> None:
         for m in self.maps.values():
             m.reindex()

@@ -50,8 +50,8 @@ class VShardMoves:
         if dirty_only:
             if self._dirty is None:
                 raise RuntimeError(f"ps-{self.index}: dirty rows asked for without track()")
-            return {"vshards": vs, "dirty": self.dyn.as_ages(export_dirty(arrays, self._dirty, slots, rpv), dirty=True)}
-        return {"vshards": vs, "tables": self.dyn.as_ages(export_blocks(arrays, slots, rpv))}
+            return {"vshards": vs, "dirty": self.dyn.as_ages(export_dirty(arrays, self._dirty, slots, rpv), dirty=True), "clock": self.dyn.clock}
+        return {"vshards": vs, "tables": self.dyn.as_ages(export_blocks(arrays, slots, rpv)), "clock": self.dyn.clock}
 
     def prepare(self, vmap: VShardMap, incoming: list[Any]) -> None:
         """Round 1: build the tables of ``vmap`` on a background thread (pulls and pushes
@@ -63,6 +63,7 @@ class VShardMoves:
                 payloads = [p if isinstance(p, dict) else ray.get(p) for p in incoming]
                 tbe, dyn = self._new_tbe(vmap.local_table_sizes(self.index)), self._new_dyn(vmap, self.dyn.clock)
                 box["bytes"] = self._fill(tbe, dyn, vmap, payloads)
+                box["sent_at"] = {int(v): p["clock"] for p in payloads for v in p["vshards"]}  # sender clocks of the ages
                 box["tbe"], box["dyn"] = tbe, dyn
             except Exception as e:  # reported by prepared()
                 box["error"] = f"{type(e).__name__}: {e}"
@@ -143,7 +144,14 @@ class VShardMoves:
             old_to_new = {i: new_slot[int(v)] for i, v in enumerate(self.vmap.owned(self.index)) if int(v) in new_slot}
             dst = self._table_arrays(tbe, dyn)
             copy_dirty_local(dst, self._table_arrays(self.tbe, self.dyn), self._dirty, old_to_new, rpv)
-            dyn.clock = self.dyn.clock  # training went on since prepare()
+            # Training went on since prepare(): the precopied ids not looked up since have
+            # aged by as many lookups as their sender's clock ran on, whatever this one's did.
+            for p in payloads:
+                mine = [int(v) for v in p["vshards"] if int(v) in new_slot]
+                if mine:
+                    ran = p["clock"] - prepared[2]["sent_at"][mine[0]]
+                    dyn.shift_times(np.array([new_slot[v] for v in mine]), self.dyn.clock - dyn.clock - ran)
+            dyn.clock = self.dyn.clock
             nbytes = sum(apply_dirty(dst, new_slot, p["vshards"], dyn.as_ages(p["dirty"], dirty=True), rpv) for p in payloads)
             dyn.reindex()
         else:
