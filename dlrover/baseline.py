@@ -39,8 +39,10 @@ def build_local_model(spec: JobSpec):
     torch.manual_seed(spec.seed)
     ebc = FusedEmbeddingBagCollection(tables=table_configs(spec.model), optimizer_type=_SPARSE_OPT[sparse.name], optimizer_kwargs=kwargs)
     model = build_dense_dlrm(spec.model, ebc, spec.seed)
+    weights = ebc.state_dict()
     with torch.no_grad():  # the PS's initial rows, so that both sides start from one model
-        for t, w in enumerate(ebc.state_dict().values()):
+        for t, cfg in enumerate(table_configs(spec.model)):
+            w = weights[f"embedding_bags.{cfg.name}.weight"]
             w.copy_(init_rows(spec.seed, t, w.shape[0], w.shape[1], np.arange(w.shape[0])))
     opt = make_dense_optimizer(dense_parameters(model), spec.optimizer.dense.model_dump())
     return model, opt
