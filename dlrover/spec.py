@@ -19,7 +19,7 @@ from dlrover.data.criteo import NUM_SPARSE
 from dlrover.data.remote import unknown_protocol
 from dlrover.errors import SpecError, format_validation_error
 from dlrover.paths import is_url
-from dlrover.table_spec import TableIndex, TableSpec, rows_of
+from dlrover.table_spec import TableIndex, TableSpec, check_capacities, rows_of
 
 
 class _Strict(BaseModel):
@@ -328,8 +328,7 @@ class JobSpec(_Strict):
 
     @model_validator(mode="after")
     def _chaos_targets(self) -> "JobSpec":
-        # A fault aimed at an actor the job never has would be skipped silently, and the
-        # run would pass for a test of something it never exercised.
+        check_capacities(self.model.tables, self.train.vshards)  # (and chaos: a fault aimed at an actor the job never has would test nothing)
         for i, ev in enumerate(self.chaos):
             role, index = ev.role_index()
             if role in ("worker", "ps") and index >= (most := self.max_actors(role)):

@@ -66,3 +66,11 @@ def dynamic_tables(tables: dict[int, TableSpec]) -> dict[int, TableSpec]:
 def rows_of(sizes: list[int], tables: dict[int, TableSpec]) -> list[int]:
     """Rows each table holds: ``capacity_rows`` for a dynamic table, its size otherwise."""
     return [tables[t].capacity_rows if t in tables and tables[t].kind == "dynamic" else n for t, n in enumerate(sizes)]
+
+
+def check_capacities(tables: dict[int, TableSpec], vshards: int) -> None:
+    """A dynamic table's rows are split evenly over the vshards: with fewer rows than
+    vshards some vshards get none, and the ids hashed to them would never be admitted."""
+    for t, s in dynamic_tables(tables).items():
+        if s.capacity_rows < vshards:
+            raise ValueError(f"model.tables.{t}.capacity_rows: {s.capacity_rows} is below train.vshards ({vshards}): every vshard needs a row")

@@ -43,3 +43,10 @@ def test_a_bad_table_setting_names_its_field(tables, needle):
     with pytest.raises(SpecError) as e:
         _spec(tables)
     assert needle in str(e.value), str(e.value)
+
+
+def test_a_dynamic_table_with_fewer_rows_than_vshards_is_refused_naming_both():
+    with pytest.raises(SpecError, match=r"model\.tables\.3\.capacity_rows: 32 is below train\.vshards \(64\)"):
+        _spec({3: {"kind": "dynamic", "capacity_rows": 32}})
+    spec = spec_from_dict({"data": {"paths": ["x"]}, "model": {"tables": {3: {"kind": "dynamic", "capacity_rows": 32}}}, "train": {"vshards": 32}})
+    assert spec.model.table_sizes()[3] == 32
