@@ -2,15 +2,18 @@
 directory that :class:`dlrover.serving.ServedModel` (torch only) loads.
 
 The job's ``final.pt`` (``<checkpoint.dir>/<job_id>/final.pt``, written by the master
-when the job ends) holds the global tables and the flat dense parameter vector, which
-only dlrover's model code can put back into a DLRM. Here the dense part becomes a
-``torch.export`` program (graph and weights in one file, no Python class needed to load
-it) and the tables plain tensors, with a manifest that says how to use them.
+when the job ends) holds the global tables, the flat dense parameter vector and each
+dynamic table's id map, which only dlrover's model code can put back into a DLRM. Here
+the dense part becomes a ``torch.export`` program (graph and weights in one file, no
+Python class needed to load it) and the tables plain tensors, with a manifest that says
+how to use them. A dynamic table is exported with its default row appended as its last
+row, and its map as two tensors (ids, rows): an id outside the map reads that last row.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -20,10 +23,12 @@ from torchrec.models.dlrm import InteractionArch
 
 from dlrover.data.criteo import DENSE_COLUMNS, NUM_DENSE, SPARSE_COLUMNS
 from dlrover.errors import DataError, SpecError, format_validation_error
+from dlrover.id_map import IdMap
 from dlrover.model.dlrm import FEATURES, dense_arches
 from dlrover.paths import out_dir
-from dlrover.serving import DENSE_FILE, DENSE_TRANSFORM, FORMAT, HASHING, MANIFEST, SCORE, TABLES_FILE, FileDigest, Manifest, sha256_of
+from dlrover.serving import DENSE_FILE, DENSE_TRANSFORM, FORMAT, HASHING, ID_MAPS_FILE, MANIFEST, SCORE, TABLES_FILE, FileDigest, Manifest, sha256_of
 from dlrover.spec import JobSpec, ModelSpec
+from dlrover.table_spec import dynamic_tables
 
 
 class DenseHead(nn.Module):
@@ -64,9 +69,6 @@ def run_spec(run_dir: Path) -> JobSpec:
 def find_final_model(run_dir: Path) -> tuple[Path, JobSpec]:
     """``<checkpoint.dir>/<job_id>/final.pt`` of a run directory, and the job's spec."""
     spec = run_spec(run_dir)
-    dynamic = [t for t, s in sorted(spec.model.tables.items()) if s.kind != "hashed"]
-    if dynamic:  # their id -> row maps live on the PS and are not in final.pt
-        raise DataError(f"{run_dir / 'spec.json'}: model.tables.{dynamic[0]}: kind {spec.model.tables[dynamic[0]].kind}: export supports hashed tables only")
     if not spec.checkpoint.dir:
         raise DataError(f"{run_dir / 'spec.json'}: checkpoint.dir is not set, so the job saved no final.pt (rerun with --set checkpoint.dir=DIR)")
     job_id = run_dir.resolve().name  # the driver names a run directory after its job
@@ -76,8 +78,17 @@ def find_final_model(run_dir: Path) -> tuple[Path, JobSpec]:
     return path, spec
 
 
-def load_final(path: Path, model: ModelSpec) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """The tables and dense vector of a ``final.pt``, checked against the job's model."""
+@dataclass(frozen=True)
+class FinalModel:
+    """What a ``final.pt`` holds: global tables, the dense vector, the dynamic tables' maps."""
+
+    tables: list[torch.Tensor]
+    dense: torch.Tensor
+    id_maps: dict[int, IdMap]
+
+
+def load_final(path: Path, model: ModelSpec) -> FinalModel:
+    """The contents of a ``final.pt``, checked against the job's model."""
     try:
         doc = torch.load(path, weights_only=True, mmap=True)
     except Exception as e:  # noqa: BLE001 - torch raises many kinds for a bad file
@@ -94,7 +105,13 @@ def load_final(path: Path, model: ModelSpec) -> tuple[list[torch.Tensor], torch.
             raise DataError(f"{path}: table {t} is {list(w.shape)}, the job's model has {list(want)}")
     if len(tables) != len(expected):
         raise DataError(f"{path}: {len(tables)} tables, the job's model has {len(expected)}")
-    return tables, dense
+    id_maps, stored = {}, doc.get("dynamic")
+    for t in dynamic_tables(model.tables):
+        try:
+            id_maps[t] = IdMap.from_doc(stored.get(t) if isinstance(stored, dict) else None, expected[t][0], model.embedding_dim)
+        except ValueError as e:  # a final.pt from before dynamic tables were exported has none
+            raise DataError(f"{path}: the id map of dynamic table {t} (model.tables.{t}): {e}") from None
+    return FinalModel(tables, dense, id_maps)
 
 
 def export_run(run_dir: str | Path, out: str | Path) -> Path:
@@ -104,9 +121,12 @@ def export_run(run_dir: str | Path, out: str | Path) -> Path:
         raise DataError(f"{run_dir}: no such run directory")
     final, spec = find_final_model(run_dir)
     source_sha = sha256_of(final)
-    tables, dense = load_final(final, spec.model)
+    final_model = load_final(final, spec.model)
+    maps = final_model.id_maps
+    # a dynamic table's default row is its last row: an id outside the map reads it
+    tables = [torch.cat([w, maps[t].default[None].to(w.dtype)]) if t in maps else w for t, w in enumerate(final_model.tables)]
     try:
-        head = DenseHead(spec.model, dense).eval()
+        head = DenseHead(spec.model, final_model.dense).eval()
     except ValueError as e:
         raise DataError(f"{final}: {e}") from None
     out_dir(str(out))
@@ -115,15 +135,18 @@ def export_run(run_dir: str | Path, out: str | Path) -> Path:
     with torch.no_grad():
         program = torch.export.export(head, example, dynamic_shapes=({0: batch}, {0: batch}))
     written = []
-    for name, save in ((DENSE_FILE, lambda p: torch.export.save(program, p)), (TABLES_FILE, lambda p: torch.save(list(tables), p))):
+    files = [(DENSE_FILE, lambda p: torch.export.save(program, p)), (TABLES_FILE, lambda p: torch.save(tables, p))]
+    if maps:
+        files.append((ID_MAPS_FILE, lambda p: torch.save([[maps[t].ids, maps[t].rows] for t in sorted(maps)], p)))
+    for name, save in files:
         tmp = out / f".tmp-{name}"  # the same extension: torch.export.save checks it
         save(str(tmp))
         os.replace(tmp, out / name)
         written.append(FileDigest.of(out / name))
     manifest = Manifest(
         format=FORMAT, job_id=run_dir.resolve().name, source_sha256=source_sha, embedding_dim=spec.model.embedding_dim,
-        table_rows=list(spec.model.table_sizes()), dense_features=list(DENSE_COLUMNS), sparse_features=list(SPARSE_COLUMNS),
-        dense_transform=DENSE_TRANSFORM, hashing=HASHING, score=SCORE, files=written,
+        table_rows=[len(w) for w in tables], dense_features=list(DENSE_COLUMNS), sparse_features=list(SPARSE_COLUMNS),
+        dense_transform=DENSE_TRANSFORM, hashing=HASHING, score=SCORE, files=written, dynamic_tables=sorted(maps),
     )  # fmt: skip
     manifest.write(out)
     return out / MANIFEST

@@ -2,10 +2,12 @@
 
 A model directory holds ``model.json`` (the :class:`Manifest`), ``dense.pt2`` (a
 ``torch.export`` program: DenseArch, interaction and OverArch of the DLRM, taking the
-dense features and the pooled embeddings) and ``tables.pt`` (the embedding tables, a list
-of [rows, dim] tensors). Loading needs torch alone: no Ray, no TorchRec, nothing of
+dense features and the pooled embeddings), ``tables.pt`` (the embedding tables, a list
+of [rows, dim] tensors) and, for a job with dynamic tables, ``id_maps.pt`` (each one's
+admitted ids and their rows). Loading needs torch alone: no Ray, no TorchRec, nothing of
 dlrover's training code, so a server carries only torch and these files; the lookup
-(``row = id mod rows``, one id per feature) is the one line in :meth:`ServedModel.logits`.
+(``row = id mod rows``, one id per feature, or a dynamic table's map) is
+:meth:`ServedModel.rows`.
 """
 
 from __future__ import annotations
@@ -25,7 +27,11 @@ FORMAT = "dlrover-dlrm/1"
 MANIFEST = "model.json"
 DENSE_FILE = "dense.pt2"
 TABLES_FILE = "tables.pt"
-HASHING = "row = id mod table_rows[t] (ids >= 0, as Criteo's hex categories decode to)"
+ID_MAPS_FILE = "id_maps.pt"
+HASHING = (
+    "row = id mod table_rows[t] (ids >= 0, as Criteo's hex categories decode to); for t in dynamic_tables: "
+    "row = rows[i] where ids[i] == id, (ids, rows) = id_maps.pt[dynamic_tables.index(t)], else table_rows[t] - 1 (the default row)"
+)
 DENSE_TRANSFORM = "log1p(max(x, 0)); a missing value is 0"
 SCORE = "sigmoid(dense.pt2(dense_features, pooled)); pooled = concat over t of tables[t][row_t]"
 
@@ -69,6 +75,7 @@ class Manifest:
     hashing: str
     score: str
     files: list[FileDigest]
+    dynamic_tables: list[int] = dataclasses.field(default_factory=list)  # ids mapped by id_maps.pt
 
     def write(self, model_dir: Path) -> None:
         (model_dir / MANIFEST).write_text(json.dumps(dataclasses.asdict(self), indent=2) + "\n")
@@ -82,8 +89,9 @@ class Manifest:
             doc: Any = json.loads(path.read_text())
         except (ValueError, UnicodeDecodeError) as e:
             raise DataError(f"{path}: not JSON: {e}") from None
-        names = [f.name for f in dataclasses.fields(cls)]
-        missing = [n for n in names if not isinstance(doc, dict) or n not in doc]
+        names = [f.name for f in dataclasses.fields(cls) if isinstance(doc, dict) and f.name in doc]
+        required = [f.name for f in dataclasses.fields(cls) if f.default_factory is dataclasses.MISSING]
+        missing = [n for n in required if n not in names]
         if missing:
             raise DataError(f"{path}: missing field {missing[0]!r}")
         if doc["format"] != FORMAT:
@@ -102,6 +110,7 @@ class ServedModel:
     manifest: Manifest
     dense: torch.nn.Module
     tables: list[torch.Tensor]
+    id_maps: list[tuple[torch.Tensor, torch.Tensor]]  # (ids ascending, rows) per dynamic table
 
     @classmethod
     def load(cls, model_dir: str | Path) -> "ServedModel":
@@ -116,7 +125,7 @@ class ServedModel:
             if sha256_of(path) != f.sha256:
                 raise DataError(f"{path}: sha256 does not match {d / MANIFEST} (corrupt or replaced file)")
         listed = {f.name for f in manifest.files}
-        for name in (DENSE_FILE, TABLES_FILE):
+        for name in (DENSE_FILE, TABLES_FILE, *([ID_MAPS_FILE] if manifest.dynamic_tables else [])):
             if name not in listed:
                 raise DataError(f"{d / MANIFEST}: files: {name} is not listed")
         dense = torch.export.load(str(d / DENSE_FILE)).module()
@@ -126,12 +135,40 @@ class ServedModel:
         expected = [(n, manifest.embedding_dim) for n in manifest.table_rows]
         if shapes != expected:
             raise DataError(f"{d / TABLES_FILE}: tables of shapes {shapes}, {d / MANIFEST} says {expected}")
-        return cls(manifest, dense, tables)
+        id_maps = torch.load(d / ID_MAPS_FILE, weights_only=True) if manifest.dynamic_tables else []
+        sizes = [manifest.table_rows[t] for t in manifest.dynamic_tables]
+        if not isinstance(id_maps, list) or len(id_maps) != len(sizes) or not all(_is_map(m, n) for m, n in zip(id_maps, sizes)):
+            raise DataError(f"{d / ID_MAPS_FILE}: expected {len(sizes)} pairs (ids ascending, rows below the default row) for dynamic_tables {manifest.dynamic_tables}")
+        return cls(manifest, dense, tables, [(m[0], m[1]) for m in id_maps])
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """The table row of each raw id [B, 26]: ``id mod rows``, or through a dynamic
+        table's map, where an id not in it (never admitted, or evicted) reads the default row."""
+        rows = torch.remainder(ids, torch.tensor(self.manifest.table_rows, dtype=torch.int64))
+        for t, (known, at) in zip(self.manifest.dynamic_tables, self.id_maps):
+            x = ids[:, t].contiguous()
+            row = torch.full_like(x, self.manifest.table_rows[t] - 1)
+            if len(known):
+                i = torch.searchsorted(known, x).clamp(max=len(known) - 1)
+                hit = known[i] == x
+                row[hit] = at[i[hit]]
+            rows[:, t] = row
+        return rows
 
     def logits(self, dense: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """Logits [B] of rows with ``dense`` [B, 13] (already transformed, see
         ``Manifest.dense_transform``) and raw ``ids`` [B, 26] (int64)."""
-        rows = torch.remainder(ids, torch.tensor(self.manifest.table_rows, dtype=torch.int64))
+        rows = self.rows(ids)
         pooled = torch.cat([t[rows[:, i]] for i, t in enumerate(self.tables)], dim=1)
         with torch.no_grad():
             return self.dense(dense, pooled)
+
+
+def _is_map(pair: object, num_rows: int) -> bool:
+    """A pair of int64 vectors of one length: ids ascending, rows below the default row."""
+    if not (isinstance(pair, (list, tuple)) and len(pair) == 2 and all(isinstance(a, torch.Tensor) for a in pair)):
+        return False
+    ids, rows = pair
+    if ids.dtype != torch.int64 or rows.dtype != torch.int64 or ids.dim() != 1 or ids.shape != rows.shape:
+        return False
+    return not len(ids) or (bool((ids[1:] > ids[:-1]).all()) and int(rows.min()) >= 0 and int(rows.max()) < num_rows - 1)

@@ -15,8 +15,14 @@ import torch
 from dlrover.cli import main
 
 
-@pytest.fixture(scope="module")
-def trained(ray_local, synth_dir, tmp_path_factory):
+DYNAMIC = {  # synth_dir's first file: 841, 3727 and 4883 distinct ids in these columns
+    0: {"kind": "dynamic", "capacity_rows": 2000, "admit_after": 1},
+    3: {"kind": "dynamic", "capacity_rows": 1024, "admit_after": 2, "eviction": "lru"},
+    6: {"kind": "dynamic", "capacity_rows": 1500, "admit_after": 1, "eviction": "ttl", "ttl_steps": 5},
+}
+
+
+def train_and_export(synth_dir, tmp: Path, **over) -> dict:
     """A tiny job (1 worker, 2 PS) that saves its final model, its export, and its
     held-out rows as a TSV file."""
     from conftest import small_spec
@@ -24,9 +30,8 @@ def trained(ray_local, synth_dir, tmp_path_factory):
     from dlrover.data.plan import DataPlan
     from dlrover.runner import run_job
 
-    tmp = tmp_path_factory.mktemp("export")
     one_file = [str(synth_dir / "part-00000.tsv")]  # 18k rows to train, 2k held out
-    spec = small_spec(synth_dir, data__paths=one_file, resources__workers=1, checkpoint__dir=str(tmp / "ckpt"))
+    spec = small_spec(synth_dir, data__paths=one_file, resources__workers=1, checkpoint__dir=str(tmp / "ckpt"), **over)
     summary, path = run_job(spec, runs_dir=str(tmp / "runs"), progress="none")
     assert summary["status"] == "succeeded"
     plan = DataPlan.build(spec)
@@ -36,6 +41,17 @@ def trained(ray_local, synth_dir, tmp_path_factory):
     (tmp / "heldout.tsv").write_text("\n".join(held) + "\n")
     assert main(["export", str(path.parent), "--out", str(tmp / "model")]) == 0
     return {"tmp": tmp, "spec": spec, "summary": summary, "run_dir": path.parent, "model": tmp / "model", "heldout": tmp / "heldout.tsv"}
+
+
+@pytest.fixture(scope="module")
+def trained(ray_local, synth_dir, tmp_path_factory):
+    return train_and_export(synth_dir, tmp_path_factory.mktemp("export"))
+
+
+@pytest.fixture(scope="module")
+def trained_dynamic(ray_local, synth_dir, tmp_path_factory):
+    """The same with three dynamic tables (lfu, lru and ttl eviction)."""
+    return train_and_export(synth_dir, tmp_path_factory.mktemp("export_dynamic"), model__tables=DYNAMIC, train__vshards=8)
 
 
 def predict_csv(model: Path, data: Path, out: Path) -> tuple[np.ndarray, np.ndarray]:
@@ -48,7 +64,11 @@ def predict_csv(model: Path, data: Path, out: Path) -> tuple[np.ndarray, np.ndar
 
 def trained_model_logits(trained: dict, data: Path) -> tuple[np.ndarray, np.ndarray]:
     """Labels and logits of ``data`` from the job's ``final.pt`` put back into TorchRec's
-    DLRM (the worker's model, with local tables for the PS), read as the workers read."""
+    DLRM (the worker's model, with local tables for the PS), read as the workers read. A
+    dynamic table's ids go through its map (a dict here), the others to the default row,
+    appended to the table."""
+    import dataclasses
+
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
     from dlrover.baseline import hashed
@@ -58,10 +78,13 @@ def trained_model_logits(trained: dict, data: Path) -> tuple[np.ndarray, np.ndar
 
     spec = trained["spec"]
     final = torch.load(Path(spec.checkpoint.dir) / trained["summary"]["job_id"] / "final.pt", weights_only=True)
-    configs = table_configs(spec.model)
+    maps = final["dynamic"]
+    tables = [torch.cat([w, maps[t]["default"][None]]) if t in maps else w for t, w in enumerate(final["tables"])]
+    configs = [dataclasses.replace(c, num_embeddings=len(w)) for c, w in zip(table_configs(spec.model), tables)]
     ebc = EmbeddingBagCollection(tables=configs)
-    for cfg, w in zip(configs, final["tables"]):
+    for cfg, w in zip(configs, tables):
         ebc.embedding_bags[cfg.name].weight.data.copy_(w)
+    row_of = {t: dict(zip(m["ids"].tolist(), m["rows"].tolist())) for t, m in maps.items()}
     model = build_dense_dlrm(spec.model, ebc, spec.seed).eval()
     torch.nn.utils.vector_to_parameters(final["dense"], dense_parameters(model))
     sizes = np.array(spec.model.table_sizes(), dtype=np.int64)
@@ -70,14 +93,21 @@ def trained_model_logits(trained: dict, data: Path) -> tuple[np.ndarray, np.ndar
     with torch.no_grad():
         for a in range(0, idx.rows, spec.data.batch_size):
             batch, _ = reader.read(idx, a, min(idx.rows, a + spec.data.batch_size))
-            logits.append(model(torch.from_numpy(batch.dense), make_kjt(hashed(batch, sizes))).squeeze(-1).numpy())
+            rows = hashed(batch, sizes)
+            for t, known in row_of.items():
+                rows[:, t] = [known.get(x, len(tables[t]) - 1) for x in batch.sparse[:, t].tolist()]
+            logits.append(model(torch.from_numpy(batch.dense), make_kjt(rows)).squeeze(-1).numpy())
             labels.append(batch.labels)
     return np.concatenate(labels), np.concatenate(logits)
 
 
-def test_the_exported_model_scores_the_held_out_rows_exactly_as_the_trained_model_does(trained):
+@pytest.mark.parametrize("job", ["trained", "trained_dynamic"])
+def test_the_exported_model_scores_the_held_out_rows_exactly_as_the_trained_model_does(job, request):
+    """With dynamic tables too: the PS-served evaluation reads an unadmitted id's default
+    row, the export reads the same row through its map."""
     from dlrover.metrics.evaluation import evaluate_scores
 
+    trained = request.getfixturevalue(job)
     labels, scores = predict_csv(trained["model"], trained["heldout"], trained["tmp"] / "scores.csv")
     want_labels, want_logits = trained_model_logits(trained, trained["heldout"])
     assert len(scores) == trained["summary"]["eval_rows"] == 2000
@@ -98,6 +128,33 @@ def test_the_manifest_lists_every_file_with_its_checksum_and_the_final_model_it_
     final = Path(trained["spec"].checkpoint.dir) / m.job_id / "final.pt"
     assert m.source_sha256 == sha256_of(final)
     assert m.table_rows == [5000] * 26 and m.embedding_dim == 8 and m.job_id == trained["summary"]["job_id"]
+    assert m.dynamic_tables == []
+
+
+def test_a_dynamic_table_is_exported_with_its_id_map_and_its_default_row_last(trained_dynamic):
+    from dlrover.data.criteo import index_file
+    from dlrover.data.reader import FileReader
+    from dlrover.serving import Manifest, ServedModel
+
+    m = Manifest.read(trained_dynamic["model"])
+    assert sorted(f.name for f in m.files) == ["dense.pt2", "id_maps.pt", "tables.pt"]
+    assert m.dynamic_tables == [0, 3, 6]
+    assert [m.table_rows[t] for t in m.dynamic_tables] == [2001, 1025, 1501] and m.table_rows[1] == 5000
+    served = ServedModel.load(trained_dynamic["model"])
+    final = torch.load(Path(trained_dynamic["spec"].checkpoint.dir) / m.job_id / "final.pt", weights_only=True)
+    held = index_file(str(trained_dynamic["heldout"]))
+    ids = torch.from_numpy(FileReader().read(held, 0, held.rows)[0].sparse)
+    rows = served.rows(ids)
+    for t in m.dynamic_tables:
+        default = m.table_rows[t] - 1
+        assert torch.equal(served.tables[t][default], final["dynamic"][t]["default"])
+        assert torch.equal(served.tables[t][:default], final["tables"][t])
+        assert bool((rows[:, t] != default).any()), t  # held-out ids admitted in training
+        if t in (3, 6):  # and, in the tables smaller than their ids, ones not (any more)
+            assert bool((rows[:, t] == default).any()), t
+        known = dict(zip(final["dynamic"][t]["ids"].tolist(), final["dynamic"][t]["rows"].tolist()))
+        assert rows[:, t].tolist() == [known.get(x, default) for x in ids[:, t].tolist()]
+    assert len(final["dynamic"][3]["ids"]) <= 1024 and len(set(final["dynamic"][3]["rows"].tolist())) == len(final["dynamic"][3]["rows"])
 
 
 LOAD_WITH_TORCH_ALONE = """
@@ -111,14 +168,21 @@ dense = torch.export.load(f"{d}/dense.pt2").module()
 tables = torch.load(f"{d}/tables.pt", weights_only=True)
 x, ids = torch.rand(5, 13), torch.randint(0, 2**31, (5, 26))
 rows = torch.remainder(ids, torch.tensor(m["table_rows"]))
+if m.get("dynamic_tables"):
+    for t, (known, at) in zip(m["dynamic_tables"], torch.load(f"{d}/id_maps.pt", weights_only=True)):
+        ids[:3, t] = known[:3]  # three admitted ids, two unknown ones
+        i = torch.searchsorted(known, ids[:, t]).clamp(max=len(known) - 1)
+        rows[:, t] = torch.where(known[i] == ids[:, t], at[i], m["table_rows"][t] - 1)
 pooled = torch.cat([t[rows[:, i]] for i, t in enumerate(tables)], dim=1)
 torch.save({"x": x, "ids": ids, "scores": torch.sigmoid(dense(x, pooled))}, sys.argv[2])
 """
 
 
-def test_the_exported_model_loads_and_scores_with_torch_alone(trained):
+@pytest.mark.parametrize("job", ["trained", "trained_dynamic"])
+def test_the_exported_model_loads_and_scores_with_torch_alone(job, request):
     from dlrover.serving import ServedModel
 
+    trained = request.getfixturevalue(job)
     out = trained["tmp"] / "alone.pt"
     subprocess.run([sys.executable, "-c", LOAD_WITH_TORCH_ALONE, str(trained["model"]), str(out)], check=True, capture_output=True)
     got = torch.load(out, weights_only=True)
@@ -145,15 +209,23 @@ def test_export_of_a_run_without_a_checkpoint_dir_names_spec_json_and_the_settin
     assert f"{tmp_path / 'nope'}: no such run directory" in one_error_line(capsys)
 
 
-def test_export_refuses_a_job_with_a_dynamic_table_whose_id_map_final_pt_lacks(tmp_path, synth_dir, capsys):
+def test_export_names_the_dynamic_table_whose_id_map_a_final_pt_lacks(tmp_path, synth_dir, capsys):
     from conftest import small_spec
 
     run = tmp_path / "runs" / "t-1"
     run.mkdir(parents=True)
     spec = small_spec(synth_dir, checkpoint__dir=str(tmp_path / "ckpt"), model__tables={3: {"kind": "dynamic", "capacity_rows": 100}})
     (run / "spec.json").write_text(spec.model_dump_json())
+    final = tmp_path / "ckpt" / "t-1" / "final.pt"
+    final.parent.mkdir(parents=True)
+    tables = [torch.zeros(n, 8) for n in spec.model.table_sizes()]
+    torch.save({"tables": tables, "dense": torch.zeros(3), "job_id": "t-1"}, final)  # as written before maps were
     assert main(["export", str(run), "--out", str(tmp_path / "m")]) == 2
-    assert f"{run / 'spec.json'}: model.tables.3: kind dynamic: export supports hashed tables only" in one_error_line(capsys)
+    assert f"{final}: the id map of dynamic table 3 (model.tables.3): expected tensors ids, rows and default" in one_error_line(capsys)
+    bad = {"ids": torch.tensor([5, 2]), "rows": torch.tensor([0, 1]), "default": torch.zeros(8)}
+    torch.save({"tables": tables, "dense": torch.zeros(3), "dynamic": {3: bad}, "job_id": "t-1"}, final)
+    assert main(["export", str(run), "--out", str(tmp_path / "m")]) == 2
+    assert "ids must ascend and rows lie in 0..99" in one_error_line(capsys)
 
 
 def test_export_names_a_missing_final_pt_and_a_final_pt_without_tables(tmp_path, synth_dir, capsys):
@@ -205,3 +277,37 @@ def test_predict_names_file_and_line_of_a_bad_data_row_and_writes_no_scores(trai
     assert main(["predict", str(trained["model"]), str(bad), "--out", str(tmp_path / "s.csv")]) == 2
     assert one_error_line(capsys).startswith(f"error: {bad}:3: ")
     assert not (tmp_path / "s.csv").exists() and list(tmp_path.glob(".s.csv*")) == []
+
+
+def test_served_ids_of_a_dynamic_table_read_their_rows_and_all_others_the_default_row(tmp_path, synth_dir):
+    """Without a job: a final.pt whose dynamic table 3 admitted ids 7, 2**40 and -5 (the
+    raw ids a PS maps), exported and loaded; the other ids, never admitted or evicted,
+    read the default row, the hashed tables ``id mod rows``."""
+    from conftest import small_spec
+
+    from dlrover.export import DenseHead
+    from dlrover.model.dlrm import dense_arches
+    from dlrover.serving import ServedModel
+
+    run = tmp_path / "runs" / "t-1"
+    run.mkdir(parents=True)
+    spec = small_spec(synth_dir, checkpoint__dir=str(tmp_path / "ckpt"), model__tables={3: {"kind": "dynamic", "capacity_rows": 100}})
+    (run / "spec.json").write_text(spec.model_dump_json())
+    gen = torch.Generator().manual_seed(0)
+    tables = [torch.rand(n, 8, generator=gen) for n in spec.model.table_sizes()]
+    dense = torch.rand(sum(p.numel() for arch in dense_arches(spec.model, seed=0) for p in arch.parameters()), generator=gen)
+    id_map = {"ids": torch.tensor([-5, 7, 2**40]), "rows": torch.tensor([99, 0, 42]), "default": torch.full((8,), 0.5)}
+    final = tmp_path / "ckpt" / "t-1" / "final.pt"
+    final.parent.mkdir(parents=True)
+    torch.save({"tables": tables, "dense": dense, "dynamic": {3: id_map}, "job_id": "t-1"}, final)
+    assert main(["export", str(run), "--out", str(tmp_path / "m")]) == 0
+    served = ServedModel.load(tmp_path / "m")
+    ids = torch.randint(0, 2**31, (6, 26), generator=gen)
+    ids[:, 3] = torch.tensor([7, 2**40, -5, 8, 99, 2**40 + 1])
+    rows = served.rows(ids)
+    assert rows[:, 3].tolist() == [0, 42, 99, 100, 100, 100]  # 100: the default row, appended
+    assert rows[:, 0].tolist() == (ids[:, 0] % 5000).tolist()
+    want = [id_map["default"] if r == 100 else tables[3][r] for r in rows[:, 3].tolist()]
+    pooled = torch.stack([torch.cat([torch.stack(want)[b] if t == 3 else tables[t][rows[b, t]] for t in range(26)]) for b in range(6)])
+    x = torch.rand(6, 13, generator=gen)
+    torch.testing.assert_close(served.logits(x, ids), DenseHead(spec.model, dense).eval()(x, pooled))

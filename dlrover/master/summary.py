@@ -7,13 +7,17 @@ from __future__ import annotations
 import os
 import tempfile
 
+import numpy as np
 import ray
 import torch
 
 from dlrover.checkpoint.manifest import HashingWriter
 from dlrover.checkpoint.store import DROP_CACHE_EVERY
 from dlrover.failures import FailureKind
+from dlrover.id_map import IdMap
 from dlrover.metrics.reliability import ReliabilityReport, reliability_report
+from dlrover.ps.dynamic_tables import default_row
+from dlrover.table_spec import dynamic_tables
 
 from dlrover.master.job import Job
 
@@ -107,9 +111,22 @@ def summary_of(m: Job, metrics: dict) -> dict:
     }
 
 
+def final_id_maps(m: Job) -> dict[int, IdMap]:
+    """Each dynamic table's id map, gathered from the PS owning its vshards."""
+    spec, out = m.spec, {}
+    for t in dynamic_tables(spec.model.tables):
+        parts = ray.get([h.dynamic_map.remote(t) for h in m.launcher.ps.values()])
+        ids, rows = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+        order = np.argsort(ids, kind="stable")
+        default = default_row(spec.seed, t, spec.model.table_sizes()[t], spec.model.embedding_dim)
+        out[t] = IdMap(torch.from_numpy(ids[order]), torch.from_numpy(rows[order]), default)
+    return out
+
+
 def export_final(m: Job) -> None:
-    """Write the trained model (global embedding tables + dense parameters) to
-    ``checkpoint.dir/<job_id>/final.pt`` when a checkpoint directory is set.
+    """Write the trained model (global embedding tables, dense parameters, the dynamic
+    tables' id maps) to ``checkpoint.dir/<job_id>/final.pt`` when a checkpoint directory
+    is set.
 
     The global tables are assembled in files mapped into memory, one PS's rows of one
     table at a time: a model of several GB passes through the page cache, which the
@@ -130,7 +147,8 @@ def export_final(m: Job) -> None:
         tmp = os.path.join(out, "final.pt.tmp")
         with open(tmp, "wb") as f:
             writer = HashingWriter(f, drop_cache_every=DROP_CACHE_EVERY)  # kept out of the page cache
-            torch.save({"tables": tables, "dense": dense, "job_id": m.job_id}, writer)
+            dynamic = {t: idm.to_doc() for t, idm in final_id_maps(m).items()}
+            torch.save({"tables": tables, "dense": dense, "dynamic": dynamic, "job_id": m.job_id}, writer)
             writer.drop_cache()
         del tables
     os.replace(tmp, os.path.join(out, "final.pt"))

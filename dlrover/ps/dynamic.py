@@ -114,6 +114,10 @@ class DynamicMap:
         """The admitted ids, ascending."""
         return self._rk.copy()
 
+    def admitted(self) -> tuple[np.ndarray, np.ndarray]:
+        """The admitted ids, ascending, and the position (local row) of each."""
+        return self._rk.copy(), self._rp.copy()
+
     def shift_times(self, slots: np.ndarray, by: int) -> None:
         """Move the times of blocks ``slots`` by ``by`` (a precopied block whose ages were
         taken against another clock than the one they are now read against)."""

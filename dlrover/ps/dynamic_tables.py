@@ -157,6 +157,11 @@ class DynamicTables:
         """The admitted ids of dynamic table ``t`` on this PS, ascending."""
         return self.maps[t].ids()
 
+    def admitted(self, t: int) -> tuple[np.ndarray, np.ndarray]:
+        """The admitted ids of dynamic table ``t`` (ascending) and their local rows."""
+        with self._lock:
+            return self.maps[t].admitted()
+
     def as_ages(self, tables: list, dirty: bool = False) -> list:
         """A payload's per-table states (``dirty``: ``(positions, states)`` pairs) with the
         map's times as ages on this PS, or, applied to a payload received, back to times."""

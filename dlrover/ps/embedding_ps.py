@@ -233,6 +233,11 @@ class EmbeddingPS(VShardMoves):
         """The ids of dynamic table ``table`` admitted on this PS, ascending."""
         return self.dyn.ids(table)
 
+    def dynamic_map(self, table: int) -> tuple[np.ndarray, np.ndarray]:
+        """(admitted ids ascending, their global rows) of dynamic table ``table`` on this PS."""
+        ids, local = self.dyn.admitted(table)
+        return ids, self.vmap.global_rows(self.index, table)[local]
+
     def set_chaos(self, slowdown: float | None = None, leak_mb_per_s: float | None = None, delay_ms: float | None = None) -> None:
         """Fault injection (the spec's ``chaos:``): serve slower, leak memory, or answer late."""
         self.chaos.set(slowdown, leak_mb_per_s, delay_ms)
