@@ -97,6 +97,7 @@ def _log(msg: str) -> None:
 
 def _job(spec: JobSpec, runs_dir: str) -> dict:
     """One job's AUC, samples/s, peak PS RSS and dynamic-table counts."""
+    from dlrover.runlog import read_events
     from dlrover.runner import run_job
 
     summary, path = run_job(spec, runs_dir=runs_dir, progress="none", stop_when=JobProgress(spec.name))
@@ -104,10 +105,10 @@ def _job(spec: JobSpec, runs_dir: str) -> dict:
         raise EmbeddingsBenchError(
             f"bench embeddings: {spec.name} ended {summary['status']} with {summary['samples_trained']:,} of {summary['samples_expected']:,} samples trained"
         )
-    rss = [float(e["rss_mb"]) for e in (json.loads(line) for line in open(path.parent / "events.jsonl")) if e["kind"] == "ps_metrics"]
+    rss = [float(e["rss_mb"]) for _, e in read_events(path.parent / "events.jsonl") if e.get("kind") == "ps_metrics"]
     return {
         "auc": summary.get("auc"), "best_auc": summary.get("best_auc"), "samples_per_s": summary["throughput_samples_per_s"],
-        "samples": summary["samples_trained"], "samples_expected": summary["samples_expected"], "ps_rss_mb": max(rss, default=None),
+        "samples": summary["samples_trained"], "samples_expected": summary["samples_expected"], "ps_rss_mb": max(rss, default=float("nan")),  # nan: no PS reported before the end
         "dynamic_tables": summary.get("dynamic_tables", {}),
     }  # fmt: skip
 
