@@ -13,7 +13,6 @@ dynamic tables' hit/default/admit/evict counts from the job summary.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
