@@ -85,6 +85,18 @@ def _kjt(bags: list[list[list[int]]]) -> KeyedJaggedTensor:
     return KeyedJaggedTensor.from_lengths_sync(keys=FEATURES, values=values, lengths=lengths)
 
 
+def train_and_compare(client, local, rng, n: int, bags_per_step: int = 48, *, get) -> None:
+    """``n`` training steps through the PS and through the local reference: the pooled
+    sums must agree (up to summation order) before each step's gradient is pushed."""
+    for step in range(n):
+        bags = _batch(rng, bags_per_step)
+        lookup = client.start(_kjt(bags), train=True)
+        got = client.wait(lookup)
+        grad = torch.from_numpy(rng.standard_normal(got.shape).astype(np.float32))
+        torch.testing.assert_close(got, local.step(bags, grad), rtol=1e-5, atol=1e-5, msg=f"step {step}")
+        get(client.push(lookup, grad))
+
+
 @pytest.mark.parametrize("num_ps", [1, 3])
 def test_dynamic_tables_give_the_reference_rows_and_pooled_sums_under_updates(ray_local, num_ps):
     vmap = VShardMap.round_robin(SIZES, V, num_ps, tuple(TABLES))
@@ -92,14 +104,7 @@ def test_dynamic_tables_give_the_reference_rows_and_pooled_sums_under_updates(ra
     ps = [actor.remote(k, vmap, DIM, {"name": "sgd", "lr": LR}, SEED, tables=TABLES) for k in range(num_ps)]
     client, local = PSClient(ps, vmap, DIM, "w", get=ray_local.get), LocalTables()
     rng = np.random.default_rng(num_ps)
-    for step in range(12):
-        bags = _batch(rng, 48)
-        lookup = client.start(_kjt(bags), train=True)
-        got = client.wait(lookup)
-        grad = torch.from_numpy(rng.standard_normal(got.shape).astype(np.float32))
-        want = local.step(bags, grad)
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=f"step {step}")  # summation order only
-        ray_local.get(client.push(lookup, grad))
+    train_and_compare(client, local, rng, 12, get=ray_local.get)
     for t, ref in local.maps.items():
         admitted = np.concatenate([ray_local.get(p.dynamic_ids.remote(t)) for p in ps])
         assert sorted(admitted.tolist()) == sorted(e[0] for e in ref.rows.values()) and len(ref.rows) > 0
@@ -115,13 +120,7 @@ def test_a_dynamic_tables_map_moves_with_its_vshard_when_a_ps_joins(ray_local):
     rng = np.random.default_rng(5)
 
     def steps(n: int) -> None:
-        for _ in range(n):
-            bags = _batch(rng, 48)
-            lookup = client.start(_kjt(bags), train=True)
-            got = client.wait(lookup)
-            grad = torch.from_numpy(rng.standard_normal(got.shape).astype(np.float32))
-            torch.testing.assert_close(got, local.step(bags, grad), rtol=1e-5, atol=1e-5)
-            ray_local.get(client.push(lookup, grad))
+        train_and_compare(client, local, rng, n, get=ray_local.get)
 
     steps(6)
     v2 = v1.reassigned([0, 1, 2])
@@ -172,13 +171,7 @@ def test_a_two_round_move_keeps_the_ages_of_the_ids_untouched_during_the_precopy
     rng = np.random.default_rng(11)
 
     def steps(n: int, bags_per_step: int = 48) -> None:
-        for _ in range(n):
-            bags = _batch(rng, bags_per_step)
-            lookup = client.start(_kjt(bags), train=True)
-            got = client.wait(lookup)
-            grad = torch.from_numpy(rng.standard_normal(got.shape).astype(np.float32))
-            torch.testing.assert_close(got, local.step(bags, grad), rtol=1e-5, atol=1e-5)
-            ray_local.get(client.push(lookup, grad))
+        train_and_compare(client, local, rng, n, bags_per_step, get=ray_local.get)
 
     steps(6)
     v2 = v1.reassigned([0, 1, 2])
