@@ -49,7 +49,7 @@ class CheckpointRef:
 
     seq: int
     at_s: float
-    source: str  # "memory" or "durable"
+    source: str  # "memory", "durable" or "initial" (the launch cut, see Checkpointer.payloads)
 
 
 @dataclass

@@ -132,6 +132,22 @@ def test_initial_weights_do_not_depend_on_the_number_of_ps():
         assert np.abs(a).max() > 0 and np.abs(a).max() <= (1 / len(a)) ** 0.5
 
 
+def test_restoring_no_payloads_puts_back_the_seed_rows_under_the_new_map():
+    """The launch cut (``Checkpointer.payloads`` source "initial"): a PS rebuilds its
+    vshards of any map from the seed, whatever it trained or owned before."""
+    sizes = [300, 40]
+    v2 = VShardMap.round_robin(sizes, 8, 2)
+    fresh = EmbeddingPS(1, v2, 4, {"name": "sgd", "lr": 0.1}, seed=5)
+    ps = EmbeddingPS(1, VShardMap.round_robin(sizes, 8, 3), 4, {"name": "sgd", "lr": 0.1}, seed=5)
+    rows, w = ps.table_rows(0)
+    ps.set_table_rows(0, rows, w + 1.0)  # trained away from the seed
+    assert ps.restore(v2, None) == 0
+    for t in range(len(sizes)):
+        (rows, w), (want_rows, want) = ps.table_rows(t), fresh.table_rows(t)
+        np.testing.assert_array_equal(rows, want_rows)
+        np.testing.assert_array_equal(w, want)
+
+
 def test_bags_on_counts_exactly_the_bags_routing_sends_to_each_ps():
     """Partial recovery counts a dead PS's lost updates with ``bags_on``: it must agree
     with the route the workers' pushes take."""

@@ -23,7 +23,7 @@ objects are gone (their node died) or the master itself restarted.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -103,6 +103,9 @@ class Checkpointer:
         self.store = store
         self.chain = DurableChain(store, self.spec.full_every, self.spec.quantize) if store is not None else None
         self.latest: Checkpoint | None = None
+        # The cut taken at launch, before any step: its tables are every PS's seed rows,
+        # so it is never lost, even before a durable write (see ``payloads``).
+        self.initial: Checkpoint | None = None
         self.taken = 0
         self.written: list[dict] = []  # durable writes: seq, path, bytes, write_s, at_s
         self.pauses: list[float] = []
@@ -196,6 +199,8 @@ class Checkpointer:
             self.chain.add_cut(ckpt.seq, lz.vmap.table_sizes, changed)
         with self._lock:
             self.latest = ckpt
+        if self.initial is None and cut.steps == 0 and ckpt.samples == 0:
+            self.initial = replace(ckpt, ps=None)
         self.taken += 1
         self.pauses.append(pause)
         m.events.add("checkpoint", seq=ckpt.seq, pause_s=round(pause, 4), samples=ckpt.samples)
@@ -261,12 +266,14 @@ class Checkpointer:
             self._writer.join(timeout_s)
 
     # -- reading one back ---------------------------------------------------------------
-    def payloads(self) -> tuple[Checkpoint, list[Any], str]:
+    def payloads(self) -> tuple[Checkpoint, list[Any] | None, str]:
         """The newest checkpoint whose data can be had, its PS payloads, and where they
-        came from ("memory" or "durable"). CheckpointError when there is none."""
+        came from ("memory", "durable", or "initial": nothing was durable yet and the
+        in-memory cut is lost, so the job goes back to its start; payloads None, each PS
+        rebuilds its seed rows). CheckpointError when there is none."""
         ckpt = self.latest
         if ckpt is not None and ckpt.ps is None:
-            return self.load_durable()  # released: on disk only
+            return self._durable_or_initial()  # released: on disk only
         if ckpt is not None and not all(isinstance(p, ray.ObjectRef) for p in ckpt.ps):
             return ckpt, list(ckpt.ps), "durable"  # loaded from disk by an earlier recovery
         if ckpt is not None:
@@ -277,7 +284,20 @@ class Checkpointer:
                     return ckpt, list(ckpt.ps), "memory"
             except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError) as e:
                 self.m.events.add("checkpoint_lost", seq=ckpt.seq, error=str(e).strip().splitlines()[0][:200])
-        return self.load_durable()
+        return self._durable_or_initial()
+
+    def _durable_or_initial(self) -> tuple[Checkpoint, list[Any] | None, str]:
+        """The durable checkpoint, or the launch cut when none was ever written (a
+        directory holding only corrupt checkpoints still raises: that is not a start)."""
+        try:
+            return self.load_durable()
+        except CheckpointError:
+            self.flush()
+            if self.initial is None or (self.store is not None and self.store.list()):
+                raise
+        with self._lock:
+            self.latest = self.initial
+        return self.initial, None, "initial"
 
     def load_durable(self) -> tuple[Checkpoint, list[Any], str]:
         if self.store is None or self.chain is None:

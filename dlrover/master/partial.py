@@ -74,12 +74,12 @@ def recover_partially(m: Job, pending: dict[Any, str], lost_ps: LostPs) -> Parti
     replace_workers(m, set(gone))
     m.books.requeue_all()
     ckpt, payloads, source = m.checkpointer.payloads()
-    if source == "durable" and m.checkpointer.chain is not None:
+    if source != "memory" and m.checkpointer.chain is not None:
         m.checkpointer.chain.broken()  # the replacements hold an older state than the newest cut
     at_death = lz.vmap
     owner, replaced = replace_ps(m, lost_ps.ps)
     lz.wait_started()
-    refs = [p if isinstance(p, ray.ObjectRef) else ray.put(p) for p in payloads]
+    refs = None if payloads is None else [p if isinstance(p, ray.ObjectRef) else ray.put(p) for p in payloads]
     vmap = at_death.with_owner(owner)
     # The replacements rebuild their vshards; the survivors keep theirs (same slots: only
     # the map's version moves, and pulls of the aborted runs are dropped).

@@ -124,7 +124,7 @@ def roll_back(m: Job, pending: dict[Any, str], lost_ps: LostPs, replace_all: boo
         lz.new_dense()
     lz.wait_started()
     ckpt, payloads, source = m.checkpointer.payloads()
-    refs = [p if isinstance(p, ray.ObjectRef) else ray.put(p) for p in payloads]
+    refs = None if payloads is None else [p if isinstance(p, ray.ObjectRef) else ray.put(p) for p in payloads]
     vmap = lz.vmap.with_owner(owner)
     ray.get([h.restore.remote(vmap, refs) for h in lz.ps.values()])
     lz.dense.set_state(ckpt.dense)

@@ -61,15 +61,8 @@ class EmbeddingPS(VShardMoves):
         self.vmap = vmap
         self.dim = dim
         self._optimizer, self._seed, self._tables = dict(optimizer), seed, {t: tables[t] for t in vmap.dynamic} if tables else {}
-        self.tbe = self._new_tbe(vmap.local_table_sizes(ps_index))
         self.dyn_counts = DynamicCounts()  # kept across layouts: each new DynamicTables adds to it
-        self.dyn = self._new_dyn(vmap, 0)
-        with torch.no_grad():
-            for t, w in enumerate(self.tbe.split_embedding_weights()):
-                rows = vmap.global_rows(ps_index, t)
-                valid = rows >= 0
-                w.zero_()
-                w[torch.from_numpy(np.flatnonzero(valid))] = init_rows(seed, t, vmap.table_sizes[t], dim, rows[valid])
+        self.tbe, self.dyn = self._initial_tables(vmap, 0)
         self._pending: dict[tuple, tuple[torch.Tensor, torch.Tensor | None]] = {}
         self._dropped: set[str] = set()  # workers gone: their late pulls keep no graph
         self._lock = threading.Lock()
@@ -93,6 +86,18 @@ class EmbeddingPS(VShardMoves):
     def _new_dyn(self, vmap: VShardMap, clock: int) -> DynamicTables:
         """Empty id maps of the dynamic tables for ``vmap``, at the PS's ``clock``."""
         return DynamicTables(vmap, self.index, self._tables, self._seed, self.dim, clock, self.dyn_counts)
+
+    def _initial_tables(self, vmap: VShardMap, clock: int) -> tuple[Any, DynamicTables]:
+        """The job's starting state of this PS's vshards under ``vmap``: every row from
+        its seed (``init_rows``), no optimizer state, empty id maps."""
+        tbe = self._new_tbe(vmap.local_table_sizes(self.index))
+        with torch.no_grad():
+            for t, w in enumerate(tbe.split_embedding_weights()):
+                rows = vmap.global_rows(self.index, t)
+                valid = rows >= 0
+                w.zero_()
+                w[torch.from_numpy(np.flatnonzero(valid))] = init_rows(self._seed, t, vmap.table_sizes[t], self.dim, rows[valid])
+        return tbe, self._new_dyn(vmap, clock)
 
     def _translate(self, idx: torch.Tensor, off: torch.Tensor | None, train: bool) -> Translated:
         """Map a batch's dynamic ids to rows; reset the rows evicted, mark the map's changes."""

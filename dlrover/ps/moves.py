@@ -173,15 +173,19 @@ class VShardMoves:
             tables = self.dyn.as_ages(export_blocks(self._table_arrays(self.tbe, self.dyn), np.arange(len(owned)), self.vmap.rows_per_vshard()))
         return int(sum(a.nbytes for t in tables for a in t)), {"vshards": owned.astype(np.int64), "tables": tables}
 
-    def restore(self, vmap: VShardMap, payloads: list[Any]) -> int:
+    def restore(self, vmap: VShardMap, payloads: list[Any] | None) -> int:
         """Roll back to a checkpoint: rebuild the tables of ``vmap`` from full payloads
-        (they may come from PS that no longer exist, under an older map). Pulls not pushed
-        yet are dropped: the workers that made them restart from the checkpoint too."""
+        (they may come from PS that no longer exist, under an older map), or to the job's
+        starting state when ``payloads`` is None. Pulls not pushed yet are dropped: the
+        workers that made them restart from the checkpoint too."""
         import ray
 
-        payloads = [p if isinstance(p, dict) else ray.get(p) for p in payloads]
-        tbe, dyn = self._new_tbe(vmap.local_table_sizes(self.index)), self._new_dyn(vmap, self.dyn.clock)
-        nbytes = self._fill(tbe, dyn, vmap, payloads, keep=False)
+        if payloads is None:
+            (tbe, dyn), nbytes = self._initial_tables(vmap, self.dyn.clock), 0
+        else:
+            payloads = [p if isinstance(p, dict) else ray.get(p) for p in payloads]
+            tbe, dyn = self._new_tbe(vmap.local_table_sizes(self.index)), self._new_dyn(vmap, self.dyn.clock)
+            nbytes = self._fill(tbe, dyn, vmap, payloads, keep=False)
         with self._lock:
             self._pending.clear()
             self.applied.clear()  # batches after the checkpoint's cut are pushed again
