@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
+from dlrover.ps.dynamic import vshard_of
 from dlrover.ps.dynamic_tables import DynamicCounts, DynamicTables, total_counts
 from dlrover.ps.vshard import VShardMap
 from dlrover.table_spec import TableSpec, rows_of
@@ -44,3 +46,15 @@ def test_counts_carry_over_to_the_next_layout_and_sum_over_ps() -> None:
     assert counts.lookups == 3 and counts.defaults == 3
     stats = [{"dynamic": {"lookups": 3, "hits": 1, "defaults": 2, "admitted": 1, "evicted": 0}}, {"dynamic": {"lookups": 4, "hits": 4}}, {}]
     assert total_counts(stats) == {"lookups": 7, "hits": 5, "defaults": 2, "admitted": 1, "evicted": 0}
+
+
+def test_a_batch_with_ids_of_vshards_the_ps_does_not_own_is_refused_without_a_trace() -> None:
+    tables = {0: TableSpec(kind="dynamic", capacity_rows=8), 1: TableSpec(kind="dynamic", capacity_rows=8)}
+    vmap = VShardMap.round_robin(rows_of([8] * 26, tables), 2, 2, (0, 1))
+    mine, theirs = (next(i for i in range(100) if vshard_of(np.array([i]), 2)[0] == v) for v in (0, 1))
+    ps0 = DynamicTables(vmap, 0, tables, seed=0, dim=DIM)
+    idx = torch.ones(26, dtype=torch.int64)
+    idx[0], idx[1] = mine, theirs  # table 0's id is PS 0's, table 1's is not
+    with pytest.raises(ValueError, match="table 1: ids of vshards this PS does not own"):
+        ps0.translate(idx, None, 1, True, lambda t, rows: None)
+    assert ps0.clock == 0 and ps0.counts == DynamicCounts() and len(ps0.ids(0)) == 0

@@ -31,13 +31,12 @@ def default_row(seed: int, table: int, num_rows: int, dim: int) -> torch.Tensor:
 class Translated:
     """A TBE batch with the dynamic ids mapped: ``offsets`` None when every bag still holds
     one id; ``defaults`` ``[batch, T*D]`` to add to the pooled output (None: nothing);
-    ``pins``, ``evicted``, ``changed``: local rows per dynamic table."""
+    ``pins``, ``changed``: local rows per dynamic table."""
 
     indices: torch.Tensor
     offsets: torch.Tensor | None
     defaults: torch.Tensor | None
     pins: dict[int, np.ndarray] = field(default_factory=dict)
-    evicted: dict[int, np.ndarray] = field(default_factory=dict)
     changed: dict[int, np.ndarray] = field(default_factory=dict)
 
 
@@ -98,6 +97,10 @@ class DynamicTables:
         lengths = np.ones(len(idx), dtype=np.int64) if offsets is None else np.diff(offsets.numpy())
         start = np.concatenate([[0], np.cumsum(lengths.reshape(num_tables, batch).sum(1))])
         out = Translated(torch.from_numpy(idx), offsets, None)
+        slots = {t: self._slot[vshard_of(idx[start[t] : start[t + 1]], self.vmap.num_vshards)] for t in self.maps}
+        for t, s in slots.items():  # before anything changes: a refused batch leaves no trace
+            if np.any(s < 0):
+                raise ValueError(f"table {t}: ids of vshards this PS does not own")
         with self._lock:
             now = None
             if train:
@@ -105,10 +108,7 @@ class DynamicTables:
                 now = self.clock
             for t, m in self.maps.items():
                 ids = idx[start[t] : start[t + 1]]
-                slots = self._slot[vshard_of(ids, self.vmap.num_vshards)]
-                if np.any(slots < 0):
-                    raise ValueError(f"table {t}: ids of vshards this PS does not own")
-                got = m.lookup(ids, slots, now)
+                got = m.lookup(ids, slots[t], now)
                 if train:
                     self.counts.add(len(ids), got)
                 idx[start[t] : start[t + 1]] = got.rows
@@ -117,7 +117,7 @@ class DynamicTables:
                 if train:
                     m.pin(got.rows, 1)
                     out.pins[t] = got.rows
-                out.evicted[t], out.changed[t] = got.evicted, got.changed
+                out.changed[t] = got.changed
         keep = idx >= 0
         if keep.all():
             return out
