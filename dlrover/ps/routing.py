@@ -22,14 +22,16 @@ from dlrover.ps.vshard import VShardMap
 @dataclass
 class PSRequest:
     """One PS's share of a batch. ``indices``/``offsets`` go to the PS (TBE layout, table
-    major); ``bag_n``/``bag_t`` stay on the worker and say where each returned row goes."""
+    major); ``dest`` stays on the worker and says where each returned row goes."""
 
     ps: int
     indices: Any  # int64 local row ids (or an ObjectRef to them, see PSClient.route)
     offsets: Any  # int64 [T * batch + 1]; None when every bag holds exactly one id
     batch: int
-    bag_n: torch.Tensor  # sample of each non-empty bag, in the order the PS returns them
-    bag_t: torch.Tensor  # table of each non-empty bag
+    # Bag (``sample * T + table``, a row of the pooled output viewed as [B*T, D]) of each
+    # row of the PS's answer, in the order the answer holds them: one index_copy_ puts
+    # the answer in place and one index_select takes its gradient back out.
+    dest: torch.Tensor
     covers_all: bool = False  # every bag, in table-major order (one PS, single-hot): no scatter needed
 
 
@@ -39,63 +41,68 @@ class RoutedBatch:
     num_tables: int
     requests: list[PSRequest]
     version: int = 0  # of the VShardMap it was routed with: stale after a migration
+    # Single-hot (every bag on exactly one PS): the row of the answers, concatenated in
+    # request order, that each bag of the pooled output takes (one gather, no scatter).
+    # None for multi-hot: a bag's partial sums from several PS are added up.
+    gather: torch.Tensor | None = None
 
 
 def route(values: torch.Tensor, lengths: torch.Tensor, batch: int, vmap: VShardMap) -> RoutedBatch:
     """Route a key-major jagged batch (``values`` already row ids, ``lengths`` [T*B])."""
     num_tables = lengths.numel() // batch
-    single_hot = bool(lengths.numel()) and int(lengths.min()) == 1 and int(lengths.max()) == 1
-    bag_of_value = torch.arange(num_tables * batch) if single_hot else torch.repeat_interleave(torch.arange(num_tables * batch), lengths)
-    owner, local = vmap.route(values, torch.div(bag_of_value, batch, rounding_mode="floor"))
+    lens = lengths.numpy()
+    single_hot = bool(lens.size) and int(lens.min()) == 1 and int(lens.max()) == 1
+    bag_of_value = np.arange(num_tables * batch) if single_hot else np.repeat(np.arange(num_tables * batch), lens)
+    owner, local = vmap.route(values.numpy(), bag_of_value // batch)
     if single_hot and vmap.num_ps == 1:
         # The common Criteo case on one PS: the request is the whole batch as it is.
-        bag_t = torch.div(bag_of_value, batch, rounding_mode="floor")
-        req = PSRequest(vmap.ps_ids[0], local.numpy(), None, batch, bag_of_value - bag_t * batch, bag_t, covers_all=True)
+        req = PSRequest(vmap.ps_ids[0], local, None, batch, torch.empty(0, dtype=torch.int64), covers_all=True)
         return RoutedBatch(batch, num_tables, [req], vmap.version)
     requests = []
     for k in vmap.ps_ids:
-        sel = owner == k
-        vals_k = local[sel]
-        bags_k = bag_of_value[sel]
-        if vals_k.numel() == 0:
+        picked = np.flatnonzero(owner == k)  # ascending: the PS's ids stay table-major
+        if picked.size == 0:
             continue
-        if single_hot:  # one id per bag: every selected bag is distinct already
-            ubags, counts = bags_k, torch.ones_like(bags_k)
+        if single_hot:  # one id per bag: the bag is the value's position
+            ubags, counts = picked, None
         else:
-            ubags, counts = torch.unique_consecutive(bags_k, return_counts=True)
-        bag_t = torch.div(ubags, batch, rounding_mode="floor")
-        bag_n = ubags - bag_t * batch
-        per_table = torch.bincount(bag_t, minlength=num_tables)
+            bags_k = bag_of_value[picked]
+            first = np.flatnonzero(np.diff(bags_k, prepend=-1))
+            ubags, counts = bags_k[first], np.diff(first, append=len(bags_k))
+        bag_t = ubags // batch
+        dest = (ubags - bag_t * batch) * num_tables + bag_t
+        per_table = np.bincount(bag_t, minlength=num_tables)
         b_k = int(per_table.max())
-        table_start = torch.cumsum(per_table, 0) - per_table
-        j = torch.arange(len(ubags)) - table_start[bag_t]
-        lens = torch.zeros(num_tables, b_k, dtype=torch.int64)
-        lens[bag_t, j] = counts
         if single_hot and b_k * num_tables == len(ubags):  # every padded bag is used: no offsets
-            requests.append(PSRequest(k, vals_k.numpy(), None, b_k, bag_n, bag_t))
+            # The answer is TBE's [b_k, T*D]: its row i holds the i-th bag of every table.
+            dest = dest.reshape(num_tables, b_k).T.reshape(-1)
+            requests.append(PSRequest(k, local[picked], None, b_k, torch.from_numpy(dest)))
             continue
-        offsets = torch.zeros(num_tables * b_k + 1, dtype=torch.int64)
-        torch.cumsum(lens.view(-1), 0, out=offsets[1:])
-        requests.append(PSRequest(k, vals_k.numpy(), offsets.numpy(), b_k, bag_n, bag_t))
-    return RoutedBatch(batch, num_tables, requests, vmap.version)
-
-
-def _table_major(part: torch.Tensor, req: PSRequest, num_tables: int, dim: int) -> torch.Tensor:
-    """Rows of a PS answer in table-major bag order, whatever layout it came in."""
-    if req.offsets is None:  # TBE layout [batch, T*D], every bag non-empty
-        return part.view(req.batch, num_tables, dim).transpose(0, 1).reshape(-1, dim)
-    return part
+        table_start = np.cumsum(per_table) - per_table
+        padded = np.zeros((num_tables, b_k), dtype=np.int64)
+        padded[bag_t, np.arange(len(ubags)) - table_start[bag_t]] = 1 if counts is None else counts
+        offsets = np.zeros(num_tables * b_k + 1, dtype=np.int64)
+        np.cumsum(padded.reshape(-1), out=offsets[1:])
+        requests.append(PSRequest(k, local[picked], offsets, b_k, torch.from_numpy(dest)))
+    gather = None
+    if single_hot:
+        gather = torch.empty(num_tables * batch, dtype=torch.int64)
+        gather[torch.cat([r.dest for r in requests])] = torch.arange(num_tables * batch)
+    return RoutedBatch(batch, num_tables, requests, vmap.version, gather)
 
 
 def assemble(routed: RoutedBatch, partials: list[np.ndarray], dim: int) -> torch.Tensor:
-    """Add each PS's partial sums into the pooled output [B, T*D]."""
+    """Put each PS's partial sums into the pooled output [B, T*D] (added up where a bag's
+    ids are on several PS)."""
     n, t = routed.num_samples, routed.num_tables
     if len(routed.requests) == 1 and routed.requests[0].covers_all:
         return torch.as_tensor(partials[0])  # already [B, T*D]: no copy at all
-    pooled = torch.zeros(n, t, dim)
-    for req, part in zip(routed.requests, partials):
-        rows = _table_major(torch.as_tensor(part), req, t, dim)
-        pooled.index_put_((req.bag_n, req.bag_t), rows, accumulate=True)
+    rows = [torch.as_tensor(part).view(-1, dim) for part in partials]
+    if routed.gather is not None:
+        return torch.cat(rows).index_select(0, routed.gather).view(n, t * dim)
+    pooled = torch.zeros(n * t, dim)
+    for req, part in zip(routed.requests, rows):
+        pooled.index_add_(0, req.dest, part)
     return pooled.view(n, t * dim)
 
 
@@ -104,13 +111,13 @@ def split_grad(routed: RoutedBatch, grad: torch.Tensor, dim: int) -> list[np.nda
     n, t = routed.num_samples, routed.num_tables
     if len(routed.requests) == 1 and routed.requests[0].covers_all:
         return [grad.contiguous().numpy()]
-    g = grad.reshape(n, t, dim)
+    g = grad.reshape(n * t, dim)
     out = []
     for req in routed.requests:
-        rows = g[req.bag_n, req.bag_t]
+        rows = g.index_select(0, req.dest)
         if req.offsets is None:
-            rows = rows.view(t, req.batch, dim).transpose(0, 1).reshape(req.batch, t * dim)
-        out.append(rows.contiguous().numpy())
+            rows = rows.view(req.batch, t * dim)
+        out.append(rows.numpy())
     return out
 
 
