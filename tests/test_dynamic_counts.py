@@ -58,3 +58,11 @@ def test_a_batch_with_ids_of_vshards_the_ps_does_not_own_is_refused_without_a_tr
     with pytest.raises(ValueError, match="table 1: ids of vshards this PS does not own"):
         ps0.translate(idx, None, 1, True, lambda t, rows: None)
     assert ps0.clock == 0 and ps0.counts == DynamicCounts() and len(ps0.ids(0)) == 0
+
+
+def test_a_ps_given_no_spec_for_a_dynamic_table_of_its_map_refuses_to_start() -> None:
+    from dlrover.ps.embedding_ps import EmbeddingPS
+
+    vmap = VShardMap.round_robin(SIZES, V, 1, (0,))
+    with pytest.raises(ValueError, match=r"ps-0: no TableSpec for dynamic table\(s\) \[0\]"):
+        EmbeddingPS(0, vmap, DIM, {"name": "sgd", "lr": 0.1}, tables=None)

@@ -60,7 +60,10 @@ class EmbeddingPS(VShardMoves):
         self.index = ps_index
         self.vmap = vmap
         self.dim = dim
-        self._optimizer, self._seed, self._tables = dict(optimizer), seed, {t: tables[t] for t in vmap.dynamic} if tables else {}
+        missing = sorted(set(vmap.dynamic) - set(tables or {}))
+        if missing:
+            raise ValueError(f"ps-{ps_index}: no TableSpec for dynamic table(s) {missing} of the vshard map")
+        self._optimizer, self._seed, self._tables = dict(optimizer), seed, {t: tables[t] for t in vmap.dynamic}
         self.dyn_counts = DynamicCounts()  # kept across layouts: each new DynamicTables adds to it
         self.tbe, self.dyn = self._initial_tables(vmap, 0)
         self._pending: dict[tuple, tuple[torch.Tensor, torch.Tensor | None]] = {}
