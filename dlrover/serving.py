@@ -4,8 +4,8 @@ A model directory holds ``model.json`` (the :class:`Manifest`), ``dense.pt2`` (a
 ``torch.export`` program: DenseArch, interaction and OverArch of the DLRM, taking the
 dense features and the pooled embeddings), ``tables.pt`` (the embedding tables, a list
 of [rows, dim] tensors) and, for a job with dynamic tables, ``id_maps.pt`` (each one's
-admitted ids and their rows). Loading needs torch alone: no Ray, no TorchRec, nothing of
-dlrover's training code, so a server carries only torch and these files; the lookup
+admitted ids and their rows). Loading needs torch and pydantic: no Ray, no TorchRec, nothing
+of dlrover's training code, so a server carries only those and these files; the lookup
 (``row = id mod rows``, one id per feature, or a dynamic table's map) is
 :meth:`ServedModel.rows`.
 """
@@ -15,10 +15,11 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+import pydantic
 import torch
 
 from dlrover.errors import DataError
@@ -78,29 +79,27 @@ class Manifest:
     dynamic_tables: list[int] = dataclasses.field(default_factory=list)  # ids mapped by id_maps.pt
 
     def write(self, model_dir: Path) -> None:
-        (model_dir / MANIFEST).write_text(json.dumps(dataclasses.asdict(self), indent=2) + "\n")
+        """Written last and atomically (tmp + rename): a directory with a manifest is whole."""
+        tmp = model_dir / f".{MANIFEST}.tmp"
+        tmp.write_text(json.dumps(dataclasses.asdict(self), indent=2) + "\n")
+        os.replace(tmp, model_dir / MANIFEST)
 
     @classmethod
     def read(cls, model_dir: Path) -> "Manifest":
+        """The manifest, every field type-checked (pydantic): one DataError naming the
+        field of a wrong or missing one."""
         path = model_dir / MANIFEST
         if not path.is_file():
             raise DataError(f"{path}: no such file (is {model_dir} a directory written by dlrover export?)")
         try:
-            doc: Any = json.loads(path.read_text())
-        except (ValueError, UnicodeDecodeError) as e:
-            raise DataError(f"{path}: not JSON: {e}") from None
-        names = [f.name for f in dataclasses.fields(cls) if isinstance(doc, dict) and f.name in doc]
-        required = [f.name for f in dataclasses.fields(cls) if f.default_factory is dataclasses.MISSING]
-        missing = [n for n in required if n not in names]
-        if missing:
-            raise DataError(f"{path}: missing field {missing[0]!r}")
-        if doc["format"] != FORMAT:
-            raise DataError(f"{path}: format {doc['format']!r}, expected {FORMAT!r}")
-        try:
-            files = [FileDigest(**f) for f in doc["files"]]
-        except TypeError:
-            raise DataError(f"{path}: files: expected a list of {{name, sha256, bytes}}") from None
-        return cls(**{**{n: doc[n] for n in names}, "files": files})
+            manifest = pydantic.TypeAdapter(cls).validate_json(path.read_bytes(), strict=True)
+        except pydantic.ValidationError as e:
+            err = e.errors()[0]
+            where = ".".join(str(x) for x in err["loc"])
+            raise DataError(f"{path}: {where + ': ' if where else ''}{err['msg'][0].lower()}{err['msg'][1:]}") from None
+        if manifest.format != FORMAT:
+            raise DataError(f"{path}: format {manifest.format!r}, expected {FORMAT!r}")
+        return manifest
 
 
 @dataclass

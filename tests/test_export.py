@@ -4,6 +4,7 @@ with one line naming the file."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -267,6 +268,17 @@ def test_predict_names_a_missing_model_file_or_manifest(trained, tmp_path, capsy
     (model / "model.json").unlink()
     assert main(["predict", str(model), str(trained["heldout"]), "--out", str(tmp_path / "s.csv")]) == 2
     assert f"{model / 'model.json'}: no such file" in one_error_line(capsys)
+
+
+def test_predict_names_the_field_of_a_malformed_manifest(trained, tmp_path, capsys):
+    model = copy_model(trained, tmp_path)
+    doc = json.loads((model / "model.json").read_text())
+    for field, value, says in [("table_rows", "26 tables", "table_rows: input should be a valid array"),
+                               ("files", [{"name": "tables.pt"}], "files.0.sha256: field required")]:
+        (model / "model.json").write_text(json.dumps({**doc, field: value}))
+        assert main(["predict", str(model), str(trained["heldout"]), "--out", str(tmp_path / "s.csv")]) == 2
+        assert f"{model / 'model.json'}: {says}" in one_error_line(capsys)
+    assert not (tmp_path / "s.csv").exists()
 
 
 def test_predict_names_file_and_line_of_a_bad_data_row_and_writes_no_scores(trained, tmp_path, capsys):

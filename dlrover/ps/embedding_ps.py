@@ -13,7 +13,7 @@ import os
 import threading
 import time
 import warnings
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -37,6 +37,18 @@ from dlrover.ps.vshard import VShardMap
 from dlrover.table_spec import TableSpec
 
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+
+
+@dataclass
+class Pulled:
+    """A training pull waiting for its push: TBE's output (holding the autograd graph
+    the gradient goes through) and what ``push`` needs to lay the gradient out."""
+
+    out: torch.Tensor
+    nonempty: torch.Tensor | None  # positions of the bags the answer held (None: all)
+    indices: torch.Tensor  # the TBE batch, for the dirty-row trackers
+    offsets: torch.Tensor | None
+    pins: dict[int, np.ndarray]  # dynamic tables' rows held until the push
 
 
 class EmbeddingPS(VShardMoves):
@@ -66,7 +78,7 @@ class EmbeddingPS(VShardMoves):
         self._optimizer, self._seed, self._tables = dict(optimizer), seed, {t: tables[t] for t in vmap.dynamic}
         self.dyn_counts = DynamicCounts()  # kept across layouts: each new DynamicTables adds to it
         self.tbe, self.dyn = self._initial_tables(vmap, 0)
-        self._pending: dict[tuple, tuple[torch.Tensor, torch.Tensor | None]] = {}
+        self._pending: dict[tuple, Pulled] = {}
         self._dropped: set[str] = set()  # workers gone: their late pulls keep no graph
         self._lock = threading.Lock()
         # ids: ids looked up by pulls plus ids updated by pushes, the work busy_s was spent on
@@ -147,7 +159,7 @@ class EmbeddingPS(VShardMoves):
         if training:
             out = self.tbe(idx, tbe_off)
             with self._lock:
-                self._pending[key] = (out, nz, idx, off, tr.pins if tr is not None else {})
+                self._pending[key] = Pulled(out, nz, idx, off, tr.pins if tr is not None else {})
         else:
             with torch.no_grad():
                 out = self.tbe(idx, tbe_off)
@@ -173,11 +185,12 @@ class EmbeddingPS(VShardMoves):
         if isinstance(grad, ShmSlice):
             grad = self._segments.view(grad)
         with self._lock:
-            out, nz, idx, off, pins = self._pending.pop(key)
+            p = self._pending.pop(key)
             if batch is not None and not self.applied.first_time(BatchId(*batch)):
                 self._stats["duplicates"] += 1
-                self.dyn.unpin(pins)
+                self.dyn.unpin(p.pins)
                 return 0
+        out, nz, idx, off = p.out, p.nonempty, p.indices, p.offsets
         num_tables = len(self.vmap.table_sizes)
         batch = out.shape[0]
         if nz is None:
@@ -188,7 +201,7 @@ class EmbeddingPS(VShardMoves):
             g[nz] = torch.as_tensor(grad)
             out.backward(g.view(num_tables, batch, self.dim).transpose(0, 1).reshape(batch, num_tables * self.dim))
             bags = int(nz.numel())
-        self.dyn.unpin(pins)  # only now: an evicted row must not take this batch's update
+        self.dyn.unpin(p.pins)  # only now: an evicted row must not take this batch's update
         rows = (len(off) - 1) // num_tables if off is not None else batch
         if self._dirty is not None:
             self._dirty.mark(idx, off, rows)
@@ -215,7 +228,7 @@ class EmbeddingPS(VShardMoves):
             self._dropped.add(key_prefix)
             stale = [k for k in self._pending if k[0] == key_prefix]
             for k in stale:
-                self.dyn.unpin(self._pending.pop(k)[4])
+                self.dyn.unpin(self._pending.pop(k).pins)
         return len(stale)
 
     # -- state --------------------------------------------------------------------------
