@@ -15,11 +15,16 @@ A separate module because ``dlrover.spec`` is full.
 from __future__ import annotations
 
 from enum import Enum
-from typing import Annotated, Literal
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from dlrover.data.criteo import NUM_SPARSE
+
+
+class TableKind(str, Enum):
+    HASHED = "hashed"
+    DYNAMIC = "dynamic"
 
 
 class Eviction(str, Enum):
@@ -33,7 +38,7 @@ class TableSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    kind: Literal["hashed", "dynamic"] = "hashed"
+    kind: TableKind = TableKind.HASHED
     capacity_rows: int | None = Field(None, ge=1)
     admit_after: int = Field(0, ge=0)
     eviction: Eviction = Eviction.LRU
@@ -41,7 +46,7 @@ class TableSpec(BaseModel):
 
     @model_validator(mode="after")
     def _fields_of_kind(self) -> "TableSpec":
-        if self.kind == "hashed":
+        if self.kind is TableKind.HASHED:
             given = sorted(self.model_fields_set & {"capacity_rows", "admit_after", "eviction", "ttl_steps"})
             if given:
                 raise ValueError(f"{given[0]}: only for kind: dynamic (this table is hashed)")
@@ -60,12 +65,13 @@ TableIndex = Annotated[int, Field(ge=0, lt=NUM_SPARSE)]
 
 def dynamic_tables(tables: dict[int, TableSpec]) -> dict[int, TableSpec]:
     """The dynamic ones of ``model.tables``, by table index."""
-    return {t: s for t, s in sorted(tables.items()) if s.kind == "dynamic"}
+    return {t: s for t, s in sorted(tables.items()) if s.kind is TableKind.DYNAMIC}
 
 
 def rows_of(sizes: list[int], tables: dict[int, TableSpec]) -> list[int]:
     """Rows each table holds: ``capacity_rows`` for a dynamic table, its size otherwise."""
-    return [tables[t].capacity_rows if t in tables and tables[t].kind == "dynamic" else n for t, n in enumerate(sizes)]
+    dynamic = dynamic_tables(tables)
+    return [dynamic[t].capacity_rows if t in dynamic else n for t, n in enumerate(sizes)]
 
 
 def check_capacities(tables: dict[int, TableSpec], vshards: int) -> None:
