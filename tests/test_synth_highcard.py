@@ -12,7 +12,8 @@ from sklearn.metrics import roc_auc_score
 
 from dlrover.cli import main
 from dlrover.data.synth import Oracle
-from dlrover.data.synth_highcard import HighCardConfig, HighCardModel, generate_highcard, permute32, sigmoid
+from dlrover.data.planted import sigmoid
+from dlrover.data.synth_highcard import HighCardConfig, HighCardModel, generate_highcard, permute32
 from dlrover.data.tsv import read_whole_tsv
 
 ROWS = 200_000

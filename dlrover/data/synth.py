@@ -28,8 +28,10 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from dlrover.data.criteo import NUM_DENSE, NUM_SPARSE, Batch
+from dlrover.data.planted import calibrate, dense_log, sigmoid
 from dlrover.data.synth_highcard import GENERATOR as HIGHCARD_GENERATOR, HighCardOracle
 from dlrover.errors import DataError, DLRoverError
+from dlrover.hashing import splitmix64
 
 GENERATOR = "dlrover.synth/1"
 META_FILE = "synth.json"
@@ -93,20 +95,11 @@ def default_vocab_sizes(seed: int) -> list[int]:
     return [int(s) for s in rng.permutation(np.maximum(np.round(sizes), 2))]
 
 
-def _mix64(x: np.ndarray) -> np.ndarray:
-    """splitmix64 finaliser: a cheap, well-spread 64-bit hash of uint64 values."""
-    x = x ^ (x >> np.uint64(30))
-    x = x * np.uint64(0xBF58476D1CE4E5B9)
-    x = x ^ (x >> np.uint64(27))
-    x = x * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
-
-
 def _value_hashes(seed: int, table: int, size: int) -> np.ndarray:
     """Distinct non-zero 32-bit ids for the values of one table (0 means missing)."""
     base = np.uint64((seed * 0x9E3779B97F4A7C15 + table * 0xD1B54A32D192ED03) & _MASK64)
     values = np.arange(size, dtype=np.uint64)
-    hashes = (_mix64(values + base) & np.uint64(0xFFFFFFFF)).astype(np.int64)
+    hashes = (splitmix64(values + base) & np.uint64(0xFFFFFFFF)).astype(np.int64)
     salt = 0
     while True:  # rehash collisions (and zero) with a new salt until all distinct
         _, first = np.unique(hashes, return_index=True)
@@ -117,7 +110,7 @@ def _value_hashes(seed: int, table: int, size: int) -> np.ndarray:
             return hashes
         salt += 1
         salted = values[clash] + base + np.uint64((salt * 0x2545F4914F6CDD1D) & _MASK64)
-        hashes[clash] = (_mix64(salted) & np.uint64(0xFFFFFFFF)).astype(np.int64)
+        hashes[clash] = (splitmix64(salted) & np.uint64(0xFFFFFFFF)).astype(np.int64)
 
 
 class _Model:
@@ -214,22 +207,10 @@ class _Model:
         logit variance, and pick the bias that gives base_ctr, all on a fixed sample."""
         rng = np.random.default_rng([self.cfg.seed, 7, 2])
         ids, dense, _ = self.sample(rng, _REFERENCE_SAMPLE)
-        dense_log = _dense_log(dense)
-        self.dense_mean = dense_log.mean(axis=0).astype(np.float64)
-        self.dense_std = np.maximum(dense_log.std(axis=0).astype(np.float64), 1e-6)
-        parts = self.terms(ids, dense_log)
-        for name, share in _SHARES.items():
-            std = parts[name].std()
-            self.scale[name] = float(_LOGIT_STD * np.sqrt(share) / std) if std > 0 else 0.0
-        logit = sum(self.scale[k] * parts[k] for k in _SHARES)
-        lo, hi = -20.0, 20.0
-        for _ in range(60):  # bisection: mean CTR is monotone in the bias
-            mid = (lo + hi) / 2
-            if _sigmoid(mid + logit).mean() < self.cfg.base_ctr:
-                lo = mid
-            else:
-                hi = mid
-        self.bias = (lo + hi) / 2
+        logged = dense_log(dense)
+        self.dense_mean = logged.mean(axis=0).astype(np.float64)
+        self.dense_std = np.maximum(logged.std(axis=0).astype(np.float64), 1e-6)
+        self.scale, self.bias = calibrate(self.terms(ids, logged), _SHARES, _LOGIT_STD, self.cfg.base_ctr)
 
     def ids_from_values(self, sparse: np.ndarray) -> np.ndarray:
         """Map decoded categorical values back to value ids (-1 for missing/unknown)."""
@@ -240,15 +221,6 @@ class _Model:
             found = keys[pos] == sparse[:, t]
             ids[:, t] = np.where(found, self._order[t][pos], -1)
         return ids
-
-
-def _sigmoid(x: np.ndarray) -> np.ndarray:
-    return 1.0 / (1.0 + np.exp(-x))
-
-
-def _dense_log(dense: np.ndarray) -> np.ndarray:
-    """Exactly the reader's transform (float32), so the oracle sees what we used."""
-    return np.log1p(np.maximum(dense, 0).astype(np.float32))
 
 
 # ------------------------------------------------------------------------- writing
@@ -313,7 +285,7 @@ def generate(out_dir: str, cfg: SynthConfig, progress: bool = True) -> dict:
                 for lo in range(0, rows, _CHUNK_ROWS):
                     n = min(_CHUNK_ROWS, rows - lo)
                     ids, dense, dense_missing = model.sample(rng, n)
-                    p = _sigmoid(model.logit(ids, _dense_log(dense)))
+                    p = sigmoid(model.logit(ids, dense_log(dense)))
                     labels = (rng.random(n) < p).astype(np.int64)
                     f.write(fmt.lines(labels, ids, dense, dense_missing))
                     probs.append(p.astype(np.float32))
@@ -388,7 +360,7 @@ class Oracle:
 
     def probability(self, batch: Batch) -> np.ndarray:
         """True click probability (float64 [N]) of each row as the model sees it."""
-        return _sigmoid(self.logit(batch))
+        return sigmoid(self.logit(batch))
 
 
 def best_auc(oracle: Oracle, batch: Batch) -> float:

@@ -25,7 +25,9 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from dlrover.data.criteo import NUM_DENSE, NUM_SPARSE, Batch
+from dlrover.data.planted import calibrate, dense_log, sigmoid
 from dlrover.errors import DLRoverError
+from dlrover.hashing import splitmix64
 
 GENERATOR = "dlrover.synth-highcard/1"
 META_FILE = "synth.json"  # the name dlrover.data.synth's Oracle.from_dir looks for
@@ -63,14 +65,6 @@ class HighCardConfig:
             raise DLRoverError(f"synth: zipf must be in (0, 3], got {self.zipf}")
         if not 0 <= self.missing_rate < 1 or not 0 < self.base_ctr < 1:
             raise DLRoverError("synth: missing_rate must be in [0, 1) and base_ctr in (0, 1)")
-
-
-def mix64(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser over uint64 (wrapping arithmetic)."""
-    with np.errstate(over="ignore"):
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        return x ^ (x >> np.uint64(31))
 
 
 def permute32(x: np.ndarray) -> np.ndarray:
@@ -133,7 +127,7 @@ class HighCardModel:
     def weights(self, ids: np.ndarray) -> np.ndarray:
         """Each id's weight in its table: a standard normal deviate drawn from a hash of
         (table, id), 0 for a missing value. Same spread for every id, head or tail."""
-        h = mix64(ids.astype(np.uint64) ^ self.salts[: ids.shape[1]])
+        h = splitmix64(ids.astype(np.uint64) ^ self.salts[: ids.shape[1]])
         u = ((h >> np.uint64(11)).astype(np.float64) + 0.5) / float(1 << 53)
         return np.where(ids != 0, self._ndtri(u), 0.0)
 
@@ -150,27 +144,9 @@ class HighCardModel:
         """Scale each component to its share of LOGIT_STD**2 and pick the bias giving
         base_ctr, on a fixed sample (so the oracle rebuilds the same numbers)."""
         ids, _, dense, _ = self.sample(np.random.default_rng([self.cfg.seed, 11, 1]), REFERENCE_ROWS)
-        dense_log = dense_log_of(dense)
-        self.dense_mean, self.dense_std = dense_log.mean(0).astype(np.float64), np.maximum(dense_log.std(0).astype(np.float64), 1e-6)
-        parts = self.terms(ids, dense_log)
-        for name, share in SHARES.items():
-            std = parts[name].std()
-            self.scale[name] = float(LOGIT_STD * np.sqrt(share) / std) if std > 0 else 0.0
-        logit = sum(self.scale[name] * parts[name] for name in SHARES)
-        lo, hi = -20.0, 20.0
-        for _ in range(60):  # the mean CTR grows with the bias
-            mid = (lo + hi) / 2
-            lo, hi = (mid, hi) if sigmoid(mid + logit).mean() < self.cfg.base_ctr else (lo, mid)
-        self.bias = (lo + hi) / 2
-
-
-def sigmoid(x: np.ndarray) -> np.ndarray:
-    return 1.0 / (1.0 + np.exp(-x))
-
-
-def dense_log_of(dense: np.ndarray) -> np.ndarray:
-    """The readers' dense transform (float32), so the oracle sees what a model sees."""
-    return np.log1p(np.maximum(dense, 0).astype(np.float32))
+        logged = dense_log(dense)
+        self.dense_mean, self.dense_std = logged.mean(0).astype(np.float64), np.maximum(logged.std(0).astype(np.float64), 1e-6)
+        self.scale, self.bias = calibrate(self.terms(ids, logged), SHARES, LOGIT_STD, self.cfg.base_ctr)
 
 
 _HEX = np.frombuffer(b"0123456789abcdef", np.uint8)
@@ -228,7 +204,7 @@ def generate_highcard(out_dir: str, cfg: HighCardConfig, progress: bool = True) 
             for lo in range(0, rows, CHUNK_ROWS):
                 n = min(CHUNK_ROWS, rows - lo)
                 ids, ranks, dense, dense_missing = model.sample(rng, n)
-                p = sigmoid(model.logit(ids, dense_log_of(dense)))
+                p = sigmoid(model.logit(ids, dense_log(dense)))
                 labels = (rng.random(n) < p).astype(np.int64)
                 f.write(tsv_lines(labels, ids, dense, dense_missing))
                 probs.append(p.astype(np.float32))

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from dlrover.hashing import splitmix64
 from dlrover.table_spec import Eviction, TableSpec
 
 KEY, LAST, FREQ, PKEY, PLAST, PCOUNT = range(6)  # positions among the map states
@@ -37,10 +38,7 @@ _AGES = (LAST - MAP_STATES, PLAST - MAP_STATES)  # their positions counted from 
 def vshard_of(ids: np.ndarray, num_vshards: int) -> np.ndarray:
     """The vshard of each raw id of a dynamic table: splitmix64's finaliser, modulo V, so
     that sequential or structured ids spread evenly."""
-    z = np.ascontiguousarray(ids, dtype=np.int64).view(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    z ^= z >> np.uint64(31)
+    z = splitmix64(np.ascontiguousarray(ids, dtype=np.int64).view(np.uint64) + np.uint64(0x9E3779B97F4A7C15))
     return (z % np.uint64(num_vshards)).astype(np.int64)
 
 
