@@ -4,8 +4,9 @@ A model directory holds ``model.json`` (the :class:`Manifest`), ``dense.pt2`` (a
 ``torch.export`` program: DenseArch, interaction and OverArch of the DLRM, taking the
 dense features and the pooled embeddings), ``tables.pt`` (the embedding tables, a list
 of [rows, dim] tensors) and, for a job with dynamic tables, ``id_maps.pt`` (each one's
-admitted ids and their rows). Loading needs torch and pydantic: no Ray, no TorchRec, nothing
-of dlrover's training code, so a server carries only those and these files; the lookup
+admitted ids and their rows). The directory loads with torch alone: no Ray, no TorchRec,
+nothing of dlrover (``tests/test_export.py`` does it so); this module adds a typed check
+of the manifest (pydantic) and the checksums. The lookup
 (``row = id mod rows``, one id per feature, or a dynamic table's map) is
 :meth:`ServedModel.rows`.
 """

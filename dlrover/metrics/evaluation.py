@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import numpy as np
-from sklearn.metrics import log_loss, roc_auc_score
 
 
 def evaluate_scores(labels: np.ndarray, probs: np.ndarray, oracle: np.ndarray | None = None) -> dict:
     """AUC/logloss of ``probs``; with the generator's true probabilities (``oracle``), also
     the best AUC any model could reach on exactly these rows."""
+    from sklearn.metrics import log_loss, roc_auc_score  # here: 1 s of the master's start-up otherwise
+
     out: dict = {"rows": int(len(labels))}
     if len(labels) == 0 or len(np.unique(labels)) < 2:
         return out
