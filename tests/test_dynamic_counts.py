@@ -66,3 +66,24 @@ def test_a_ps_given_no_spec_for_a_dynamic_table_of_its_map_refuses_to_start() ->
     vmap = VShardMap.round_robin(SIZES, V, 1, (0,))
     with pytest.raises(ValueError, match=r"ps-0: no TableSpec for dynamic table\(s\) \[0\]"):
         EmbeddingPS(0, vmap, DIM, {"name": "sgd", "lr": 0.1}, tables=None)
+
+
+def test_an_eviction_while_a_pull_waits_for_its_push_leaves_that_push_applicable() -> None:
+    """Resetting an evicted row must not count as an in-place change of the tensors the
+    pending pull's graph saved (it did, and the push failed: "modified by an inplace
+    operation", seen in a live job)."""
+    from dlrover.ps.embedding_ps import EmbeddingPS
+
+    tables = {0: TableSpec(kind="dynamic", capacity_rows=3, eviction="lru")}
+    ps = EmbeddingPS(0, VShardMap.round_robin(rows_of([8] * 26, tables), 1, 1, (0,)), DIM, {"name": "adagrad", "lr": 0.1}, tables=tables)
+
+    def pull(key, ids):
+        idx = np.ones(26 * len(ids), dtype=np.int64)
+        idx[: len(ids)] = ids
+        return ps.pull(key, idx, None, True)
+
+    ps.push(("w", 0), np.ones_like(pull(("w", 0), [11, 12])))  # two rows taken, unpinned
+    waiting = pull(("w", 1), [10])  # the last free row, pinned until its push
+    ps.push(("w", 2), np.ones_like(pull(("w", 2), [13])))  # evicts 11: its row is reset
+    assert ps.dyn_counts.evicted == 1
+    assert ps.push(("w", 1), np.ones_like(waiting)) == 26

@@ -25,12 +25,6 @@ from pathlib import Path
 import pytest
 from conftest import batches_expected, check_exactly_once, events_of, fault_spec, signal_when_training, small_spec
 
-# Written in a session whose host ran at load 50-200: the rescale run lost a worker the
-# master killed with ray.kill (liveness or straggler, not a crash) and the kill test's
-# signal never fired (the job ended first). Not yet seen passing: run on a quiet machine,
-# then drop this mark.
-pytestmark = pytest.mark.skip(reason="not yet seen passing on a quiet machine (see the module comment)")
-
 TABLES = {
     0: {"kind": "dynamic", "capacity_rows": 600, "admit_after": 1, "eviction": "lfu"},  # 877 ids in synth_dir
     3: {"kind": "dynamic", "capacity_rows": 1024, "admit_after": 2, "eviction": "lru"},  # 3945 ids
@@ -65,7 +59,8 @@ def test_a_dynamic_table_job_scaled_2_3_2_ps_applies_every_bag_update_once(ray_l
         synth_dir,
         model__tables=TABLES,
         train__vshards=8,  # few blocks per PS: the maps' per-block work stays small
-        data__batch_size=128,  # many small steps: the job outlasts two rescales
+        data__batch_size=128,  # many small steps (and 3 epochs): the job outlasts two rescales
+        data__epochs=3,
         train__log_every_s=0.2,
         resources__budget_cpu=8,
         policy={"name": "scripted", "knobs": {"steps": steps}, "interval_s": 0.2, "warmup_s": 0.2, "history_dir": str(tmp_path / "h")},
@@ -92,9 +87,9 @@ def test_a_dynamic_table_ps_killed_is_recovered_from_a_durable_delta_with_its_lo
     once."""
     from dlrover.runner import run_job
 
-    cut = 5.0
+    cut = 2.0  # the job trains for several of them: the kill lands after the second cut, mid-training
     spec = fault_spec(
-        synth_dir, tmp_path, [], model__tables=TABLES, train__vshards=8, data__epochs=1, checkpoint__keep_in_memory=False, checkpoint__full_every=100,
+        synth_dir, tmp_path, [], model__tables=TABLES, train__vshards=8, data__epochs=4, checkpoint__keep_in_memory=False, checkpoint__full_every=100,
         checkpoint__memory_interval_s=cut, checkpoint__interval_s=cut, checkpoint__min_interval_s=cut,
     )  # fmt: skip
     assert spec.recovery.ps == "partial"

@@ -53,6 +53,15 @@ COUNT_TIMEOUT_S = 600.0  # reading back the lines a partial recovery lost
 BAD_NODE_STRIKES = 2  # failures or stragglers on one node before new actors avoid it
 
 
+def cause_of(err: Exception | str | None) -> str:
+    """One line saying what went wrong: for an exception raised inside an actor's method
+    (a RayTaskError, whose first line only names the method) the exception itself."""
+    inner = getattr(err, "cause", None) if isinstance(err, ray.exceptions.RayTaskError) else None
+    text = f"{type(inner).__name__}: {inner}" if isinstance(inner, BaseException) else str(err or "")
+    lines = text.strip().splitlines()
+    return lines[0][:300] if lines else ""
+
+
 def node_alive(node_id: str) -> bool:
     """Whether Ray still counts ``node_id`` among its live nodes."""
     return any(n["NodeID"] == node_id and n["Alive"] for n in ray.nodes())
@@ -205,8 +214,7 @@ class Recovery:
             kind = FailureKind.OOM_KILL
         elif getattr(err, "preempted", False) or (kind != FailureKind.WORKER_HANG and node is not None and not node_alive(node)):
             kind = FailureKind.NODE_LOSS
-        text = str(err or "").strip()
-        return Failure(kind, actor, round(min(at, detected), 3), round(detected, 3), cause=text.splitlines()[0][:200] if text else "", node=node)
+        return Failure(kind, actor, round(min(at, detected), 3), round(detected, 3), cause=cause_of(err), node=node)
 
     def record(self, failure: Failure, resumes: list[str] | None = None) -> None:
         """Add a failure. ``resumes``: workers whose first step means training goes on again

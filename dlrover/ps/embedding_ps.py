@@ -126,13 +126,17 @@ class EmbeddingPS(VShardMoves):
         return tr
 
     def _reset_rows(self, t: int, rows: np.ndarray) -> None:
-        """Evicted rows of dynamic table ``t`` back to their initial values, no optimizer state."""
+        """Evicted rows of dynamic table ``t`` back to their initial values, no optimizer state.
+
+        Written through ``.data``: TBE's autograd saved these tensors for the backward of
+        every pull not pushed yet, and a tracked in-place write would bump their version
+        and fail those pushes ("modified by an inplace operation"). The rows written are
+        no pending pull's (the map pins them until their push)."""
         states = self._table_arrays(self.tbe, self.dyn)[t][: -MAP_STATES]
         r = torch.from_numpy(rows)
-        with torch.no_grad():
-            states[0][r] = init_rows(self._seed, t, self.vmap.table_sizes[t], self.dim, self.vmap.global_rows(self.index, t)[rows])
-            for a in states[1:]:
-                a[r] = 0
+        states[0].data[r] = init_rows(self._seed, t, self.vmap.table_sizes[t], self.dim, self.vmap.global_rows(self.index, t)[rows])
+        for a in states[1:]:
+            a.data[r] = 0
 
     # -- hot path ---------------------------------------------------------------------
     def pull(self, key: tuple, indices: np.ndarray, offsets: np.ndarray | None, train: bool = True, room: ShmSlice | None = None) -> np.ndarray | ShmSlice:
