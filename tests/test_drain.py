@@ -29,7 +29,7 @@ DRAIN_SCRIPT = textwrap.dedent(
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, namespace="dlrover", logging_level="ERROR")
     # The head has no CPUs (as on KubeRay): the dense PS reserves none, so it stays there with the master.
-    spec = small_spec({data!r}, data__epochs=8, data__batch_size=512, train__log_every_s=0.5, resources__dense_ps_cpu=0)
+    spec = small_spec({data!r}, data__epochs=4, data__batch_size=512, train__log_every_s=0.5, resources__dense_ps_cpu=0)
     job = "drain-job"
     out = {{}}
     t = threading.Thread(target=lambda: out.update(s=run_job(spec, runs_dir={runs!r}, progress="none", job_id=job)[0]))

@@ -100,7 +100,7 @@ NODE_SCRIPT = textwrap.dedent(
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, namespace="dlrover", logging_level="ERROR")
     # The head has no CPUs: the dense PS reserves none, so it stays there with the master.
-    spec = small_spec({data!r}, data__epochs=4, train__log_every_s=0.5, checkpoint__memory_interval_s=2.0, resources__dense_ps_cpu=0,
+    spec = small_spec({data!r}, data__epochs=2, train__log_every_s=0.5, checkpoint__memory_interval_s=2.0, resources__dense_ps_cpu=0,
                       checkpoint__interval_s=5.0, checkpoint__min_interval_s=5.0)
     out = {{}}
     t = threading.Thread(target=lambda: out.update(s=run_job(spec, runs_dir={runs!r}, progress="none")[0]))
