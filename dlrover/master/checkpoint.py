@@ -291,8 +291,7 @@ class Checkpointer:
         directory holding only corrupt checkpoints still raises: that is not a start)."""
         try:
             return self.load_durable()
-        except CheckpointError:
-            self.flush()
+        except CheckpointError:  # load_durable waited for a write under way first
             if self.initial is None or (self.store is not None and self.store.list()):
                 raise
         with self._lock:

@@ -29,8 +29,8 @@ class PSRequest:
     offsets: Any  # int64 [T * batch + 1]; None when every bag holds exactly one id
     batch: int
     # Bag (``sample * T + table``, a row of the pooled output viewed as [B*T, D]) of each
-    # row of the PS's answer, in the order the answer holds them: one index_copy_ puts
-    # the answer in place and one index_select takes its gradient back out.
+    # row of the PS's answer, in the order the answer holds them: ``gather`` is built from
+    # it (multi-hot: one index_add_), and one index_select takes its gradient back out.
     dest: torch.Tensor
     covers_all: bool = False  # every bag, in table-major order (one PS, single-hot): no scatter needed
 
