@@ -175,7 +175,8 @@ if m.get("dynamic_tables"):
         i = torch.searchsorted(known, ids[:, t]).clamp(max=len(known) - 1)
         rows[:, t] = torch.where(known[i] == ids[:, t], at[i], m["table_rows"][t] - 1)
 pooled = torch.cat([t[rows[:, i]] for i, t in enumerate(tables)], dim=1)
-torch.save({"x": x, "ids": ids, "scores": torch.sigmoid(dense(x, pooled))}, sys.argv[2])
+with torch.no_grad():
+    torch.save({"x": x, "ids": ids, "scores": torch.sigmoid(dense(x, pooled))}, sys.argv[2])
 """
 
 
@@ -188,7 +189,8 @@ def test_the_exported_model_loads_and_scores_with_torch_alone(job, request):
     subprocess.run([sys.executable, "-c", LOAD_WITH_TORCH_ALONE, str(trained["model"]), str(out)], check=True, capture_output=True)
     got = torch.load(out, weights_only=True)
     want = torch.sigmoid(ServedModel.load(trained["model"]).logits(got["x"], got["ids"]))
-    assert torch.equal(got["scores"], want)
+    # another process may pick other matmul kernels (CI's host did): equal to float rounding
+    torch.testing.assert_close(got["scores"], want, rtol=1e-6, atol=1e-7)
 
 
 def one_error_line(capsys) -> str:
