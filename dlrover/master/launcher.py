@@ -21,7 +21,7 @@ import ray
 from dlrover.data.criteo import FileIndex
 from dlrover.errors import DLRoverError
 from dlrover.ids import ActorId, Role
-from dlrover.model.dlrm import initial_dense_vector
+from dlrover.model.dlrm import initial_dense_array
 from dlrover.ps.dense_shards import DenseShards, start_dense_shards
 from dlrover.ps.embedding_ps import EmbeddingPS
 from dlrover.ps.vshard import VShardMap
@@ -44,6 +44,10 @@ class Launcher:
         self.spec = spec
         self.worker_spec = WorkerSpec.of(spec)  # built once: each worker gets only its section
         self.files = files
+        # In a Ray task, not here: it builds TorchRec's MLPs, and importing TorchRec (5-6 s
+        # of CPU) is all the master would need it for; a task worker that imported it
+        # once serves the next job at once. Started now, it overlaps the PS start-up.
+        self._initial_dense = ray.remote(num_cpus=0)(initial_dense_array).remote(spec.model, spec.seed)
         self.master = master
         self.ps: dict[int, Any] = {}
         self.dense: DenseShards | None = None  # the dense PS shards
@@ -102,7 +106,7 @@ class Launcher:
         self._dense_gen = gen
         res = self.spec.resources
         self.dense = start_dense_shards(
-            initial_dense_vector(self.spec.model, self.spec.seed).numpy(),
+            ray.get(self._initial_dense),
             self.spec.optimizer.dense.model_dump(),
             [self._name(ActorId(Role.DENSE_PS, i, gen)) for i in range(res.dense_ps)],
             num_cpus=res.dense_ps_cpu,

@@ -5,6 +5,10 @@ takes a ``KeyedJaggedTensor`` and returns a ``KeyedTensor`` of pooled embeddings
 pooled values come from the PS actors (``PSClient``), and an autograd function sends the
 pooled-output gradient back to them during ``loss.backward()``. ``prefetch(kjt)`` starts
 the pulls early so that the lookups of step i+1 overlap the compute of step i.
+
+TorchRec is imported where it is used, not with this module: the master imports the
+worker's actor class (and so this module) but never builds a model, and importing
+TorchRec costs 5-6 s of CPU per process.
 """
 
 from __future__ import annotations
@@ -13,14 +17,11 @@ import itertools
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import torch
 from torch import nn
-from torchrec.models.dlrm import DLRM, DenseArch, OverArch, choose
-from torchrec.modules.embedding_configs import EmbeddingBagConfig
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 from dlrover.ps.applied import BatchId
 from dlrover.ps.routing import RoutedBatch, assemble, route, split_grad
@@ -29,6 +30,11 @@ from dlrover.ps.vshard import VShardMap
 from dlrover.data.criteo import NUM_DENSE, NUM_SPARSE
 from dlrover.spec import ModelSpec
 
+if TYPE_CHECKING:
+    from torchrec.models.dlrm import DLRM, DenseArch, OverArch
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
+
 FEATURES = [f"cat_{i}" for i in range(NUM_SPARSE)]
 # TorchRec's DLRM asks torch.fx whether it is being traced; torch warns about that call
 # once per process, in every worker's log. Not ours to fix, and not news to the user.
@@ -36,6 +42,8 @@ logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
 
 
 def table_configs(model: ModelSpec) -> list[EmbeddingBagConfig]:
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+
     return [
         EmbeddingBagConfig(name=f"t_{f}", embedding_dim=model.embedding_dim, num_embeddings=n, feature_names=[f])
         for f, n in zip(FEATURES, model.table_sizes())
@@ -44,6 +52,8 @@ def table_configs(model: ModelSpec) -> list[EmbeddingBagConfig]:
 
 def build_dense_dlrm(model: ModelSpec, ebc: nn.Module, seed: int) -> DLRM:
     """DLRM with deterministic dense init (same seed -> same MLP weights everywhere)."""
+    from torchrec.models.dlrm import DLRM
+
     torch.manual_seed(seed)
     return DLRM(
         embedding_bag_collection=ebc,
@@ -63,6 +73,8 @@ def dense_arches(model: ModelSpec, seed: int) -> tuple[DenseArch, OverArch]:
     without a DLRM or an embedding collection. Bit-identical because DLRM draws its
     initial values only in ``DenseArch`` then ``OverArch``, built here in that order from
     the same seed; the caller's random state is left as it was."""
+    from torchrec.models.dlrm import DenseArch, OverArch, choose
+
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         dense = DenseArch(in_features=NUM_DENSE, layer_sizes=list(model.dense_arch))
@@ -77,8 +89,15 @@ def initial_dense_vector(model: ModelSpec, seed: int) -> torch.Tensor:
     return torch.nn.utils.parameters_to_vector([*dense.parameters(), *over.parameters()]).detach()
 
 
+def initial_dense_array(model: ModelSpec, seed: int) -> np.ndarray:
+    """:func:`initial_dense_vector` as an array (what the dense PS starts from)."""
+    return initial_dense_vector(model, seed).numpy()
+
+
 def make_kjt(sparse: np.ndarray) -> KeyedJaggedTensor:
     """[N, 26] categorical ids (one per feature) -> key-major KJT with lengths 1."""
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
     n, t = sparse.shape
     values = torch.from_numpy(np.ascontiguousarray(sparse.T).reshape(-1))
     return KeyedJaggedTensor.from_lengths_sync(keys=FEATURES[:t], values=values, lengths=torch.ones(n * t, dtype=torch.int32))
@@ -229,6 +248,8 @@ class PSEmbeddingBagCollection(nn.Module):
         self._prefetched[id(kjt)] = (kjt, self.client.start(kjt, train=self.training, routed=routed, batch=batch))
 
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
+        from torchrec.sparse.jagged_tensor import KeyedTensor
+
         hit = self._prefetched.pop(id(features), None)
         lookup = hit[1] if hit is not None else self.client.start(features, train=self.training)
         # The PS answer on the host; the model's device (a GPU worker's) gets it once.
