@@ -28,8 +28,9 @@ def _ps_setup(ray, num_ps: int, vshards: int, lr: float = 0.1, shm: bool = False
         owner = vmap.owner[np.arange(SIZES[t]) % vmap.num_vshards]
         ray.get([ps[k].set_table_rows.remote(t, np.flatnonzero(owner == k), w[owner == k]) for k in range(num_ps)])
     client = PSClient(ps, vmap, 8, "test-worker", get=ray.get)
-    if shm:  # this process and the PS share the node: answers and gradients in shared memory
-        client.set_routing(client.ps, vmap, LocalLinks("test-worker", set(range(num_ps)), 512 * len(SIZES) * 8, wait=ray.wait))
+    if shm:  # this process and the PS share the node: ids, answers and gradients in shared memory
+        bags = 512 * len(SIZES)
+        client.set_routing(client.ps, vmap, LocalLinks("test-worker", set(range(num_ps)), bags * 8, wait=ray.wait, ids_capacity=2 * bags + 1))
     return vmap, ps, weights, PSEmbeddingBagCollection(table_configs(MODEL), client)
 
 

@@ -138,8 +138,8 @@ class PSClient:
 
     def route(self, kjt: KeyedJaggedTensor, put: Callable[[Any], Any] | None = None) -> RoutedBatch:
         """Split a batch by owning PS. Workers run this on their input thread, with
-        ``put=ray.put`` so the id arrays are already in the object store when the pull is
-        issued: the training thread then only sends references."""
+        ``put=ray.put`` so the id arrays for PS on other nodes are already in the object
+        store when the pull is issued: the training thread then only sends references."""
         t0 = time.perf_counter()
         batch = kjt.stride()
         lengths = kjt.lengths().to(torch.int64)
@@ -150,9 +150,11 @@ class PSClient:
             rows = torch.where(torch.repeat_interleave(self._raw, per_table), values, rows)
         routed = route(rows, lengths, batch, self.vmap)
         if put is not None:
+            local = self.links.local if self.links is not None else set()
             for r in routed.requests:
-                r.indices = put(r.indices)
-                r.offsets = None if r.offsets is None else put(r.offsets)
+                if r.ps not in local:  # a PS on this node gets them through shared memory
+                    r.indices = put(r.indices)
+                    r.offsets = None if r.offsets is None else put(r.offsets)
         self.timings["route_s"] += time.perf_counter() - t0
         return routed
 
@@ -179,7 +181,10 @@ class PSClient:
                 lookup.refs.append(self.ps[r.ps].pull.remote(key, r.indices, r.offsets, train))
             else:
                 slot = lookup.slots[r.ps] = ring.take()
-                lookup.refs.append(self.ps[r.ps].pull.remote(key, r.indices, r.offsets, train, ring.answer_room(slot)))
+                ids = [r.indices] if r.offsets is None else [r.indices, r.offsets]
+                held = ring.write_ids(slot, ids) if all(isinstance(a, np.ndarray) for a in ids) else None
+                indices, offsets = (r.indices, r.offsets) if held is None else (held[0], held[1] if len(held) > 1 else None)
+                lookup.refs.append(self.ps[r.ps].pull.remote(key, indices, offsets, train, ring.answer_room(slot)))
         self.timings["issue_pull_s"] += time.perf_counter() - t0
         return lookup
 

@@ -139,17 +139,24 @@ class EmbeddingPS(VShardMoves):
             a.data[r] = 0
 
     # -- hot path ---------------------------------------------------------------------
-    def pull(self, key: tuple, indices: np.ndarray, offsets: np.ndarray | None, train: bool = True, room: ShmSlice | None = None) -> np.ndarray | ShmSlice:
+    def pull(
+        self, key: tuple, indices: np.ndarray | ShmSlice, offsets: np.ndarray | ShmSlice | None, train: bool = True, room: ShmSlice | None = None
+    ) -> np.ndarray | ShmSlice:
         """Pooled partial sums of the non-empty bags.
 
         With ``offsets``: ``[num_nonempty_bags, D]`` in table-major bag order. Without
         (every bag holds exactly one id, the common Criteo case): TBE's own output
         ``[batch, T*D]`` untouched, so neither side copies or reorders it. ``room``: a
-        worker's shared memory on this node to write the answer into (``dlrover.ps.shm``).
+        worker's shared memory on this node to write the answer into (``dlrover.ps.shm``),
+        where ``indices`` and ``offsets`` may be too (copied here: the slot is reused).
         """
         t0 = time.perf_counter()
         self.chaos.before_call()
         t1 = time.perf_counter()
+        if isinstance(indices, ShmSlice):
+            indices = self._segments.view(indices).copy()
+        if isinstance(offsets, ShmSlice):
+            offsets = self._segments.view(offsets).copy()
         idx = torch.as_tensor(indices)
         num_ids, training = idx.numel(), train and key[0] not in self._dropped
         off = nz = None

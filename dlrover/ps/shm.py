@@ -2,9 +2,9 @@
 
 A Ray call with a multi-megabyte numpy argument or result costs about 3 ms of CPU on
 each side here (object-store put, seal, reference counting), far more than the memcpy.
-Between a worker and a PS on one node the big arrays of a step (the dense exchange, the
-pooled embeddings and their gradients) go through named shared-memory segments the
-worker creates instead: the Ray call carries only where the bytes are (``ShmSlice``)
+Between a worker and a PS on one node the big arrays of a step (the dense exchange, a
+pull's ids, the pooled embeddings and their gradients) go through named shared-memory
+segments the worker creates instead: the Ray call carries only where the bytes are (``ShmSlice``)
 and orders the accesses; the PS attaches the segment once and reads or writes in place.
 """
 
@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 _CREATED_HERE: set[str] = set()  # segments this process owns (its tracker knows them)
+_WORDS = {"float32": 1, "int64": 2}  # float32 words per element: segments are float32 arrays
 
 
 def shm_prefix(name: str) -> str:
@@ -60,16 +61,26 @@ class ShmArray:
 
 @dataclass(frozen=True)
 class ShmSlice:
-    """A float32 array inside a segment: ``size`` elements of room from ``offset``;
-    ``shape`` is what was written there (empty while it is only room)."""
+    """An array inside a segment: ``size`` float32 words of room from word ``offset``;
+    ``shape`` and ``dtype`` are what was written there (shape empty while it is only room)."""
 
     segment: str
     offset: int
     size: int
     shape: tuple[int, ...] = ()
+    dtype: str = "float32"  # or "int64" (two words an element; its offset is even)
 
-    def holding(self, shape: tuple[int, ...]) -> "ShmSlice":
-        return ShmSlice(self.segment, self.offset, self.size, tuple(int(d) for d in shape))
+    def holding(self, shape: tuple[int, ...], dtype: str = "float32") -> "ShmSlice":
+        return ShmSlice(self.segment, self.offset, self.size, tuple(int(d) for d in shape), dtype)
+
+    def words(self) -> int:
+        """Words the held array takes."""
+        return math.prod(self.shape) * _WORDS[self.dtype]
+
+
+def _held(flat: np.ndarray, s: ShmSlice) -> np.ndarray:
+    """The array ``s`` holds, in ``flat`` (the words of its room)."""
+    return flat[: s.words()].view(s.dtype).reshape(s.shape)
 
 
 class Attached:
@@ -90,7 +101,7 @@ class Attached:
     def view(self, s: ShmSlice) -> np.ndarray:
         """The array ``s`` holds (its room, flat, when it holds nothing yet)."""
         flat = self.array(s.segment)[s.offset : s.offset + s.size]
-        return flat[: math.prod(s.shape)].reshape(s.shape) if s.shape else flat
+        return _held(flat, s) if s.shape else flat
 
     def put(self, room: ShmSlice, value: np.ndarray) -> ShmSlice | np.ndarray:
         """Write ``value`` into ``room``; the slice that now holds it, or ``value`` itself
@@ -110,13 +121,17 @@ class Attached:
 
 class SlotRing:
     """A worker's slots shared with one PS on its node. Each slot has room for one batch's
-    pooled answer and, after backward, its gradient; lookups take the slots in turn, so a
-    slot comes back ``slots`` lookups later (the batch that used it has long finished
-    backward), and before it is written again the push that read its gradient must be done."""
+    ids (``ids_capacity`` int64s: a pull's indices and offsets), its pooled answer and,
+    after backward, its gradient (``capacity`` floats each); lookups take the slots in
+    turn, so a slot comes back ``slots`` lookups later (the batch that used it has long
+    finished backward), and before it is written again the push that read its gradient
+    must be done. The PS copies the ids out during the pull."""
 
-    def __init__(self, owner: str, ps_id: int, capacity: int, wait: Callable[[list[Any]], Any], slots: int = 4) -> None:
-        self.shm = ShmArray(f"{shm_prefix(owner)}ps{ps_id}_{uuid.uuid4().hex[:8]}", 2 * slots * capacity, create=True)
-        self.capacity, self.slots, self._wait = capacity, slots, wait
+    def __init__(self, owner: str, ps_id: int, capacity: int, wait: Callable[[list[Any]], Any], ids_capacity: int = 0, slots: int = 4) -> None:
+        capacity += capacity % 2  # every room starts at an even word: int64 ids are aligned
+        self.stride = 2 * capacity + 2 * ids_capacity
+        self.shm = ShmArray(f"{shm_prefix(owner)}ps{ps_id}_{uuid.uuid4().hex[:8]}", slots * self.stride, create=True)
+        self.capacity, self.ids_capacity, self.slots, self._wait = capacity, ids_capacity, slots, wait
         self._next = 0
         self._reading: list[Any] = [None] * slots  # per slot: the push that reads its gradient
 
@@ -132,13 +147,25 @@ class SlotRing:
         return slot
 
     def answer_room(self, slot: int) -> ShmSlice:
-        return ShmSlice(self.name, 2 * slot * self.capacity, self.capacity)
+        return ShmSlice(self.name, slot * self.stride, self.capacity)
 
     def grad_room(self, slot: int) -> ShmSlice:
-        return ShmSlice(self.name, (2 * slot + 1) * self.capacity, self.capacity)
+        return ShmSlice(self.name, slot * self.stride + self.capacity, self.capacity)
 
     def read(self, s: ShmSlice) -> np.ndarray:
-        return self.shm.array[s.offset : s.offset + math.prod(s.shape)].reshape(s.shape)
+        return _held(self.shm.array[s.offset : s.offset + s.size], s)
+
+    def write_ids(self, slot: int, arrays: list[np.ndarray]) -> list[ShmSlice] | None:
+        """Put a pull's int64 arrays (indices, offsets) in ``slot``, one after the other;
+        None when they do not fit (send them as objects)."""
+        if sum(a.size for a in arrays) > self.ids_capacity:
+            return None
+        at, held = slot * self.stride + 2 * self.capacity, []
+        for a in arrays:
+            self.shm.array[at : at + 2 * a.size].view(np.int64)[:] = a.reshape(-1)
+            held.append(ShmSlice(self.name, at, 2 * a.size).holding(a.shape, "int64"))
+            at += 2 * a.size
+        return held
 
     def write(self, slot: int, value: np.ndarray) -> ShmSlice | None:
         """Put a gradient in ``slot``; None when it does not fit (send it as an object)."""
@@ -159,8 +186,8 @@ class LocalLinks:
     """A worker's slot rings, one per PS on its node (made on first use); the PS elsewhere
     get none and are sent Ray objects."""
 
-    def __init__(self, owner: str, local: set[int], capacity: int, wait: Callable[[list[Any]], Any]) -> None:
-        self.owner, self.local, self.capacity, self._wait = owner, set(local), capacity, wait
+    def __init__(self, owner: str, local: set[int], capacity: int, wait: Callable[[list[Any]], Any], ids_capacity: int = 0) -> None:
+        self.owner, self.local, self.capacity, self.ids_capacity, self._wait = owner, set(local), capacity, ids_capacity, wait
         self.rings: dict[int, SlotRing] = {}
 
     def ring(self, ps_id: int) -> SlotRing | None:
@@ -168,7 +195,7 @@ class LocalLinks:
             return None
         ring = self.rings.get(ps_id)
         if ring is None:
-            ring = self.rings[ps_id] = SlotRing(self.owner, ps_id, self.capacity, self._wait)
+            ring = self.rings[ps_id] = SlotRing(self.owner, ps_id, self.capacity, self._wait, self.ids_capacity)
         return ring
 
     def close(self) -> dict[int, str]:

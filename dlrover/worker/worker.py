@@ -148,8 +148,10 @@ class Worker:
             return None
         here = ray.get_runtime_context().get_node_id()
         m = self.spec.model
-        room = self.spec.batch_size * len(m.table_sizes()) * m.embedding_dim  # an answer of a whole batch
-        return LocalLinks(self.name, {k for k, st in zip(ps, nodes) if st["node_id"] == here}, room, wait=ray.wait)
+        bags = self.spec.batch_size * len(m.table_sizes())
+        local = {k for k, st in zip(ps, nodes) if st["node_id"] == here}
+        # Room for an answer of a whole batch, and for its ids and offsets when single-hot.
+        return LocalLinks(self.name, local, bags * m.embedding_dim, wait=ray.wait, ids_capacity=2 * bags + 1)
 
     def resume(self) -> None:
         """Let a paused loop go on (a checkpoint was taken meanwhile)."""
