@@ -189,8 +189,8 @@ def test_the_exported_model_loads_and_scores_with_torch_alone(job, request):
     subprocess.run([sys.executable, "-c", LOAD_WITH_TORCH_ALONE, str(trained["model"]), str(out)], check=True, capture_output=True)
     got = torch.load(out, weights_only=True)
     want = torch.sigmoid(ServedModel.load(trained["model"]).logits(got["x"], got["ids"]))
-    # another process may pick other matmul kernels (CI's host did): equal to float rounding
-    torch.testing.assert_close(got["scores"], want, rtol=1e-6, atol=1e-7)
+    # another process may pick other matmul kernels (CI's host did): equal to float32 rounding
+    torch.testing.assert_close(got["scores"], want)
 
 
 def one_error_line(capsys) -> str:

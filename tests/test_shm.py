@@ -62,3 +62,19 @@ def test_a_gradient_round_trips_through_its_room():
     finally:
         ps_side.release(r.name)
         r.close()
+
+
+def test_a_slot_is_taken_again_only_once_the_pull_and_the_push_that_read_it_are_done():
+    waited: list[str] = []
+    r = SlotRing("test-shm/worker-1", 0, 8, wait=waited.extend, ids_capacity=8, slots=2)
+    try:
+        first = r.take()
+        r.reads(first, "pull-0")  # an evaluation pull has no push; an aborted run's may still be queued
+        r.reads(first, "push-0")
+        second = r.take()
+        assert second != first and waited == []
+        assert r.take() == first and waited == ["pull-0", "push-0"]
+        assert r.take() == second and waited == ["pull-0", "push-0"]  # nothing read the second slot
+        assert r.take() == first and waited == ["pull-0", "push-0"]  # waited for once only
+    finally:
+        r.close()

@@ -16,7 +16,9 @@ import os
 from collections import Counter
 from typing import Any, Callable
 
+import numpy as np
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from dlrover.data.criteo import FileIndex
 from dlrover.errors import DLRoverError
@@ -44,10 +46,13 @@ class Launcher:
         self.spec = spec
         self.worker_spec = WorkerSpec.of(spec)  # built once: each worker gets only its section
         self.files = files
-        # In a Ray task, not here: it builds TorchRec's MLPs, and importing TorchRec (5-6 s
-        # of CPU) is all the master would need it for; a task worker that imported it
-        # once serves the next job at once. Started now, it overlaps the PS start-up.
-        self._initial_dense = ray.remote(num_cpus=0)(initial_dense_array).remote(spec.model, spec.seed)
+        # In a Ray task on this node, not here: it builds TorchRec's MLPs, and importing
+        # TorchRec (5-6 s of CPU) is all the master would need it for. Started now, it
+        # overlaps the PS start-up; a later job of the same driver (a test session, a
+        # benchmark) may find a pooled worker that has TorchRec imported already.
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+        self._initial_ref = ray.remote(num_cpus=0)(initial_dense_array).options(scheduling_strategy=here).remote(spec.model, spec.seed)
+        self._initial_dense: np.ndarray | None = None  # kept once fetched: a rollback re-creates the dense PS from it
         self.master = master
         self.ps: dict[int, Any] = {}
         self.dense: DenseShards | None = None  # the dense PS shards
@@ -90,11 +95,15 @@ class Launcher:
             self.add_worker(config.worker_cpu, config.worker_memory_mb)
         self.wait_started()
 
+    def initial_dense(self) -> np.ndarray:
+        """The MLPs' initial values, the dense PS's starting point."""
+        if self._initial_dense is None:
+            self._initial_dense, self._initial_ref = ray.get(self._initial_ref), None
+        return self._initial_dense
+
     def new_dense(self) -> None:
         """(Re)create the dense PS shards, on the master's node (with the master, they
         are the part of the job a worker node's loss must not take)."""
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
         if self.dense is not None:
             for h in self.dense.handles:
                 ray.kill(h, no_restart=True)
@@ -106,7 +115,7 @@ class Launcher:
         self._dense_gen = gen
         res = self.spec.resources
         self.dense = start_dense_shards(
-            ray.get(self._initial_dense),
+            self.initial_dense(),
             self.spec.optimizer.dense.model_dump(),
             [self._name(ActorId(Role.DENSE_PS, i, gen)) for i in range(res.dense_ps)],
             num_cpus=res.dense_ps_cpu,
@@ -117,8 +126,6 @@ class Launcher:
         """Scheduling options that keep new actors off bad nodes while others are alive."""
         if not self.avoid:
             return {}
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
         good = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeID"] not in self.avoid)
         if not good:
             return {}

@@ -83,8 +83,7 @@ def dense_arches(model: ModelSpec, seed: int) -> tuple[DenseArch, OverArch]:
 
 
 def initial_dense_vector(model: ModelSpec, seed: int) -> torch.Tensor:
-    """The flat initial MLP parameters, in :func:`dense_parameters` order (the master
-    needs only this vector to start the dense PS)."""
+    """The flat initial MLP parameters, in :func:`dense_parameters` order."""
     dense, over = dense_arches(model, seed)
     return torch.nn.utils.parameters_to_vector([*dense.parameters(), *over.parameters()]).detach()
 
@@ -150,10 +149,11 @@ class PSClient:
             rows = torch.where(torch.repeat_interleave(self._raw, per_table), values, rows)
         routed = route(rows, lengths, batch, self.vmap)
         if put is not None:
-            local = self.links.local if self.links is not None else set()
+            links = self.links  # set_routing may replace it meanwhile: read it once
             for r in routed.requests:
-                if r.ps not in local:  # a PS on this node gets them through shared memory
-                    r.indices = put(r.indices)
+                ids = r.indices.size + (0 if r.offsets is None else r.offsets.size)
+                if links is None or r.ps not in links.local or ids > links.ids_capacity:
+                    r.indices = put(r.indices)  # no shared memory with that PS, or no room in it
                     r.offsets = None if r.offsets is None else put(r.offsets)
         self.timings["route_s"] += time.perf_counter() - t0
         return routed
@@ -185,6 +185,7 @@ class PSClient:
                 held = ring.write_ids(slot, ids) if all(isinstance(a, np.ndarray) for a in ids) else None
                 indices, offsets = (r.indices, r.offsets) if held is None else (held[0], held[1] if len(held) > 1 else None)
                 lookup.refs.append(self.ps[r.ps].pull.remote(key, indices, offsets, train, ring.answer_room(slot)))
+                ring.reads(slot, lookup.refs[-1])
         self.timings["issue_pull_s"] += time.perf_counter() - t0
         return lookup
 
@@ -209,7 +210,7 @@ class PSClient:
             held = ring.write(slot, g) if ring is not None else None
             refs.append(self.ps[r.ps].push.remote(lookup.key, g if held is None else held, lookup.batch))
             if held is not None:
-                ring.pushed(slot, refs[-1])
+                ring.reads(slot, refs[-1])
         self.timings["push_s"] += time.perf_counter() - t0
         return refs
 

@@ -124,8 +124,9 @@ class SlotRing:
     ids (``ids_capacity`` int64s: a pull's indices and offsets), its pooled answer and,
     after backward, its gradient (``capacity`` floats each); lookups take the slots in
     turn, so a slot comes back ``slots`` lookups later (the batch that used it has long
-    finished backward), and before it is written again the push that read its gradient
-    must be done. The PS copies the ids out during the pull."""
+    finished backward), and before it is written again the pull that read its ids and the
+    push that read its gradient must be done (an aborted run's pull may still be queued
+    at the PS). The PS copies the ids out during the pull."""
 
     def __init__(self, owner: str, ps_id: int, capacity: int, wait: Callable[[list[Any]], Any], ids_capacity: int = 0, slots: int = 4) -> None:
         capacity += capacity % 2  # every room starts at an even word: int64 ids are aligned
@@ -133,7 +134,7 @@ class SlotRing:
         self.shm = ShmArray(f"{shm_prefix(owner)}ps{ps_id}_{uuid.uuid4().hex[:8]}", slots * self.stride, create=True)
         self.capacity, self.ids_capacity, self.slots, self._wait = capacity, ids_capacity, slots, wait
         self._next = 0
-        self._reading: list[Any] = [None] * slots  # per slot: the push that reads its gradient
+        self._reading: list[list[Any]] = [[] for _ in range(slots)]  # per slot: the pull and push that read it
 
     @property
     def name(self) -> str:
@@ -141,9 +142,9 @@ class SlotRing:
 
     def take(self) -> int:
         slot, self._next = self._next, (self._next + 1) % self.slots
-        if self._reading[slot] is not None:
-            self._wait([self._reading[slot]])
-            self._reading[slot] = None
+        for ref in self._reading[slot]:
+            self._wait([ref])  # one at a time: ray.wait returns once the first of a list is ready
+        self._reading[slot] = []
         return slot
 
     def answer_room(self, slot: int) -> ShmSlice:
@@ -175,8 +176,9 @@ class SlotRing:
         self.shm.array[room.offset : room.offset + value.size] = value.reshape(-1)
         return room.holding(value.shape)
 
-    def pushed(self, slot: int, ref: Any) -> None:
-        self._reading[slot] = ref
+    def reads(self, slot: int, ref: Any) -> None:
+        """``ref`` (a pull or a push) reads ``slot``: it is not written again before it is done."""
+        self._reading[slot].append(ref)
 
     def close(self) -> None:
         self.shm.close()
