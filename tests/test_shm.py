@@ -18,7 +18,7 @@ def test_a_pulls_ids_written_to_a_slot_read_back_exactly_on_the_serving_side():
     try:
         ids = np.array([0, 5, 2**62 + 3, -(2**40), 17], dtype=np.int64)  # raw 64-bit ids of a dynamic table
         offsets = np.arange(6, dtype=np.int64)
-        held = r.write_ids(1, [ids, offsets])
+        held = r.write_ids(1, ids, offsets)
         assert held is not None and [h.dtype for h in held] == ["int64", "int64"]
         assert np.array_equal(ps_side.view(held[0]), ids) and np.array_equal(ps_side.view(held[1]), offsets)
         assert all(h.offset % 2 == 0 for h in held)  # int64 views are aligned
@@ -32,8 +32,8 @@ def test_ids_answer_and_gradient_of_every_slot_do_not_overlap():
     try:
         spans = []
         for slot in range(r.slots):
-            held = r.write_ids(slot, [np.arange(r.ids_capacity, dtype=np.int64)])
-            for room in (r.answer_room(slot), r.grad_room(slot), *held):
+            held, _ = r.write_ids(slot, np.arange(r.ids_capacity, dtype=np.int64), None)
+            for room in (r.answer_room(slot), r.grad_room(slot), held):
                 spans.append((room.offset, room.offset + room.size))
         spans.sort()
         assert all(end <= nxt for (_, end), (nxt, _) in zip(spans, spans[1:]))
@@ -46,7 +46,7 @@ def test_ids_that_do_not_fit_a_slot_are_refused_and_nothing_is_written():
     r = ring(ids_capacity=4)
     try:
         before = r.shm.array.copy()
-        assert r.write_ids(0, [np.arange(3, dtype=np.int64), np.arange(2, dtype=np.int64)]) is None
+        assert r.write_ids(0, np.arange(3, dtype=np.int64), np.arange(2, dtype=np.int64)) is None
         assert np.array_equal(r.shm.array, before)
     finally:
         r.close()

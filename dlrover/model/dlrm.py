@@ -151,9 +151,8 @@ class PSClient:
         if put is not None:
             links = self.links  # set_routing may replace it meanwhile: read it once
             for r in routed.requests:
-                ids = r.indices.size + (0 if r.offsets is None else r.offsets.size)
-                if links is None or r.ps not in links.local or ids > links.ids_capacity:
-                    r.indices = put(r.indices)  # no shared memory with that PS, or no room in it
+                if links is None or not links.takes_ids(r.ps, r.indices, r.offsets):
+                    r.indices = put(r.indices)
                     r.offsets = None if r.offsets is None else put(r.offsets)
         self.timings["route_s"] += time.perf_counter() - t0
         return routed
@@ -181,9 +180,8 @@ class PSClient:
                 lookup.refs.append(self.ps[r.ps].pull.remote(key, r.indices, r.offsets, train))
             else:
                 slot = lookup.slots[r.ps] = ring.take()
-                ids = [r.indices] if r.offsets is None else [r.indices, r.offsets]
-                held = ring.write_ids(slot, ids) if all(isinstance(a, np.ndarray) for a in ids) else None
-                indices, offsets = (r.indices, r.offsets) if held is None else (held[0], held[1] if len(held) > 1 else None)
+                held = ring.write_ids(slot, r.indices, r.offsets) if isinstance(r.indices, np.ndarray) else None  # else put by route
+                indices, offsets = held or (r.indices, r.offsets)
                 lookup.refs.append(self.ps[r.ps].pull.remote(key, indices, offsets, train, ring.answer_room(slot)))
                 ring.reads(slot, lookup.refs[-1])
         self.timings["issue_pull_s"] += time.perf_counter() - t0

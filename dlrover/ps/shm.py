@@ -83,6 +83,10 @@ def _held(flat: np.ndarray, s: ShmSlice) -> np.ndarray:
     return flat[: s.words()].view(s.dtype).reshape(s.shape)
 
 
+def _ids_fit(capacity: int, indices: np.ndarray, offsets: np.ndarray | None) -> bool:
+    return indices.size + (0 if offsets is None else offsets.size) <= capacity
+
+
 class Attached:
     """The serving side: segments other processes created, attached on first use."""
 
@@ -156,17 +160,20 @@ class SlotRing:
     def read(self, s: ShmSlice) -> np.ndarray:
         return _held(self.shm.array[s.offset : s.offset + s.size], s)
 
-    def write_ids(self, slot: int, arrays: list[np.ndarray]) -> list[ShmSlice] | None:
-        """Put a pull's int64 arrays (indices, offsets) in ``slot``, one after the other;
-        None when they do not fit (send them as objects)."""
-        if sum(a.size for a in arrays) > self.ids_capacity:
+    def write_ids(self, slot: int, indices: np.ndarray, offsets: np.ndarray | None) -> tuple[ShmSlice, ShmSlice | None] | None:
+        """Put a pull's int64 indices and offsets in ``slot``, one after the other; None
+        when they do not fit (send them as objects)."""
+        if not _ids_fit(self.ids_capacity, indices, offsets):
             return None
         at, held = slot * self.stride + 2 * self.capacity, []
-        for a in arrays:
+        for a in (indices, offsets):
+            if a is None:
+                held.append(None)
+                continue
             self.shm.array[at : at + 2 * a.size].view(np.int64)[:] = a.reshape(-1)
             held.append(ShmSlice(self.name, at, 2 * a.size).holding(a.shape, "int64"))
             at += 2 * a.size
-        return held
+        return held[0], held[1]
 
     def write(self, slot: int, value: np.ndarray) -> ShmSlice | None:
         """Put a gradient in ``slot``; None when it does not fit (send it as an object)."""
@@ -191,6 +198,10 @@ class LocalLinks:
     def __init__(self, owner: str, local: set[int], capacity: int, wait: Callable[[list[Any]], Any], ids_capacity: int = 0) -> None:
         self.owner, self.local, self.capacity, self.ids_capacity, self._wait = owner, set(local), capacity, ids_capacity, wait
         self.rings: dict[int, SlotRing] = {}
+
+    def takes_ids(self, ps_id: int, indices: np.ndarray, offsets: np.ndarray | None) -> bool:
+        """Whether a pull of these ids to ``ps_id`` can carry them in shared memory."""
+        return ps_id in self.local and _ids_fit(self.ids_capacity, indices, offsets)
 
     def ring(self, ps_id: int) -> SlotRing | None:
         if ps_id not in self.local:
