@@ -18,6 +18,7 @@ from dlrover.resource.configs import Budget, Config
 from dlrover.resource.plan import ActorMetrics, JobView, Policy, ResourcePlan
 from dlrover.resource.policies import load_policy
 from dlrover.resource.static import StaticPolicy
+from dlrover.sim.truth import TRUTH_TERMS
 
 A = Config(2, 1, 2.0, 2.0, 2048, 1024)
 B = Config(4, 2, 2.0, 2.0, 2048, 1024)
@@ -396,7 +397,7 @@ def simulated_decisions(spec, total: float) -> list[tuple[float, dict]]:
     row = {
         "job_id": "t", "submit_s": 0.0, "signature": "m", "batch_size": spec.data.batch_size, "samples": total, "epochs": 1,
         "req_workers": r.workers, "req_ps": r.ps, "req_worker_cpu": r.worker_cpu, "req_ps_cpu": r.ps_cpu,
-        "req_worker_memory_mb": r.worker_memory_mb, "req_ps_memory_mb": r.ps_memory_mb, **TRUTH._asdict(),
+        "req_worker_memory_mb": r.worker_memory_mb, "req_ps_memory_mb": r.ps_memory_mb, **dict(zip(TRUTH_TERMS, TRUTH)),
         "budget_cpu": budget.cpu, "budget_memory_mb": budget.memory_mb,
         "worker_memory_need_mb": NEEDS_MB["worker"], "ps_memory_need_mb": NEEDS_MB["ps"],
     }  # fmt: skip

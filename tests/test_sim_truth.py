@@ -18,7 +18,7 @@ from dlrover.sim.cluster import Cluster, cores_speed
 from dlrover.sim.profile import Profile, load_profile, save_profile
 from dlrover.sim.profile_truth import ProfileTruth, make_truth
 from dlrover.sim.trace import CPU_UTIL_PS, CPU_UTIL_WORKER, OVER_REQUEST_SIGMA, cpu_over_requests, over_request_mu, validate_trace
-from dlrover.sim.truth import SaturatingParams, SaturatingTruth, amdahl, hot_share, request_for
+from dlrover.sim.truth import TRUTH_TERMS, SaturatingParams, SaturatingTruth, amdahl, hot_share, request_for
 
 T = PerfParams(t0=0.01, t1=6e-4, t2=0.03, t3=0.004, t4=3e-4)
 B = 512
@@ -30,7 +30,7 @@ def row(c: Config, samples: int = 2_000_000, **more) -> dict:
     r = {
         "job_id": "j", "submit_s": 0.0, "signature": "m", "batch_size": B, "samples": samples, "epochs": 1,
         "req_workers": c.workers, "req_ps": c.ps, "req_worker_cpu": c.worker_cpu, "req_ps_cpu": c.ps_cpu,
-        "req_worker_memory_mb": 4096, "req_ps_memory_mb": 8192, **T._asdict(),
+        "req_worker_memory_mb": 4096, "req_ps_memory_mb": 8192, **dict(zip(TRUTH_TERMS, T)),
         "worker_memory_need_mb": 1000, "ps_memory_need_mb": 2000,
     }  # fmt: skip
     r.update(more)
@@ -172,7 +172,7 @@ def test_profile_truth_reproduces_its_measured_points_and_fills_in_between(tmp_p
 
 def test_profile_rows_under_each_truth(tmp_path):
     path = str(save_profile(dev_like_profile(), tmp_path / "p.csv"))
-    r = row(Config(2, 1, 1.0, 1.0), profile=path, **dict.fromkeys(T._fields, None))
+    r = row(Config(2, 1, 1.0, 1.0), profile=path, **dict.fromkeys(TRUTH_TERMS, None))
     assert type(make_truth("model", r)).__name__ == "ModelTruth"
     assert isinstance(make_truth("saturating", r), SaturatingTruth)
     assert isinstance(make_truth("profile", r), ProfileTruth)

@@ -14,6 +14,7 @@ MAPE (mean absolute percentage error) of both is reported; the goal is <= 10%.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import tempfile
@@ -37,6 +38,8 @@ SWEEP = [
     (3, 1, 1.0, 1.0),
     (2, 1, 1.0, 2.0),
     (1, 1, 2.0, 2.0),
+    (3, 2, 1.0, 1.0),
+    (1, 1, 1.0, 2.0),
 ]
 NOISE_BIN_S = 2.0  # the noise floor: spread of the job's samples/s over bins this long
 
@@ -103,10 +106,11 @@ def _mape(pred: np.ndarray, true: np.ndarray) -> float:
     return float(np.mean(np.abs(pred - true) / true))
 
 
-def fit_and_score(points: list[tuple[Config, float, float]], batch_size: int) -> dict:
-    """Leave-one-out and half-split MAPE of the model over measured points."""
+def fit_and_score(points: list[tuple[Config, float, float]], batch_size: int, cores: float = math.inf) -> dict:
+    """Leave-one-out and half-split MAPE of the model over measured points (``cores``: the
+    host's, as the job's model had them)."""
     def model_on(idx: list[int]) -> PerfModel:
-        m = PerfModel(batch_size)
+        m = PerfModel(batch_size, cores=cores)
         for i in idx:
             m.observe(points[i][0], points[i][1], weight=points[i][2])
         return m
@@ -149,7 +153,9 @@ def run_perf_model_bench(window_s: float = 12.0) -> dict:
             for (c, t, d), r in zip(points, rows)
         ],
     }
-    out.update(fit_and_score(points, spec.data.batch_size))
+    cores = summary["perf_model"]["cores"]
+    out["cores"] = cores
+    out.update(fit_and_score(points, spec.data.batch_size, cores))
     spreads = [p["noise"] for p in out["points"] if p["noise"] is not None]
     out["noise_floor"] = float(np.median(spreads)) if spreads else None
     return out
@@ -163,4 +169,4 @@ def print_perf_model(r: dict) -> None:
     print(f"leave-one-out MAPE {r['loo_mape']:.1%}; fit on the first half, predict the second: MAPE {r['split_mape']:.1%} (goal <= 10% and 15%)")
     if r.get("noise_floor") is not None:
         print(f"noise floor (median spread of a configuration's {NOISE_BIN_S:g}s samples/s bins): {r['noise_floor']:.1%}")
-    print("fitted T_iter terms: " + ", ".join(f"{k}={v:.3g}" + ("" if ok else "*") for (k, v), ok in zip(r["fit_params"].items(), r["identified"])) + "   (* pinned)")
+    print(f"host: {r['cores']:g} cores (from Ray); " + "fitted T_iter terms: " + ", ".join(f"{k}={v:.3g}" + ("" if ok else "*") for (k, v), ok in zip(r["fit_params"].items(), r["identified"])) + "   (* pinned)")

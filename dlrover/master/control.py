@@ -11,6 +11,7 @@ the actors' reports and reports what it measured as events and in the summary.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from dataclasses import dataclass
@@ -45,8 +46,9 @@ class Rescale:
 
 
 class Controller:
-    def __init__(self, master: Job, data: "DataPlan", policy: Policy) -> None:
-        """``policy``: built once, on the driver (a restarted master gets a fresh copy)."""
+    def __init__(self, master: Job, data: "DataPlan", policy: Policy, cores: float = math.inf) -> None:
+        """``policy``: built once, on the driver (a restarted master gets a fresh copy);
+        ``cores``: the cluster's physical cores (:func:`~dlrover.master.topology.cluster_cores`)."""
         self.m = master
         spec = master.spec
         self.spec = spec
@@ -65,6 +67,7 @@ class Controller:
             signature=self.signature,
             history=self.store.similar(self.signature, self.dataset),
             warmup_s=spec.policy.warmup_s,
+            cores=cores,
         )
         self.model = self.driver.model
         self.retired_ps_stats: list[dict] = []
@@ -368,7 +371,7 @@ class Controller:
             "initial_plan": {"stage": p.stage, "reason": p.reason, "config": p.config.to_dict()},
             "configurations": configs,
             "final_config": self._config().to_dict(),
-            "perf_model": {"params": self.model.params._asdict(), "identified": list(self.model.identified), "points": self.model.n_points},
+            "perf_model": {"cores": self.model.cores, "params": self.model.params._asdict(), "identified": list(self.model.identified), "points": self.model.n_points},
             "history_dir": self.history_dir,
         }
         if summary.get("status") == "succeeded" and self.measurements:

@@ -41,6 +41,7 @@ from dlrover.master.scale_events import ScaleEvent
 from dlrover.master.summary import actor_rows, export_final, reliability_fields, reliability_of, summary_of
 from dlrover.master.states import TERMINAL, JobLoop, JobStatus, RunGroup
 from dlrover.master.telemetry import Telemetry
+from dlrover.master.topology import cluster_cores
 from dlrover.ps.dynamic_tables import total_counts
 from dlrover.resource.plan import Policy
 from dlrover.spec import JobSpec
@@ -185,7 +186,7 @@ class JobMaster:
         self.launcher = Launcher(self.job_id, spec, self.data.files, master, generation=lambda: self.books.generation)
         self.checkpointer = Checkpointer(self, CheckpointStore(self._checkpoint_root(), keep=spec.checkpoint.keep))
         state = self._load_state()
-        self.control = Controller(self, self.data, self.policy)
+        self.control = Controller(self, self.data, self.policy, cluster_cores())
         self.drains = NodeDrains(self)
         self.chaos = ChaosInjector(self, spec.chaos, state.chaos_fired if state else None)
         try:

@@ -303,7 +303,7 @@ class DLRoverRMPolicy(Policy):
         def thr_of(keys: list[Key]) -> np.ndarray:
             if not keys:
                 return np.zeros(0)
-            pred = throughput_rows(view.model.params, np.asarray(keys), view.model.batch_size) * calib  # memory does not enter the model
+            pred = throughput_rows(view.model.params, np.asarray(keys), view.model.batch_size, view.model.cores) * calib  # memory does not enter the model
             return np.array([measured.get(x, p) for x, p in zip(keys, pred)], dtype=np.float64)
 
         kappa = k.min_elasticity

@@ -1,10 +1,17 @@
 """Resource-performance model of one job: step time as a function of its configuration.
 
 The DLRover-RM / Optimus form, extended with CPU terms, for ``w`` workers of ``cw`` CPUs
-each, ``p`` parameter servers of ``cp`` CPUs each and a per-worker batch of ``B``::
+each, ``p`` parameter servers of ``cp`` CPUs each and a per-worker batch of ``B``, on a
+host of ``cores`` physical cores::
 
     T_iter = t0 + t1 * B / cw + t2 * w / (p * cp) + t3 * w / p + t4 * w
+             + t5 * B * max(0, w * cw + p * cp - cores)
     throughput = w * B / T_iter                                  (samples/s)
+
+The last term is the host's: Ray's CPUs are a scheduling budget, and where a cluster
+advertises more of them than its nodes have cores (a laptop, the 2-core dev machine, a
+node with ``--num-cpus`` above its core count), every CPU asked beyond the cores slows
+each batch's compute. Where the cores are unknown (``cores=inf``) the term is zero.
 
 ``T_iter`` is linear in non-negative coefficients, so a handful of measured windows fit
 it with NNLS. Online the data rarely vary every variable, so a term whose feature the
@@ -33,10 +40,11 @@ class PerfParams(NamedTuple):
     t2: float  # PS compute:     t2 * w / (p * cp)
     t3: float  # PS communication/contention: t3 * w / p
     t4: float  # shared-resource contention: t4 * w
+    t5: float = 0.0  # host over-commit: t5 * B * max(0, w * cw + p * cp - cores)
 
 
 # Rough values for the 2-core CPU development machine; a history record's fit replaces it.
-DEFAULT_PRIOR = PerfParams(t0=0.004, t1=2.0e-5, t2=0.004, t3=0.003, t4=0.004)
+DEFAULT_PRIOR = PerfParams(t0=0.004, t1=2.0e-5, t2=0.004, t3=0.003, t4=0.004, t5=1.0e-5)
 
 N_TERMS = len(PerfParams._fields)
 
@@ -67,38 +75,41 @@ def _broadcast(w: Any, p: Any, cw: Any, cp: Any, batch: Any) -> np.ndarray:
     return stacked
 
 
-def features(w: Any, p: Any, cw: Any, cp: Any, batch: Any) -> np.ndarray:
-    """Design matrix ``[N, 5]`` of ``T_iter``, one row per configuration (inputs broadcast)."""
+def over_commit(w: Any, p: Any, cw: Any, cp: Any, cores: float) -> Any:
+    """CPUs a configuration asks beyond the host's physical ``cores`` (0 if within)."""
+    return np.maximum(0.0, w * cw + p * cp - cores)
+
+
+def features(w: Any, p: Any, cw: Any, cp: Any, batch: Any, cores: float = math.inf) -> np.ndarray:
+    """Design matrix ``[N, 6]`` of ``T_iter``, one row per configuration (inputs broadcast)."""
     w, p, cw, cp, b = _broadcast(w, p, cw, cp, batch)
-    return np.stack([np.ones_like(w), b / cw, w / (p * cp), w / p, w], axis=1)
+    return np.stack([np.ones_like(w), b / cw, w / (p * cp), w / p, w, b * over_commit(w, p, cw, cp, cores)], axis=1)
 
 
-def _t_iter(params: PerfParams, x: np.ndarray) -> np.ndarray:
-    w, p, cw, cp, b = x
-    t0, t1, t2, t3, t4 = params
-    return t0 + t1 * b / cw + t2 * w / (p * cp) + t3 * w / p + t4 * w
+def _t_iter(params: PerfParams, w: Any, p: Any, cw: Any, cp: Any, b: Any, cores: float) -> Any:
+    t0, t1, t2, t3, t4, t5 = params
+    return t0 + t1 * b / cw + t2 * w / (p * cp) + t3 * w / p + t4 * w + t5 * b * over_commit(w, p, cw, cp, cores)
 
 
-def step_time(params: PerfParams, w: Any, p: Any, cw: Any, cp: Any, batch: Any) -> np.ndarray:
+def step_time(params: PerfParams, w: Any, p: Any, cw: Any, cp: Any, batch: Any, cores: float = math.inf) -> np.ndarray:
     """Seconds per step of one worker, shape ``[N]`` (``features @ params``, unrolled)."""
-    return _t_iter(params, _broadcast(w, p, cw, cp, batch))
+    return _t_iter(params, *_broadcast(w, p, cw, cp, batch), cores)
 
 
-def throughput(params: PerfParams, w: Any, p: Any, cw: Any, cp: Any, batch: Any) -> np.ndarray:
+def throughput(params: PerfParams, w: Any, p: Any, cw: Any, cp: Any, batch: Any, cores: float = math.inf) -> np.ndarray:
     """Samples per second of the whole job (every worker finishes a batch per step), ``[N]``."""
     x = _broadcast(w, p, cw, cp, batch)
-    return x[0] * x[4] / _t_iter(params, x)
+    return x[0] * x[4] / _t_iter(params, *x, cores)
 
 
-def throughput_rows(params: PerfParams, rows: np.ndarray, batch: int) -> np.ndarray:
+def throughput_rows(params: PerfParams, rows: np.ndarray, batch: int, cores: float = math.inf) -> np.ndarray:
     """:func:`throughput` of configurations given as ``[N, 4]`` rows ``(w, p, cw, cp)``,
     for the policies' searches (hot: called at every step of a search)."""
     rows = np.asarray(rows, dtype=np.float64)
     if not (rows > 0).all():
         raise ValueError("workers, ps, worker_cpu and ps_cpu must be positive")
     w, p, cw, cp = rows.T
-    t0, t1, t2, t3, t4 = params
-    return w * batch / (t0 + t1 * batch / cw + t2 * w / (p * cp) + t3 * w / p + t4 * w)
+    return w * batch / _t_iter(params, w, p, cw, cp, batch, cores)
 
 
 def _positive(name: str, x: Any) -> float:
@@ -184,14 +195,19 @@ class PerfModel:
     to it while the data identify no more terms than distinct configurations).
     """
 
-    def __init__(self, batch_size: int, prior: PerfParams | None = None) -> None:
+    def __init__(self, batch_size: int, prior: PerfParams | None = None, cores: float = math.inf) -> None:
+        """``cores``: physical cores of the nodes the job runs on (``inf``: unknown, or never
+        over-committed), for the host term ``t5``."""
         if not (isinstance(batch_size, (int, np.integer)) and batch_size > 0):
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        if not (isinstance(cores, (int, float, np.integer, np.floating)) and cores > 0):
+            raise ValueError(f"cores must be a positive number (or inf), got {cores!r}")
         prior = DEFAULT_PRIOR if prior is None else PerfParams(*map(float, prior))
         if not all(math.isfinite(x) and x >= 0 for x in prior) or sum(prior) <= 0:
             raise ValueError(f"prior coefficients must be non-negative, finite, not all zero, got {prior!r}")
         self.batch_size = int(batch_size)
         self.prior = prior
+        self.cores = float(cores)
         self._rows: list[tuple[int, int, float, float, float, float]] = []  # w, p, cw, cp, thr, weight
         self._params = prior
         self._identified: tuple[bool, ...] = (False,) * N_TERMS
@@ -225,7 +241,7 @@ class PerfModel:
             return
         w, p, cw, cp, thr, wt = (np.array(c, dtype=np.float64) for c in zip(*self._rows))
         t_iter = w * self.batch_size / thr
-        self._params, self._identified = fit_params(features(w, p, cw, cp, self.batch_size), t_iter, self.prior, wt)
+        self._params, self._identified = fit_params(features(w, p, cw, cp, self.batch_size, self.cores), t_iter, self.prior, wt)
 
     def predict(self, config: Config) -> float:
         """Predicted throughput (samples/s) of ``config``."""
@@ -235,7 +251,7 @@ class PerfModel:
         if not configs:
             return np.zeros(0)
         cols = np.array([(c.workers, c.ps, c.worker_cpu, c.ps_cpu) for c in configs], dtype=np.float64)
-        return throughput(self._params, cols[:, 0], cols[:, 1], cols[:, 2], cols[:, 3], self.batch_size)
+        return throughput_rows(self._params, cols, self.batch_size, self.cores)
 
     def points(self) -> pd.DataFrame:
         """The observations, one row each, in the order they came."""
@@ -246,6 +262,7 @@ class PerfModel:
         """JSON-safe state; the fit is recomputed from the points on load."""
         return {
             "batch_size": self.batch_size,
+            "cores": self.cores if math.isfinite(self.cores) else None,
             "prior": dict(self.prior._asdict()),
             "points": [
                 dict(zip(_POINT_COLUMNS, (w, p, cw, cp, self.batch_size, thr, wt)))
@@ -256,7 +273,7 @@ class PerfModel:
 
     @classmethod
     def from_dict(cls, d: dict) -> PerfModel:
-        model = cls(int(d["batch_size"]), PerfParams(**d["prior"]))
+        model = cls(int(d["batch_size"]), PerfParams(**d["prior"]), d.get("cores") or math.inf)
         for pt in d.get("points", []):
             model._add(pt["workers"], pt["ps"], pt["worker_cpu"], pt["ps_cpu"], pt["throughput"], pt.get("weight", 1.0))
         model._refit()
@@ -266,4 +283,4 @@ class PerfModel:
         terms = ", ".join(
             f"{k}={v:.3g}{'' if ok else '*'}" for (k, v), ok in zip(self._params._asdict().items(), self._identified)
         )
-        return f"PerfModel(B={self.batch_size}, n={self.n_points}, {terms})  (* = scaled prior)"
+        return f"PerfModel(B={self.batch_size}, cores={self.cores:g}, n={self.n_points}, {terms})  (* = scaled prior)"

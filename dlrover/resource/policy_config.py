@@ -118,6 +118,7 @@ class PriorKnob(_Strict):
     t2: float = Field(ge=0, description="PS compute: t2 * w / (p * cp)")
     t3: float = Field(ge=0, description="PS communication: t3 * w / p")
     t4: float = Field(ge=0, description="shared contention: t4 * w")
+    t5: float = Field(0.0, ge=0, description="host over-commit: t5 * B * max(0, w * cw + p * cp - cores)")
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     @model_validator(mode="after")

@@ -59,7 +59,7 @@ def grid_best(
     if len(w) == 0:
         return start
     batch = getattr(view.model, "batch_size", view.batch_size)
-    thr = np.asarray(throughput(view.model.params, w, p, cw, cp, batch), dtype=np.float64).ravel() * calib
+    thr = np.asarray(throughput(view.model.params, w, p, cw, cp, batch, view.model.cores), dtype=np.float64).ravel() * calib
     u = np.log(np.maximum(thr, 1e-12)) - bar * cpu - kappa * np.log(cpu)
     for x, thr_x in measured.items():  # a handful of points
         at = (w == x[0]) & (p == x[1]) & (cw == x[2]) & (cp == x[3])

@@ -34,7 +34,7 @@ from dlrover.resource.configs import Config
 from dlrover.resource.perf_model import PerfParams
 from dlrover.sim.profile import Profile, load_profile, resolve_profile
 from dlrover.sim.truth import (
-    HOT_SHARE, SAT_COLUMNS, SERIAL_PS, SERIAL_WORKER, TRUTHS, Contention, ModelTruth, SaturatingParams, SaturatingTruth, Truth,
+    HOT_SHARE, SAT_COLUMNS, SERIAL_PS, SERIAL_WORKER, TRUTH_TERMS, TRUTHS, Contention, ModelTruth, SaturatingParams, SaturatingTruth, Truth,
 )  # fmt: skip
 
 RBF_WIDTH = 0.5  # doublings: a residual's weight falls to e^-2 one doubling away
@@ -149,5 +149,5 @@ def make_truth(kind: str, row: dict) -> Truth:
         if kind == "model":
             return ModelTruth(pt.profile.truth())
         return pt if kind == "profile" else pt.base
-    t = PerfParams(*(float(row[c]) for c in PerfParams._fields))
+    t = PerfParams(*(float(row[c]) for c in TRUTH_TERMS))
     return ModelTruth(t) if kind == "model" else SaturatingTruth(saturating_params(row, t))

@@ -48,9 +48,9 @@ import pandas as pd
 from dlrover.errors import DataError
 from dlrover.resource.configs import Config
 from dlrover.resource.perf_model import PerfParams
-from dlrover.sim.truth import SAT_COLUMNS, SaturatingParams, SaturatingTruth, request_for
+from dlrover.sim.truth import SAT_COLUMNS, TRUTH_TERMS, SaturatingParams, SaturatingTruth, request_for
 
-TRUTH = list(PerfParams._fields)
+TRUTH = list(TRUTH_TERMS)
 REQUIRED = [
     "job_id", "submit_s", "signature", "batch_size", "samples", "epochs",
     "req_workers", "req_ps", "req_worker_cpu", "req_ps_cpu", "req_worker_memory_mb", "req_ps_memory_mb",
@@ -231,7 +231,7 @@ def synthetic_trace(
     sig_ps_mem = np.exp(rng.uniform(np.log(4_000), np.log(160_000), size=n_sig))  # embeddings + optimizer, MB
     pop = 1.0 / np.arange(1, n_sig + 1) ** 0.8  # Zipf-like popularity: a few models recur a lot
     sig_p = rng.choice(n_sig, size=jobs, p=pop / pop.sum())
-    truths = [SaturatingTruth(SaturatingParams(PerfParams(*(np.asarray(BASE_TRUTH) * sig_scale[s])), *sig_sat[s])) for s in range(n_sig)]
+    truths = [SaturatingTruth(SaturatingParams(PerfParams(*(np.asarray(BASE_TRUTH[: len(TRUTH)]) * sig_scale[s])), *sig_sat[s])) for s in range(n_sig)]
 
     def request(s: int, large: bool) -> tuple[int, int, float, float]:
         # Users ask for round, generous actor counts, PS above all ("to be safe"), and

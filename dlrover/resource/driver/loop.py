@@ -14,6 +14,7 @@ master holds its lock around the calls.
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
@@ -76,9 +77,12 @@ class PolicyDriver:
         history: list[HistoryRecord] | None = None,
         warmup_s: float,
         trend: TrendParams = DEFAULT_TREND,
+        cores: float = math.inf,
     ) -> None:
+        """``cores``: the cluster's physical cores, for the model's host term (``inf``:
+        never over-committed, as in the simulator, whose nodes hold what they advertise)."""
         self.policy = policy
-        self.model = PerfModel(batch_size, prior=policy.model_prior())
+        self.model = PerfModel(batch_size, prior=policy.model_prior(), cores=cores)
         self.budget = budget  # the job's own; a view may be given less (what the cluster has free)
         self.requested = requested
         self.batch_size = batch_size
