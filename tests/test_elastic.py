@@ -204,13 +204,14 @@ def simulated_configs(spec) -> list[dict]:
     from dlrover.resource.perf_model import DEFAULT_PRIOR
     from dlrover.resource.configs import Config
     from dlrover.sim import ClusterSpec, SimSettings, simulate
+    from dlrover.sim.truth import TRUTH_TERMS
 
     r = spec.resources
     budget = job_budget(spec, Config.from_resources(r))
     row = {
         "job_id": "j", "submit_s": 0.0, "signature": "s", "batch_size": spec.data.batch_size, "samples": 10**7, "epochs": 1,
         "req_workers": r.workers, "req_ps": r.ps, "req_worker_cpu": r.worker_cpu, "req_ps_cpu": r.ps_cpu,
-        "req_worker_memory_mb": r.worker_memory_mb, "req_ps_memory_mb": r.ps_memory_mb, **DEFAULT_PRIOR._asdict(),
+        "req_worker_memory_mb": r.worker_memory_mb, "req_ps_memory_mb": r.ps_memory_mb, **dict(zip(TRUTH_TERMS, DEFAULT_PRIOR)),
         "budget_cpu": budget.cpu, "budget_memory_mb": budget.memory_mb, "worker_memory_need_mb": 1, "ps_memory_need_mb": 1,
     }  # fmt: skip
     cluster = ClusterSpec(nodes=1, node_cpu=16, perf_sigma=0.0, p_slow=0.0, failure_rate=0.0)
