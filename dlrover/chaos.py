@@ -7,15 +7,41 @@ or per request (PS): a slowed actor then sleeps ``(factor - 1) x busy_s``, so it
 megabytes alive. A delayed PS sleeps ``delay_s`` in every pull and push before it
 answers (``before_call``), like a server behind a slow link: the delay does not depend
 on how much work the call carries. Killing needs no help from the actor (``ray.kill``).
+
+A slow *node* (for tests and benchmarks of placement) is a property of the node, not of
+an actor: a Ray node label ``dlrover.io/step-delay-ms`` makes every worker placed there,
+now or later, sleep that long after each step (read once, when the worker starts).
 """
 
 from __future__ import annotations
 
 import time
 
+import ray
+
+from dlrover.errors import DLRoverError
+
+STEP_DELAY_LABEL = "dlrover.io/step-delay-ms"
+
+
+def node_step_delay_s() -> float:
+    """The step delay of the node this process runs on (its ``STEP_DELAY_LABEL``), in s."""
+    raw = ray.get_runtime_context().get_node_labels().get(STEP_DELAY_LABEL) if ray.is_initialized() else None
+    if raw is None:
+        return 0.0
+    try:
+        ms = float(raw)
+    except ValueError:
+        ms = -1.0
+    if not ms >= 0:
+        raise DLRoverError(f"node label {STEP_DELAY_LABEL}: {raw!r} is not a delay in milliseconds (a number >= 0)")
+    return ms / 1000.0
+
 
 class ChaosState:
-    def __init__(self) -> None:
+    def __init__(self, step_delay_s: float = 0.0) -> None:
+        """``step_delay_s``: the node's (:func:`node_step_delay_s`), slept after every step."""
+        self.step_delay_s = step_delay_s
         self.slowdown = 1.0
         self.leak_mb_per_s = 0.0
         self.delay_s = 0.0
@@ -37,6 +63,8 @@ class ChaosState:
             time.sleep(self.delay_s)
 
     def after_step(self, busy_s: float) -> None:
+        if self.step_delay_s > 0:
+            time.sleep(self.step_delay_s)
         if self.slowdown > 1.0 and busy_s > 0:
             time.sleep((self.slowdown - 1.0) * busy_s)
         if self.leak_mb_per_s > 0:

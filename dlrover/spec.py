@@ -193,6 +193,7 @@ class PolicySpec(_Strict):
     # `dlrover bench elastic` compares against).
     rescale: Literal["live", "restart"] = "live"
     standby: int = Field(0, ge=0, le=4, description="pre-started spare workers and PS kept idle so a scale-out skips actor start-up (they hold their resources)")
+    placement: Literal["default", "pal"] = Field("default", description="where new actors go: Ray's choice, or pal (fastest node class with room)")
 
 
 class CheckpointSpec(_Strict):

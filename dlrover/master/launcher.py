@@ -5,6 +5,12 @@ Each actor has a typed :class:`~dlrover.ids.ActorId`; its Ray name (``<job_id>/p
 a job's actors, and ``id_of`` gives the id back without parsing the name. The launcher knows how to create and kill single actors
 and remembers each one's resources; ``dlrover.master.scaler`` decides what to create.
 PS ids are stable (``ps-3`` stays ``ps-3`` when ``ps-1`` retires).
+
+Where new actors go: Ray decides, except that they keep off bad nodes (``avoid``) and,
+with ``policy.placement: pal``, get a soft affinity to the node PAL picks
+(``dlrover.resource.placement``: node speeds from the workers' reported step times,
+K-Means classes, the fastest class with free CPUs). Soft, so Ray still places an actor
+whose node filled up meanwhile.
 """
 
 from __future__ import annotations
@@ -24,11 +30,13 @@ from dlrover.data.criteo import FileIndex
 from dlrover.errors import DLRoverError
 from dlrover.ids import ActorId, Role
 from dlrover.model.dlrm import initial_dense_array
+from dlrover.master.topology import free_cpus
 from dlrover.ps.dense_shards import DenseShards, start_dense_shards
 from dlrover.ps.embedding_ps import EmbeddingPS
 from dlrover.ps.vshard import VShardMap
 from dlrover.table_spec import dynamic_tables
 from dlrover.resource.configs import Config
+from dlrover.resource.placement import StepSample, node_speeds, pal_node
 from dlrover.spec import JobSpec
 from dlrover.ps.shm import shm_prefix
 from dlrover.worker.worker import Worker, WorkerSpec, worker_threads
@@ -38,9 +46,14 @@ ACTOR_START_TIMEOUT_S = 180.0
 
 
 class Launcher:
-    def __init__(self, job_id: str, spec: JobSpec, files: dict[str, FileIndex], master: Any, generation: Callable[[], int]) -> None:
+    def __init__(
+        self, job_id: str, spec: JobSpec, files: dict[str, FileIndex], master: Any, generation: Callable[[], int],
+        reports: Callable[[], dict[str, dict]],
+    ) -> None:  # fmt: skip
         """``generation``: the job's rollback count now (the books'): a worker's run
-        carries it, and a dense PS re-created by a rollback is named by at least it."""
+        carries it, and a dense PS re-created by a rollback is named by at least it.
+        ``reports``: each worker's latest report (the books'), whose step times and node
+        ids measure the nodes for PAL placement."""
         self.job_id = job_id
         self.generation = generation
         self.spec = spec
@@ -70,6 +83,8 @@ class Launcher:
         self.nodes: dict[str, str] = {}  # actor name -> node id, once it answered
         self.avoid: set[str] = set()  # bad nodes: new actors go elsewhere when they can
         self._node_rr = itertools.count()
+        self.reports = reports
+        self._asked: dict[str, str] = {}  # actor -> the node PAL asked for, until it answers from a node
 
     def _name(self, actor: ActorId) -> str:
         name = actor.ray_name(self.job_id)
@@ -122,14 +137,37 @@ class Launcher:
             scheduling_strategy=here,
         )
 
-    def _placement(self) -> dict:
-        """Scheduling options that keep new actors off bad nodes while others are alive."""
-        if not self.avoid:
-            return {}
-        good = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeID"] not in self.avoid)
-        if not good:
+    def _placement(self, cpu: float, name: str) -> dict:
+        """Scheduling options of a new actor of ``cpu`` CPUs named
+        ``name``: PAL's node with ``policy.placement: pal``, else (or when no node has the
+        room) one that is not bad while such nodes are alive."""
+        alive = {n["NodeID"]: float(n["Resources"].get("CPU", 0.0)) for n in ray.nodes() if n["Alive"]}
+        good = sorted(n for n in alive if n not in self.avoid)
+        if self.spec.policy.placement == "pal":
+            node = self._pal_node({n: alive[n] for n in good} or alive, cpu)
+            if node is not None:
+                self._asked[name] = node
+                return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=True)}
+        if not self.avoid or not good:
             return {}
         return {"scheduling_strategy": NodeAffinitySchedulingStrategy(good[next(self._node_rr) % len(good)], soft=True)}
+
+    def _pal_node(self, cpus: dict[str, float], cpu: float) -> str | None:
+        """PAL's choice among the nodes of ``cpus`` (node -> its Ray CPUs). A node's room is
+        the smaller of Ray's free CPUs there (which count other jobs, but lag a new actor by
+        a resource report) and its CPUs less this job's actors on it (where each answered
+        from, else where PAL asked it to go), so a placement just made is counted once."""
+        for name in [n for n in self._asked if n in self.nodes or n not in self.resources]:
+            del self._asked[name]  # its node is known, or it is gone
+        ours = dict.fromkeys(cpus, 0.0)
+        for name, (actor_cpu, _) in list(self.resources.items()):
+            node = self.nodes.get(name) or self._asked.get(name)
+            if node in ours:
+                ours[node] += actor_cpu
+        free = free_cpus()
+        room = {n: min(free.get(n, 0.0), cpus[n] - ours[n]) for n in cpus}
+        samples = [StepSample(str(r["node_id"]), float(r["step_median_s"])) for r in self.reports().values() if r.get("node_id") and r.get("step_median_s")]
+        return pal_node(room, node_speeds(samples), cpu)
 
     def ps_name(self, ps_id: int) -> str:
         return ActorId(Role.PS, ps_id).ray_name(self.job_id)
@@ -141,7 +179,7 @@ class Launcher:
         name = self._name(ActorId(Role.PS, ps_id))
         self.ps[ps_id] = (
             ray.remote(EmbeddingPS)
-            .options(name=name, num_cpus=cpu, memory=memory_mb * MB, **self._placement())
+            .options(name=name, num_cpus=cpu, memory=memory_mb * MB, **self._placement(cpu, name))
             .remote(
                 ps_id, self.vmap, self.spec.model.embedding_dim, self.spec.optimizer.sparse.model_dump(), self.spec.seed,
                 worker_threads(cpu, None), master=self.master, name=name, tables=self.spec.model.tables,
@@ -186,7 +224,7 @@ class Launcher:
         # Threads: run, evaluate, pause and set_routing may overlap.
         self.workers[name] = (
             ray.remote(Worker)
-            .options(name=name, num_cpus=cpu, num_gpus=res.worker_gpu, memory=memory_mb * MB, max_concurrency=4, **self._placement())
+            .options(name=name, num_cpus=cpu, num_gpus=res.worker_gpu, memory=memory_mb * MB, max_concurrency=4, **self._placement(cpu, name))
             .remote(
                 name,
                 self.worker_spec,

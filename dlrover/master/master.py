@@ -183,7 +183,7 @@ class JobMaster:
         spec = self.spec
         self.events.add("job_start", job_id=self.job_id, samples_expected=self.books.queue.samples_expected)
         master = ray.get_runtime_context().current_actor
-        self.launcher = Launcher(self.job_id, spec, self.data.files, master, generation=lambda: self.books.generation)
+        self.launcher = Launcher(self.job_id, spec, self.data.files, master, lambda: self.books.generation, self.books.worker_reports)
         self.checkpointer = Checkpointer(self, CheckpointStore(self._checkpoint_root(), keep=spec.checkpoint.keep))
         state = self._load_state()
         self.control = Controller(self, self.data, self.policy, cluster_cores())

@@ -5,6 +5,7 @@ Ray's ``CPU`` resource is a scheduling budget that a node may advertise beyond i
 host term of :mod:`dlrover.resource.perf_model` needs is what the operating system runs
 threads on: each node's CPU affinity, read on the node itself. The master's own node is
 read in place; every other node that offers CPUs gets a zero-CPU task pinned to it.
+Also each node's free Ray CPUs, the room PAL placement (``policy.placement: pal``) needs.
 """
 
 from __future__ import annotations
@@ -55,3 +56,14 @@ def cluster_cores() -> float:
             ray.cancel(ref, force=True)
             total += probes[ref]
     return total
+
+
+def free_cpus() -> dict[str, float]:
+    """Each alive node's unreserved Ray CPUs as the GCS sees them now (a node with all of
+    them taken is missing from Ray's answer: 0). Ray 2.60 has no public per-node call
+    without the dashboard; this DeveloperAPI reads the GCS, as Ray's own TPU utilities do.
+    It lags actor creation by a resource report, so the caller counts its own recent
+    placements."""
+    from ray._private.state import available_resources_per_node
+
+    return {node: float(res.get("CPU", 0.0)) for node, res in available_resources_per_node().items()}

@@ -2,7 +2,8 @@
 
 * **Speed variability (PAL, arXiv 2408.11919).** Each node has a fixed performance
   factor (median 1, log-normal spread ``perf_sigma``). K-Means over the factors gives
-  ``perf_classes`` classes; a class's score is its centroid over the median centroid.
+  ``perf_classes`` classes; a class's score is its centroid over the median centroid
+  (``dlrover.resource.placement``, which live jobs' ``policy.placement: pal`` uses too).
 * **Stragglers (two-class slow/active model, Johri et al. arXiv 2105.06124).** A node is
   *active* or *slow*; every ``straggle_step_s`` an active node turns slow with
   probability ``p_slow`` and a slow node stays slow with probability ``p_stay`` (the
@@ -22,6 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
+from dlrover.resource.placement import kmeans_classes
 
 
 @dataclass(frozen=True)
@@ -47,21 +50,6 @@ def cores_speed(load: float, cores: float, smt_gain: float) -> float:
     if load <= cores or load <= 0:
         return 1.0
     return (cores + smt_gain * (load - cores)) / load
-
-
-def kmeans_classes(perf: np.ndarray, k: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """PAL's performance classes: ``(class of each node, score of each class)``; a score
-    is the class centroid over the median centroid. Classes are numbered fastest first."""
-    from sklearn.cluster import KMeans
-
-    k = max(1, min(k, len(np.unique(perf))))
-    km = KMeans(n_clusters=k, n_init=4, random_state=seed).fit(perf.reshape(-1, 1))
-    centers = km.cluster_centers_.ravel()
-    order = np.argsort(-centers)  # fastest first
-    rank = np.empty(k, dtype=np.int64)
-    rank[order] = np.arange(k)
-    scores = centers[order] / np.median(centers)
-    return rank[km.labels_], scores
 
 
 class Cluster:

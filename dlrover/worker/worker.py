@@ -22,14 +22,16 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections import deque
 from dataclasses import dataclass
+from statistics import median
 from typing import Any
 
 import psutil
 import ray
 import torch
 
-from dlrover.chaos import ChaosState
+from dlrover.chaos import ChaosState, node_step_delay_s
 from dlrover.data.criteo import FileIndex
 from dlrover.data.reader import FileReader
 from dlrover.ids import ProcessInfo
@@ -46,6 +48,8 @@ from dlrover.worker.evaluation import Evaluator
 from dlrover.worker.gate import Aborted, PauseGate
 from dlrover.worker.inputs import PAUSE_POLL_S, ShardInput
 from dlrover.worker.window import MetricsWindow
+
+RECENT_STEPS = 32  # the steps whose median time each report carries (PAL's node speeds)
 
 
 @dataclass(frozen=True)
@@ -100,7 +104,9 @@ class Worker:
         self.device = torch.device(spec.device)
         self.model = build_dense_dlrm(self.spec.model, self.ebc, self.spec.seed).to(self.device)
         self.loss_fn = torch.nn.BCEWithLogitsLoss()
-        self.chaos = ChaosState()
+        self.chaos = ChaosState(node_step_delay_s())  # a slow node's delay (tests, benchmarks)
+        self._node = ray.get_runtime_context().get_node_id()  # in each report: the master measures nodes (PAL)
+        self._recent_steps: deque[float] = deque(maxlen=RECENT_STEPS)
         self._proc = psutil.Process()
         self._gate = PauseGate()
         self._eval: Evaluator | None = None  # built by the first ``evaluate`` of a routing
@@ -327,7 +333,9 @@ class Worker:
     def _end_step(self, t_step: float) -> None:
         """Injected slowdown, then the step's time into the metrics window (sent when due)."""
         self.chaos.after_step(time.perf_counter() - t_step)
-        self._window.step_s += time.perf_counter() - t_step
+        took = time.perf_counter() - t_step
+        self._window.step_s += took
+        self._recent_steps.append(took)
         now = time.monotonic()
         if now - self._window.t0 >= self.spec.log_every_s:
             self._report(now)
@@ -359,7 +367,8 @@ class Worker:
     def _report(self, now: float) -> None:
         """Send the metrics window to the master and open the next one."""
         metrics = self._window.metrics(now, self.client.timings, self._input.depth(), self._proc)
-        self.master.report.remote(self.name, metrics)
+        recent = median(self._recent_steps) if self._recent_steps else 0.0  # a window's mean is one stall away from noise
+        self.master.report.remote(self.name, {**metrics, "node_id": self._node, "step_median_s": recent})
         self._send_progress(block=False)
         self._window = MetricsWindow(self.client.timings, now)
 
