@@ -141,6 +141,8 @@ class Launcher:
         """Scheduling options of a new actor of ``cpu`` CPUs named
         ``name``: PAL's node with ``policy.placement: pal``, else (or when no node has the
         room) one that is not bad while such nodes are alive."""
+        if self.spec.policy.placement != "pal" and not self.avoid:
+            return {}  # Ray's choice: no need to ask the GCS for the nodes
         alive = {n["NodeID"]: float(n["Resources"].get("CPU", 0.0)) for n in ray.nodes() if n["Alive"]}
         good = sorted(n for n in alive if n not in self.avoid)
         if self.spec.policy.placement == "pal":
