@@ -264,11 +264,16 @@ class TrainSpec(_Strict):
     # parameters: the run is a pure function of the data order, however many workers
     # and PS come and go (slow; for reproducibility checks).
     deterministic: bool = False
+    # dense PS: each gradient applied alone, one step per round of all workers', or per round of all but `stragglers` (dlrover.ps.dense_rounds)
+    dense_sync: Literal["async", "sync", "coded"] = "async"
+    stragglers: int = Field(1, ge=0, description="coded: gradients a round may go without")
 
     @model_validator(mode="after")
     def _deterministic(self) -> "TrainSpec":
         if self.deterministic and self.staleness != 0:
             raise ValueError("deterministic: true needs staleness: 0")
+        if self.deterministic and self.dense_sync != "async":
+            raise ValueError("deterministic: true needs dense_sync: async")
         return self
 
 
@@ -349,9 +354,7 @@ def _set_dotted(doc: dict, key: str, raw: str) -> None:
     node = doc
     parts = key.split(".")
     for p in parts[:-1]:
-        child = node.get(p)
-        if child is None:
-            child = node[p] = {}
+        child = node[p] = {} if node.get(p) is None else node[p]
         if not isinstance(child, dict):
             raise SpecError(f"--set {key}={raw}: {p} is not a section")
         node = child
@@ -359,13 +362,10 @@ def _set_dotted(doc: dict, key: str, raw: str) -> None:
 
 
 def parse_overrides(items: list[str] | None) -> list[tuple[str, str]]:
-    out = []
-    for item in items or []:
-        if "=" not in item:
-            raise SpecError(f"--set {item}: expected key=value")
-        k, v = item.split("=", 1)
-        out.append((k.strip(), v))
-    return out
+    """``--set key=value`` items as (key, value) pairs."""
+    if bad := [item for item in items or [] if "=" not in item]:
+        raise SpecError(f"--set {bad[0]}: expected key=value")
+    return [(k.strip(), v) for k, v in (item.split("=", 1) for item in items or [])]
 
 
 def spec_from_dict(doc: Any, source: str = "<spec>", overrides: list[tuple[str, str]] | None = None) -> JobSpec:

@@ -27,6 +27,9 @@ def test_quickstart_spec_is_valid():
         ({"data": {"paths": ["x"]}, "resources": {"workers": 2, "budget_cpu": 1}}, "budget_cpu"),
         ({"data": {"paths": ["x"]}, "optimizer": {"sparse": {"name": "lamb"}}}, "optimizer.sparse.name"),
         ({}, "data: Field required"),
+        ({"data": {"paths": ["x"]}, "train": {"dense_sync": "allreduce"}}, "train.dense_sync"),
+        ({"data": {"paths": ["x"]}, "train": {"dense_sync": "coded", "stragglers": -1}}, "train.stragglers"),
+        ({"data": {"paths": ["x"]}, "train": {"dense_sync": "sync", "deterministic": True, "staleness": 0}}, "needs dense_sync: async"),
     ],
 )
 def test_bad_spec_names_the_field(doc, needle):

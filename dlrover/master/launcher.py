@@ -31,6 +31,7 @@ from dlrover.errors import DLRoverError
 from dlrover.ids import ActorId, Role
 from dlrover.model.dlrm import initial_dense_array
 from dlrover.master.topology import free_cpus
+from dlrover.ps.dense_rounds import RoundRule
 from dlrover.ps.dense_shards import DenseShards, start_dense_shards
 from dlrover.ps.embedding_ps import EmbeddingPS
 from dlrover.ps.vshard import VShardMap
@@ -133,6 +134,8 @@ class Launcher:
             self.initial_dense(),
             self.spec.optimizer.dense.model_dump(),
             [self._name(ActorId(Role.DENSE_PS, i, gen)) for i in range(res.dense_ps)],
+            RoundRule.of(self.spec.train.dense_sync, self.spec.train.stragglers),
+            self.spec.max_actors("worker"),
             num_cpus=res.dense_ps_cpu,
             scheduling_strategy=here,
         )
@@ -275,6 +278,8 @@ class Launcher:
         self.resources.pop(name, None)
         for ps in self.ps.values():
             ps.drop.remote(name)
+        for h in self.dense.handles if self.dense is not None else ():
+            h.drop.remote(name)  # sync rounds stop waiting for it
         if handle is not None:
             ray.kill(handle, no_restart=True)
 

@@ -42,6 +42,7 @@ from dlrover.master.summary import actor_rows, export_final, reliability_fields,
 from dlrover.master.states import TERMINAL, JobLoop, JobStatus, RunGroup
 from dlrover.master.telemetry import Telemetry
 from dlrover.master.topology import cluster_cores
+from dlrover.ps.dense_shards import dense_summary
 from dlrover.ps.dynamic_tables import total_counts
 from dlrover.resource.plan import Policy
 from dlrover.spec import JobSpec
@@ -272,9 +273,7 @@ class JobMaster:
         summary["ps_bags_updated"] = int(sum(s["rows_updated"] for s in ps_stats))
         summary["dynamic_tables"] = total_counts(ps_stats)  # hits, admissions, evictions (dlrover bench embeddings)
         dense = self.launcher.dense.stats()
-        # One per batch trained (since the dense PS started), on every shard alike.
-        summary["dense_updates_per_shard"] = [int(d["updates"]) for d in dense]
-        summary["dense_updates"] = min(summary["dense_updates_per_shard"])
+        summary.update(dense_summary(dense, self.spec.train.dense_sync))
         # Pushes of a batch a PS had applied before (a replacement redoing a dead worker's
         # unreported batches): skipped, so no update is applied twice.
         summary["duplicate_updates_skipped"] = int(sum(s.get("duplicates", 0) for s in [*ps_stats, *dense]))

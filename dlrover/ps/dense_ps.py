@@ -6,6 +6,10 @@ call, tagged with its batch: a batch applied before is not applied again (see
 ``dlrover.ps.applied``). Keeping dense state here (instead of an all-reduce group) is what lets workers come
 and go without rebuilding a process group. Adagrad, SGD and Adam are element-wise, so one
 optimizer over the flat vector is the same as one per parameter tensor.
+
+With ``train.dense_sync: sync | coded`` the server combines the workers' gradients in
+rounds instead (:mod:`dlrover.ps.dense_rounds`): a push waits in the server (one of its
+threads) until its round closes and then returns the parameters after it.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import torch
 
 from dlrover.ids import ProcessInfo
 from dlrover.ps.applied import AppliedLog, BatchId
+from dlrover.ps.dense_rounds import Caller, RoundRule, Rounds
 from dlrover.ps.shm import Attached
 
 
@@ -34,7 +39,8 @@ def make_dense_optimizer(params, spec: dict) -> torch.optim.Optimizer:
 
 
 class DenseParamServer:
-    def __init__(self, flat_params: np.ndarray, optimizer: dict, threads: int = 1) -> None:
+    def __init__(self, flat_params: np.ndarray, optimizer: dict, threads: int = 1, rule: RoundRule | None = None) -> None:
+        """``rule``: how rounds close (None: every push is applied on its own, async)."""
         torch.set_num_threads(max(1, threads))
         self.param = torch.nn.Parameter(torch.as_tensor(np.array(flat_params, dtype=np.float32)))
         self.opt = make_dense_optimizer([self.param], optimizer)
@@ -43,16 +49,72 @@ class DenseParamServer:
         self.updates = 0  # gradients applied by this server (a rollback does not take them back)
         self.duplicates = 0  # pushes of a batch applied before, skipped
         self._lock = threading.Lock()
+        self._turn = threading.Condition(self._lock)  # round mode: calls wait for their turn, and for their round
+        self._rounds = Rounds(rule) if rule is not None else None
+        self._next_seq: dict[str, int] = {}  # round mode: each worker's next call
+        self.rounds_closed = 0
         self._segments = Attached()
 
-    def push_pull(self, grad: np.ndarray | None, batch: BatchId | None = None) -> tuple[int, np.ndarray]:
+    def push_pull(self, grad: np.ndarray | None, batch: BatchId | None = None, caller: Caller | None = None) -> tuple[int, np.ndarray]:
         """Apply one step's gradient (if any, and if its ``batch`` is new) and return
-        (version, parameters)."""
+        (version, parameters). In round mode ``caller`` orders the worker's calls, and the
+        gradient joins a round: the reply waits until the round is applied."""
+        if self._rounds is not None:
+            with self._turn:
+                if grad is not None:
+                    self._in_round(caller, torch.as_tensor(grad).clone(), batch)
+                return self.version, self.param.detach().numpy().copy()  # threads: another round may step meanwhile
         with self._lock:
             if grad is not None:
                 self._step(torch.as_tensor(grad), batch)
             # No copy: Ray serialises the return value before the next call can run.
             return self.version, self.param.detach().numpy()
+
+    def _in_round(self, caller: Caller, grad: torch.Tensor, batch: BatchId | None) -> None:
+        """(Lock held.) Give ``grad`` to the caller's round and wait until it is applied
+        (at once if it came late and was dropped)."""
+        self._wait_turn(caller)
+        r = self._rounds.push(caller.name, (grad, batch))
+        self._close_rounds()
+        if r is not None:
+            self._turn.wait_for(lambda: self._rounds.is_closed(r))
+
+    def _wait_turn(self, caller: Caller) -> None:
+        """(Lock held.) Wait until ``caller`` is the worker's next call, and count it."""
+        self._turn.wait_for(lambda: caller.seq == 0 or self._next_seq.get(caller.name, 0) >= caller.seq or caller.name in self._rounds.gone)
+        self._next_seq[caller.name] = caller.seq + 1
+        self._turn.notify_all()
+
+    def _close_rounds(self) -> None:
+        """(Lock held.) One optimizer step per round that may close, with the mean of its
+        gradients whose batch is new; wake the pushes waiting for them."""
+        for payloads in self._rounds.close_ready():
+            fresh = [g for g, b in payloads if b is None or self.applied.first_time(BatchId(*b))]
+            self.duplicates += len(payloads) - len(fresh)
+            self.rounds_closed += 1
+            if fresh:
+                self.param.grad = torch.stack(fresh).mean(dim=0)
+                self.opt.step()
+                self.param.grad = None
+                self.version += 1
+                self.updates += len(fresh)
+        self._turn.notify_all()
+
+    def leave(self, caller: Caller) -> None:
+        """Round mode: the worker stops pushing for now (parks, waits for input, is done);
+        rounds stop waiting for it. Served after its earlier calls."""
+        with self._turn:
+            self._wait_turn(caller)
+            self._rounds.leave(caller.name)
+            self._close_rounds()
+
+    def drop(self, worker: str) -> None:
+        """Round mode: ``worker`` is gone (the master forgot it); rounds stop waiting for it."""
+        if self._rounds is None:
+            return
+        with self._turn:
+            self._rounds.drop(worker)
+            self._close_rounds()
 
     def _step(self, grad: torch.Tensor, batch: BatchId | None) -> None:
         if batch is not None and not self.applied.first_time(BatchId(*batch)):
@@ -88,11 +150,16 @@ class DenseParamServer:
     def pull(self) -> tuple[int, np.ndarray]:
         return self.push_pull(None)
 
-    def push_pull_shm(self, name: str, lo: int, hi: int, batch: BatchId | None = None) -> tuple[int, None]:
+    def push_pull_shm(self, name: str, lo: int, hi: int, batch: BatchId | None = None, caller: Caller | None = None) -> tuple[int, None]:
         """``push_pull`` through a worker's shared-memory segment of the whole vector: read
         this shard's slice ``[lo, hi)`` of the gradient from it, write the updated slice
         back into it (see ``dlrover.ps.shm``)."""
         buf = self._segments.array(name)[lo:hi]
+        if self._rounds is not None:
+            with self._turn:
+                self._in_round(caller, torch.from_numpy(buf).clone(), batch)
+                buf[:] = self.param.detach().numpy()
+                return self.version, None
         with self._lock:
             self._step(torch.from_numpy(buf), batch)
             buf[:] = self.param.detach().numpy()
@@ -105,7 +172,8 @@ class DenseParamServer:
 
     def stats(self) -> dict:
         with self._lock:
-            return {"updates": self.updates, "duplicates": self.duplicates, "version": self.version, "applied_log": self.applied.entries()}
+            rounds = {"rounds": self.rounds_closed, "ignored": self._rounds.ignored} if self._rounds is not None else {}
+            return {"updates": self.updates, "duplicates": self.duplicates, "version": self.version, "applied_log": self.applied.entries(), **rounds}
 
     def release(self, name: str) -> None:
         self._segments.release(name)

@@ -18,6 +18,8 @@ from typing import Any, Callable
 import numpy as np
 import ray
 
+from dlrover.ps.dense_rounds import RoundRule
+
 
 def shard_bounds(size: int, n: int) -> tuple[int, ...]:
     """``n + 1`` offsets cutting ``size`` elements into ``n`` near-equal slices."""
@@ -63,15 +65,20 @@ def merge_states(states: list[dict]) -> dict:
     }
 
 
-def start_dense_shards(flat: np.ndarray, optimizer: dict, names: list[str], **options: Any) -> "DenseShards":
+def start_dense_shards(
+    flat: np.ndarray, optimizer: dict, names: list[str], rule: RoundRule | None = None, max_workers: int = 1, **options: Any
+) -> "DenseShards":
     """One ``DenseParamServer`` actor per name, each given its slice of ``flat``;
-    ``options``: Ray actor options (CPUs, placement)."""
+    ``rule``: how its rounds close (None: async); ``options``: Ray actor options (CPUs,
+    placement). In round mode a push waits in the server for its round, so each server
+    gets a thread per worker it may ever have, and a few for other calls."""
     from dlrover.ps.dense_ps import DenseParamServer
 
     bounds = shard_bounds(flat.size, len(names))
     actor = ray.remote(DenseParamServer)
+    threads = 1 if rule is None else 2 * max_workers + 4
     handles = tuple(
-        actor.options(name=n, max_concurrency=1, **options).remote(flat[lo:hi], optimizer)
+        actor.options(name=n, max_concurrency=threads, **options).remote(flat[lo:hi], optimizer, rule=rule)
         for n, (lo, hi) in zip(names, itertools.pairwise(bounds))
     )
     return DenseShards(handles, tuple(names), bounds)
@@ -106,3 +113,14 @@ class DenseShards:
     def stats(self) -> list[dict]:
         """Each shard's ``stats()``."""
         return ray.get([h.stats.remote() for h in self.handles])
+
+
+def dense_summary(stats: list[dict], mode: str) -> dict:
+    """The run summary's dense figures from each shard's ``stats()``: updates applied per
+    shard (one per batch trained), their minimum, and in round mode shard 0's rounds
+    (optimizer steps) and late gradients dropped."""
+    per_shard = [int(d["updates"]) for d in stats]
+    out: dict = {"dense_updates_per_shard": per_shard, "dense_updates": min(per_shard)}
+    if mode != "async":
+        out["dense_rounds"] = {"mode": mode, "rounds": int(stats[0]["rounds"]), "ignored": int(stats[0]["ignored"])}
+    return out

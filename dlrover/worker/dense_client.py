@@ -5,6 +5,10 @@ its slice) and loads the updated parameters. When the dense PS runs on the worke
 the bytes go through one shared-memory segment of the whole vector (:mod:`dlrover.ps.shm`),
 each shard reading and writing its own slice, and the Ray calls carry only its name;
 otherwise the slices travel as Ray objects. Same numbers either way.
+
+In round mode (``train.dense_sync: sync | coded``) every call carries the worker's name
+and a call number (the dense PS serves it on threads, in this order), and the worker
+leaves the rounds whenever it stops pushing for a while (:meth:`leave`).
 """
 
 from __future__ import annotations
@@ -18,13 +22,21 @@ import ray
 import torch
 
 from dlrover.ps.applied import BatchId
+from dlrover.ps.dense_rounds import Caller
 from dlrover.ps.dense_shards import DenseShards
 from dlrover.ps.shm import ShmArray, shm_prefix
 
 
 class DenseClient:
-    def __init__(self, params: list[torch.nn.Parameter], dense: DenseShards, owner: str, get: Callable[[Any], Any] = ray.get) -> None:
+    def __init__(
+        self, params: list[torch.nn.Parameter], dense: DenseShards, owner: str, get: Callable[[Any], Any] = ray.get, rounds: bool = False
+    ) -> None:
+        """``rounds``: the dense PS combines gradients in rounds (sync, coded)."""
         self.params = params
+        self.owner = owner
+        self._rounds = rounds
+        self._seq = 0  # the next call's number (round mode)
+        self._in_rounds = False  # pushed since the last leave
         self.dense = dense
         self._get = get
         size = sum(p.numel() for p in params)
@@ -47,15 +59,33 @@ class DenseClient:
         """Send this step's gradient (of ``batch``: each shard applies it at most once);
         returns the ObjectRefs (one per shard) that complete when applied."""
         grads = [p.grad.reshape(-1) for p in self.params]
+        caller = self._caller()
+        self._in_rounds = self._rounds
         if self._shm is None:
             flat = torch.cat(grads).cpu().numpy()
-            return [h.push_pull.remote(flat[lo:hi], batch) for h, (lo, hi) in zip(self.dense.handles, self.dense.slices())]
+            return [h.push_pull.remote(flat[lo:hi], batch, caller) for h, (lo, hi) in zip(self.dense.handles, self.dense.slices())]
         dst = torch.from_numpy(self._shm.array)
         if self._flat.is_cuda:
             dst.copy_(torch.cat(grads))  # one device-to-host copy
         else:
             torch.cat(grads, out=dst)
-        return [h.push_pull_shm.remote(self._shm.name, lo, hi, batch) for h, (lo, hi) in zip(self.dense.handles, self.dense.slices())]
+        return [h.push_pull_shm.remote(self._shm.name, lo, hi, batch, caller) for h, (lo, hi) in zip(self.dense.handles, self.dense.slices())]
+
+    def leave(self) -> None:
+        """Round mode: this worker stops pushing for a while (it parks, waits for input or
+        is done), so rounds must not wait for it; its next push joins again. Sent after
+        its pushes (by call number); a no-op when not in the rounds."""
+        if self._in_rounds:
+            caller = self._caller()
+            for h in self.dense.handles:
+                h.leave.remote(caller)
+            self._in_rounds = False
+
+    def _caller(self) -> Caller | None:
+        if not self._rounds:
+            return None
+        self._seq += 1
+        return Caller(self.owner, self._seq - 1)
 
     def apply(self, refs: list[Any]) -> None:
         """Wait for a push and load the parameters it returned."""
@@ -66,6 +96,7 @@ class DenseClient:
         self._flat.copy_(torch.as_tensor(flat))
 
     def close(self) -> None:
+        self.leave()
         if self._shm is not None:
             for h in self.dense.handles:
                 h.release.remote(self._shm.name)  # the shards unmap their views

@@ -64,12 +64,13 @@ class WorkerSpec:
     deterministic: bool
     log_every_s: float
     device: str = "cpu"  # where the DLRM runs: "cuda" with resources.worker_gpu
+    dense_rounds: bool = False  # train.dense_sync is sync or coded
 
     @classmethod
     def of(cls, spec: JobSpec) -> "WorkerSpec":
         d, t = spec.data, spec.train
         device = "cuda" if spec.resources.worker_gpu else "cpu"
-        return cls(spec.model, spec.seed, d.batch_size, d.on_bad_line, t.staleness, t.deterministic, t.log_every_s, device)
+        return cls(spec.model, spec.seed, d.batch_size, d.on_bad_line, t.staleness, t.deterministic, t.log_every_s, device, t.dense_sync != "async")
 
 
 def worker_threads(cpu: float, override: int | None) -> int:
@@ -177,6 +178,7 @@ class Worker:
         """Training thread: settle every unapplied push, tell the master how far each held
         shard is applied (no replacement goes back past a pause), then wait for resume."""
         refs = [r for p in [*self._in_flight.values(), *self._finished] for r in p.refs]
+        self.dense.leave()  # sync rounds go on without us meanwhile (our last push is in one)
         ray.get(refs + self._dense_refs)
         self._send_progress(block=True)
         self._gate.park()
@@ -213,7 +215,7 @@ class Worker:
         self.ebc.reset()
         self._in_flight, self._finished = {}, []
         self._input = ShardInput(self.master, self.name, generation, self.files, self.reader, self.spec.batch_size, self.client)
-        self.dense = DenseClient(dense_parameters(self.model), self.dense_ps, owner=self.name)
+        self.dense = DenseClient(dense_parameters(self.model), self.dense_ps, owner=self.name, rounds=self.spec.dense_rounds)
         try:
             return self._train()
         except Aborted:
@@ -267,13 +269,13 @@ class Worker:
         if self._gate.pause_requested:
             self._park()
         t0 = time.perf_counter()
-        while True:
-            self._gate.check()
-            step, ended = self._input.poll(PAUSE_POLL_S)
-            if step is not None or ended:
-                break
+        step, ended = self._input.poll()
+        while step is None and not ended:
+            self.dense.leave()  # waiting for input: sync rounds must not wait for us
             if self._gate.pause_requested:  # idle: a safe point as it is
                 self._park()
+            self._gate.check()
+            step, ended = self._input.poll(PAUSE_POLL_S)
         self._stats["wait_data_s"] += time.perf_counter() - t0
         return step
 
@@ -343,6 +345,7 @@ class Worker:
     def _finish(self) -> dict:
         """Input ended: wait for the last updates and report them; the run's stats."""
         self._settle_dense()
+        self.dense.leave()
         self._report_applied(self._finished, block=True)
         self._report(time.monotonic())
         self._input.join(timeout_s=5)
