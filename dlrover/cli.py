@@ -205,6 +205,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--json", action="store_true")
     sp.add_argument("--rows", type=_positive_int, default=819_200)
     sp.add_argument("--delay-ms", type=_positive_float, default=50.0, help="added to each pull and push of ps:1 (default 50)")
+    ds = bsub.add_parser("dense-sync", help="async vs sync vs coded dense rounds, fault-free and with a slow worker: time, AUC, time to target AUC")
+    ds.add_argument("--json", action="store_true")
+    ds.add_argument("--rows", type=_positive_int, default=240_000)
+    ds.add_argument("--workers", type=_positive_int, default=4)
+    ds.add_argument("--slow-factor", type=_number(float, 1.0, True, "a number above 1"), default=4.0, help="how many times slower worker:0 runs (default 4)")
     em = bsub.add_parser("embeddings", help="hashed vs dynamic large tables at equal memory on high-cardinality data: AUC, samples/s, memory, evictions")
     em.add_argument("--json", action="store_true")
     em.add_argument("--quick", action="store_true", help="60k rows, 4k-row tables (smoke run)")
@@ -344,6 +349,7 @@ BENCHES: dict[str, tuple[str, str, str, Callable[[argparse.Namespace], dict]]] =
     "perf-model": ("perf_model", "run_perf_model_bench", "print_perf_model", lambda a: {"window_s": a.window_s}),
     "embeddings": ("embeddings", "run_embeddings_bench", "print_embeddings", lambda a: {"quick": a.quick}),
     "slow-ps": ("slow_ps", "run_slow_ps_bench", "print_slow_ps", lambda a: {"rows": a.rows, "delay_ms": a.delay_ms}),
+    "dense-sync": ("dense_sync", "run_dense_sync_bench", "print_dense_sync", lambda a: {"rows": a.rows, "workers": a.workers, "slow_factor": a.slow_factor}),
 }
 
 

@@ -60,15 +60,16 @@ def window_rate(events: list[dict], start_s: float, end_s: float) -> float | Non
     return sum(n for _, n in inside) / span if span > 0 else None
 
 
-def run_one(spec: JobSpec, runs_dir: str, label: str) -> tuple[dict, list[dict]]:
+def run_one(spec: JobSpec, runs_dir: str, label: str, bench: str = "slow-ps") -> tuple[dict, list[dict]]:
+    """One run of a bench's job: its summary and events (an error names ``bench``)."""
     from dlrover.runner import run_job
 
     try:
         summary, path = run_job(spec, runs_dir=runs_dir, progress="none", stop_when=JobProgress(label))
     except DLRoverError as e:
-        raise DLRoverError(f"bench slow-ps: the {label} run failed: {e}") from None
+        raise DLRoverError(f"bench {bench}: the {label} run failed: {e}") from None
     if summary["status"] != "succeeded":
-        raise DLRoverError(f"bench slow-ps: the {label} run ended {summary['status']} (summary: {path})")
+        raise DLRoverError(f"bench {bench}: the {label} run ended {summary['status']} (summary: {path})")
     events = [row for _, row in read_events(Path(path).parent / "events.jsonl")]
     return summary, events
 
