@@ -57,3 +57,16 @@ def test_coded_rounds_go_without_a_slow_worker_and_account_for_every_gradient(ra
     assert r["mode"] == "coded" and r["ignored"] > 0
     assert s["dense_updates"] + r["ignored"] == batches_expected(spec)
     assert s["auc"] > 0.6
+
+
+def test_a_killed_worker_does_not_hold_a_sync_round_and_no_gradient_is_applied_twice(ray_local, synth_dir, tmp_path):
+    """A worker killed mid-training (a real kill) is dropped from the rounds: the others go
+    on, its replacement joins, and the batches it redoes are skipped, so every batch's
+    dense gradient is applied exactly once."""
+    from conftest import check_exactly_once, fault_spec
+
+    spec = fault_spec(synth_dir, tmp_path, [{"at_s": 2, "action": "kill", "target": "worker:0"}], train__dense_sync="sync")
+    s = _run(spec, tmp_path)
+    assert [f["kind"] for f in s["failures"]] == ["worker_death"], s["failures"]
+    check_exactly_once(s, spec)
+    assert s["dense_rounds"]["ignored"] == 0
