@@ -126,6 +126,20 @@ def test_dropping_a_worker_frees_a_round_waiting_for_it():
     assert not b.is_alive() and ps.version == 2
 
 
+def test_a_rollback_voids_open_rounds_and_releases_the_pushes_waiting_on_them():
+    ps = DenseParamServer(np.zeros(2, dtype=np.float32), {"name": "sgd", "lr": 1.0}, rule=SYNC)
+    ps.push_pull(np.ones(2, dtype=np.float32), (0, 0), Caller("a", 0))
+    checkpoint = ps.state()
+    b = _in_thread(ps.push_pull, np.ones(2, dtype=np.float32), (0, 1), Caller("b", 0))  # waits for a, who died unforgotten
+    b.join(timeout=0.3)
+    assert b.is_alive()
+    ps.set_state(checkpoint)
+    b.join(timeout=5)
+    assert not b.is_alive() and ps.version == 1  # b's gradient from after the cut was not applied
+    ps.push_pull(np.ones(2, dtype=np.float32), (0, 1), Caller("b", 0))  # the runs after the rollback start afresh
+    assert ps.version == 2 and ps.updates == 2
+
+
 @pytest.mark.parametrize("mode,rule", [("async", None), ("sync", SYNC), ("coded", RoundRule(False, 2))])
 def test_each_dense_sync_mode_has_its_rule(mode, rule):
     assert RoundRule.of(mode, 2) == rule

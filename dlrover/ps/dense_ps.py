@@ -73,17 +73,26 @@ class DenseParamServer:
     def _in_round(self, caller: Caller, grad: torch.Tensor, batch: BatchId | None) -> None:
         """(Lock held.) Give ``grad`` to the caller's round and wait until it is applied
         (at once if it came late and was dropped)."""
-        self._wait_turn(caller)
-        r = self._rounds.push(caller.name, (grad, batch))
+        rounds = self._rounds
+        if not self._wait_turn(caller):
+            return
+        r = rounds.push(caller.name, (grad, batch))
         self._close_rounds()
         if r is not None:
-            self._turn.wait_for(lambda: self._rounds.is_closed(r))
+            self._turn.wait_for(lambda: rounds.is_closed(r) or self._rounds is not rounds)
 
-    def _wait_turn(self, caller: Caller) -> None:
-        """(Lock held.) Wait until ``caller`` is the worker's next call, and count it."""
-        self._turn.wait_for(lambda: caller.seq == 0 or self._next_seq.get(caller.name, 0) >= caller.seq or caller.name in self._rounds.gone)
+    def _wait_turn(self, caller: Caller) -> bool:
+        """(Lock held.) Wait until ``caller`` is the worker's next call, and count it; False
+        if a rollback (``set_state``) came first: a call of a run from before it is void."""
+        rounds = self._rounds
+        self._turn.wait_for(
+            lambda: caller.seq == 0 or self._next_seq.get(caller.name, 0) >= caller.seq or caller.name in rounds.gone or self._rounds is not rounds
+        )
+        if self._rounds is not rounds:
+            return False
         self._next_seq[caller.name] = caller.seq + 1
         self._turn.notify_all()
+        return True
 
     def _close_rounds(self) -> None:
         """(Lock held.) One optimizer step per round that may close, with the mean of its
@@ -104,9 +113,9 @@ class DenseParamServer:
         """Round mode: the worker stops pushing for now (parks, waits for input, is done);
         rounds stop waiting for it. Served after its earlier calls."""
         with self._turn:
-            self._wait_turn(caller)
-            self._rounds.leave(caller.name)
-            self._close_rounds()
+            if self._wait_turn(caller):
+                self._rounds.leave(caller.name)
+                self._close_rounds()
 
     def drop(self, worker: str) -> None:
         """Round mode: ``worker`` is gone (the master forgot it); rounds stop waiting for it."""
@@ -146,6 +155,9 @@ class DenseParamServer:
             self.opt.load_state_dict(opt)
             self.version = int(state["version"])
             self.applied.clear()  # batches after the checkpoint's cut are pushed again
+            if self._rounds is not None:  # open rounds hold gradients from after the cut: void
+                self._rounds, self._next_seq = Rounds(self._rounds.rule, gone=self._rounds.gone), {}
+                self._turn.notify_all()
 
     def pull(self) -> tuple[int, np.ndarray]:
         return self.push_pull(None)

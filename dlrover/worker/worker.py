@@ -297,6 +297,8 @@ class Worker:
             return []
         if self._dense_refs:
             t0 = time.perf_counter()
+            while self.spec.dense_rounds and len(ray.wait(self._dense_refs, num_returns=len(self._dense_refs), timeout=PAUSE_POLL_S)[0]) < len(self._dense_refs):
+                self._gate.check()  # a round held by a dead worker must not block a rollback's abort
             self.dense.apply(self._dense_refs)
             self._stats["wait_dense_s"] += time.perf_counter() - t0
         for p in self.dense.params:
