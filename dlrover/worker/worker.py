@@ -269,6 +269,7 @@ class Worker:
         if self._gate.pause_requested:
             self._park()
         t0 = time.perf_counter()
+        self._gate.check()
         step, ended = self._input.poll()
         while step is None and not ended:
             self.dense.leave()  # waiting for input: sync rounds must not wait for us
