@@ -270,10 +270,8 @@ class TrainSpec(_Strict):
 
     @model_validator(mode="after")
     def _deterministic(self) -> "TrainSpec":
-        if self.deterministic and self.staleness != 0:
-            raise ValueError("deterministic: true needs staleness: 0")
-        if self.deterministic and self.dense_sync != "async":
-            raise ValueError("deterministic: true needs dense_sync: async")
+        if self.deterministic and (self.staleness != 0 or self.dense_sync != "async"):
+            raise ValueError("deterministic: true needs staleness: 0 and dense_sync: async")
         return self
 
 
@@ -335,6 +333,8 @@ class JobSpec(_Strict):
     @model_validator(mode="after")
     def _chaos_targets(self) -> "JobSpec":
         check_capacities(self.model.tables, self.train.vshards)  # (and chaos: a fault aimed at an actor the job never has would test nothing)
+        if self.train.dense_sync != "async" and self.resources.dense_ps > 1:  # each shard would form its rounds apart: they can deadlock
+            raise ValueError(f"train.dense_sync: {self.train.dense_sync} needs resources.dense_ps: 1 (got {self.resources.dense_ps})")
         for i, ev in enumerate(self.chaos):
             role, index = ev.role_index()
             if role in ("worker", "ps") and index >= (most := self.max_actors(role)):

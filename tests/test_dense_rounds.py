@@ -51,7 +51,7 @@ def test_a_dropped_worker_is_never_waited_for_again_and_its_late_push_is_ignored
     r.push("a", "ga1")
     r.drop("b")
     assert r.close_ready() == [["ga1"]]
-    assert r.push("b", "gb1") is None and r.ignored == 1
+    assert r.push("b", "gb1") is None and r.ignored == 0  # not counted: its replacement redoes the batch
 
 
 def test_coded_ignore_closes_without_the_slowest_and_drops_its_late_gradient():
@@ -84,7 +84,7 @@ def test_server_steps_once_per_round_with_the_mean_and_serves_each_workers_calls
     replies: dict[str, tuple] = {}
 
     def push(name: str, seq: int, g: float) -> None:
-        replies[name] = ps.push_pull(np.full(4, g, dtype=np.float32), (0, 10 * seq + ord(name)), Caller(name, seq))
+        replies[name] = ps.push_pull(np.full(4, g, dtype=np.float32), (0, 10 * seq + ord(name)), Caller(name, "run-1", seq))
 
     push("a", 0, 1.0)  # a alone is the set: its round closes at once
     assert ps.version == 1 and np.allclose(replies["a"][1], -1.0)
@@ -97,7 +97,7 @@ def test_server_steps_once_per_round_with_the_mean_and_serves_each_workers_calls
     np.testing.assert_allclose(replies["a"][1], -1.0 - 4.0)  # one step with the mean of 3 and 5
     np.testing.assert_array_equal(replies["a"][1], replies["b"][1])
 
-    leave = _in_thread(ps.leave, Caller("a", 3))  # sent after a's push number 2: waits for it
+    leave = _in_thread(ps.leave, Caller("a", "run-1", 3))  # sent after a's push number 2: waits for it
     b = _in_thread(push, "b", 1, 1.0)
     b.join(timeout=0.3)
     assert b.is_alive() and leave.is_alive()  # a is still in the set: round 2 waits for it
@@ -110,15 +110,15 @@ def test_server_steps_once_per_round_with_the_mean_and_serves_each_workers_calls
 
 def test_server_skips_a_batch_applied_before_within_a_round():
     ps = DenseParamServer(np.zeros(2, dtype=np.float32), {"name": "sgd", "lr": 1.0}, rule=SYNC)
-    ps.push_pull(np.ones(2, dtype=np.float32), (5, 0), Caller("a", 0))
-    ps.push_pull(np.ones(2, dtype=np.float32), (5, 0), Caller("a", 1))  # a replayed batch
-    assert ps.version == 1 and ps.duplicates == 1 and ps.stats()["rounds"] == 2
+    ps.push_pull(np.ones(2, dtype=np.float32), (5, 0), Caller("a", "run-1", 0))
+    ps.push_pull(np.ones(2, dtype=np.float32), (5, 0), Caller("a", "run-1", 1))  # a replayed batch
+    assert ps.version == 1 and ps.duplicates == 1 and ps.stats()["rounds"] == 1  # a round of replays takes no step
 
 
 def test_dropping_a_worker_frees_a_round_waiting_for_it():
     ps = DenseParamServer(np.zeros(2, dtype=np.float32), {"name": "sgd", "lr": 1.0}, rule=SYNC)
-    ps.push_pull(np.ones(2, dtype=np.float32), None, Caller("a", 0))  # a alone: round 0 closes
-    b = _in_thread(ps.push_pull, np.ones(2, dtype=np.float32), None, Caller("b", 0))  # round 1 waits for a
+    ps.push_pull(np.ones(2, dtype=np.float32), None, Caller("a", "run-1", 0))  # a alone: round 0 closes
+    b = _in_thread(ps.push_pull, np.ones(2, dtype=np.float32), None, Caller("b", "run-1", 0))  # round 1 waits for a
     b.join(timeout=0.3)
     assert b.is_alive()
     ps.drop("a")  # a died: the master forgets it
@@ -128,16 +128,29 @@ def test_dropping_a_worker_frees_a_round_waiting_for_it():
 
 def test_a_rollback_voids_open_rounds_and_releases_the_pushes_waiting_on_them():
     ps = DenseParamServer(np.zeros(2, dtype=np.float32), {"name": "sgd", "lr": 1.0}, rule=SYNC)
-    ps.push_pull(np.ones(2, dtype=np.float32), (0, 0), Caller("a", 0))
+    ps.push_pull(np.ones(2, dtype=np.float32), (0, 0), Caller("a", "run-1", 0))
     checkpoint = ps.state()
-    b = _in_thread(ps.push_pull, np.ones(2, dtype=np.float32), (0, 1), Caller("b", 0))  # waits for a, who died unforgotten
+    b = _in_thread(ps.push_pull, np.ones(2, dtype=np.float32), (0, 1), Caller("b", "run-1", 0))  # waits for a, who died unforgotten
     b.join(timeout=0.3)
     assert b.is_alive()
     ps.set_state(checkpoint)
     b.join(timeout=5)
     assert not b.is_alive() and ps.version == 1  # b's gradient from after the cut was not applied
-    ps.push_pull(np.ones(2, dtype=np.float32), (0, 1), Caller("b", 0))  # the runs after the rollback start afresh
+    ps.push_pull(np.ones(2, dtype=np.float32), (0, 1), Caller("b", "run-2", 0))  # the runs after the rollback start afresh
     assert ps.version == 2 and ps.updates == 2
+
+
+def test_a_call_of_a_workers_earlier_run_is_void_once_its_next_run_began():
+    ps = DenseParamServer(np.zeros(2, dtype=np.float32), {"name": "sgd", "lr": 1.0}, rule=SYNC)
+    ps.push_pull(np.ones(2, dtype=np.float32), None, Caller("a", "run-1", 0))
+    ps.push_pull(np.ones(2, dtype=np.float32), None, Caller("a", "run-2", 0))  # a's next run (after an abort)
+    ps.leave(Caller("a", "run-1", 1))  # the old run's leave, arriving late: void
+    b = _in_thread(ps.push_pull, np.ones(2, dtype=np.float32), None, Caller("b", "run-1", 0))
+    b.join(timeout=0.3)
+    assert b.is_alive()  # a is still in the rounds: round 2 waits for it
+    ps.push_pull(np.ones(2, dtype=np.float32), None, Caller("a", "run-2", 1))
+    b.join(timeout=5)
+    assert not b.is_alive() and ps.version == 3
 
 
 @pytest.mark.parametrize("mode,rule", [("async", None), ("sync", SYNC), ("coded", RoundRule(False, 2))])

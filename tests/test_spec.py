@@ -29,7 +29,8 @@ def test_quickstart_spec_is_valid():
         ({}, "data: Field required"),
         ({"data": {"paths": ["x"]}, "train": {"dense_sync": "allreduce"}}, "train.dense_sync"),
         ({"data": {"paths": ["x"]}, "train": {"dense_sync": "coded", "stragglers": -1}}, "train.stragglers"),
-        ({"data": {"paths": ["x"]}, "train": {"dense_sync": "sync", "deterministic": True, "staleness": 0}}, "needs dense_sync: async"),
+        ({"data": {"paths": ["x"]}, "train": {"dense_sync": "sync", "deterministic": True, "staleness": 0}}, "and dense_sync: async"),
+        ({"data": {"paths": ["x"]}, "train": {"dense_sync": "sync"}, "resources": {"dense_ps": 2}}, "needs resources.dense_ps: 1"),
     ],
 )
 def test_bad_spec_names_the_field(doc, needle):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import itertools
+import math
 import os
 from collections import Counter
 from typing import Any, Callable
@@ -135,7 +136,9 @@ class Launcher:
             self.spec.optimizer.dense.model_dump(),
             [self._name(ActorId(Role.DENSE_PS, i, gen)) for i in range(res.dense_ps)],
             RoundRule.of(self.spec.train.dense_sync, self.spec.train.stragglers),
-            self.spec.max_actors("worker"),
+            # A push holds a server thread while it waits for its round: room for as many
+            # workers as the budget holds at a quarter CPU each (a policy may size them down).
+            max(self.spec.max_actors("worker"), math.ceil((res.elastic_budget_cpu or 0) / 0.25)),
             num_cpus=res.dense_ps_cpu,
             scheduling_strategy=here,
         )

@@ -51,8 +51,10 @@ class DenseParamServer:
         self._lock = threading.Lock()
         self._turn = threading.Condition(self._lock)  # round mode: calls wait for their turn, and for their round
         self._rounds = Rounds(rule) if rule is not None else None
-        self._next_seq: dict[str, int] = {}  # round mode: each worker's next call
-        self.rounds_closed = 0
+        self._next_seq: dict[str, int] = {}  # round mode: each worker's next call in its current run
+        self._runs: dict[str, str] = {}  # round mode: each worker's current run
+        self._retired_runs: set[tuple[str, str]] = set()  # (worker, run): runs after which it started another
+        self.rounds_closed = 0  # round mode: optimizer steps taken (a round of replays only takes none)
         self._segments = Attached()
 
     def push_pull(self, grad: np.ndarray | None, batch: BatchId | None = None, caller: Caller | None = None) -> tuple[int, np.ndarray]:
@@ -82,14 +84,23 @@ class DenseParamServer:
             self._turn.wait_for(lambda: rounds.is_closed(r) or self._rounds is not rounds)
 
     def _wait_turn(self, caller: Caller) -> bool:
-        """(Lock held.) Wait until ``caller`` is the worker's next call, and count it; False
-        if a rollback (``set_state``) came first: a call of a run from before it is void."""
+        """(Lock held.) Wait until ``caller`` is its run's next call, and count it; False if
+        the call is void: its run is over (the worker started another), or a rollback
+        (``set_state``) came meanwhile."""
         rounds = self._rounds
-        self._turn.wait_for(
-            lambda: caller.seq == 0 or self._next_seq.get(caller.name, 0) >= caller.seq or caller.name in rounds.gone or self._rounds is not rounds
-        )
-        if self._rounds is not rounds:
+
+        def ready() -> bool:
+            if self._rounds is not rounds or (caller.name, caller.run) in self._retired_runs or caller.name in rounds.gone or caller.seq == 0:
+                return True
+            return self._runs.get(caller.name) == caller.run and self._next_seq.get(caller.name, 0) >= caller.seq
+
+        self._turn.wait_for(ready)
+        if self._rounds is not rounds or (caller.name, caller.run) in self._retired_runs:
             return False
+        if self._runs.get(caller.name) != caller.run:  # this run's first call: the one before is over
+            if caller.name in self._runs:
+                self._retired_runs.add((caller.name, self._runs[caller.name]))
+            self._runs[caller.name] = caller.run
         self._next_seq[caller.name] = caller.seq + 1
         self._turn.notify_all()
         return True
@@ -100,8 +111,8 @@ class DenseParamServer:
         for payloads in self._rounds.close_ready():
             fresh = [g for g, b in payloads if b is None or self.applied.first_time(BatchId(*b))]
             self.duplicates += len(payloads) - len(fresh)
-            self.rounds_closed += 1
             if fresh:
+                self.rounds_closed += 1
                 self.param.grad = torch.stack(fresh).mean(dim=0)
                 self.opt.step()
                 self.param.grad = None
@@ -156,7 +167,10 @@ class DenseParamServer:
             self.version = int(state["version"])
             self.applied.clear()  # batches after the checkpoint's cut are pushed again
             if self._rounds is not None:  # open rounds hold gradients from after the cut: void
-                self._rounds, self._next_seq = Rounds(self._rounds.rule, gone=self._rounds.gone), {}
+                old = self._rounds
+                self._rounds = Rounds(old.rule, gone=old.gone, ignored=old.ignored)
+                self._retired_runs |= set(self._runs.items())
+                self._runs, self._next_seq = {}, {}
                 self._turn.notify_all()
 
     def pull(self) -> tuple[int, np.ndarray]:

@@ -29,10 +29,12 @@ DenseSync = Literal["async", "sync", "coded"]
 
 
 class Caller(NamedTuple):
-    """Who sends a round call, and its place in that worker's calls (0 starts afresh): a
-    threaded server may start one worker's calls in any order, and serves them in this one."""
+    """Who sends a round call: the worker, its run (a ``DenseClient``'s id) and the call's
+    place in that run's calls (0 starts the run). A threaded server may start one worker's
+    calls in any order; it serves them in this one, and voids a call of a run after it."""
 
     name: str
+    run: str
     seq: int
 
 
@@ -68,8 +70,7 @@ class Rounds:
         """Add ``name``'s gradient; the round it went to, or None if it came late (dropped:
         its round closed without it). A worker not in the set joins at the oldest open
         round it has not given to."""
-        if name in self.gone:
-            self.ignored += 1
+        if name in self.gone:  # not counted: its replacement trains the batch again
             return None
         if name in self.active:
             r = self.next_of[name]

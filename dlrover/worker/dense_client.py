@@ -35,6 +35,7 @@ class DenseClient:
         self.params = params
         self.owner = owner
         self._rounds = rounds
+        self._run = uuid.uuid4().hex  # round mode: this run's calls, as opposed to an earlier run's
         self._seq = 0  # the next call's number (round mode)
         self._in_rounds = False  # pushed since the last leave
         self.dense = dense
@@ -85,7 +86,7 @@ class DenseClient:
         if not self._rounds:
             return None
         self._seq += 1
-        return Caller(self.owner, self._seq - 1)
+        return Caller(self.owner, self._run, self._seq - 1)
 
     def apply(self, refs: list[Any]) -> None:
         """Wait for a push and load the parameters it returned."""

@@ -179,7 +179,7 @@ class Worker:
         shard is applied (no replacement goes back past a pause), then wait for resume."""
         refs = [r for p in [*self._in_flight.values(), *self._finished] for r in p.refs]
         self.dense.leave()  # sync rounds go on without us meanwhile (our last push is in one)
-        ray.get(refs + self._dense_refs)
+        self._settle(refs + self._dense_refs)
         self._send_progress(block=True)
         self._gate.park()
 
@@ -191,6 +191,14 @@ class Worker:
             ref = self.master.shard_progress.remote(self.name, moved, self._gen)
             if block:
                 ray.get(ref)
+
+    def _settle(self, refs: list[Any]) -> None:
+        """Wait for these pushes to be applied. In round mode with the abort checked every
+        ``PAUSE_POLL_S``: a round that a dead, not yet forgotten worker holds must not
+        block a rollback's abort."""
+        while self.spec.dense_rounds and refs and len(ray.wait(refs, num_returns=len(refs), timeout=PAUSE_POLL_S)[0]) < len(refs):
+            self._gate.check()
+        ray.get(refs)
 
     @staticmethod
     def _ready(refs: list[Any]) -> bool:
@@ -298,8 +306,7 @@ class Worker:
             return []
         if self._dense_refs:
             t0 = time.perf_counter()
-            while self.spec.dense_rounds and len(ray.wait(self._dense_refs, num_returns=len(self._dense_refs), timeout=PAUSE_POLL_S)[0]) < len(self._dense_refs):
-                self._gate.check()  # a round held by a dead worker must not block a rollback's abort
+            self._settle(self._dense_refs)
             self.dense.apply(self._dense_refs)
             self._stats["wait_dense_s"] += time.perf_counter() - t0
         for p in self.dense.params:
@@ -323,7 +330,7 @@ class Worker:
     def _settle_dense(self) -> None:
         """Wait until the last dense push is applied (its reply is not loaded)."""
         if self._dense_refs:
-            ray.get(self._dense_refs)
+            self._settle(self._dense_refs)
             self._dense_refs = []
 
     def _book(self, step: Step, push_refs: list[Any]) -> None:
@@ -361,7 +368,7 @@ class Worker:
         remaining = []
         for prog in finished:
             if block:
-                ray.get(prog.refs)
+                self._settle(prog.refs)
             else:
                 ready, _ = ray.wait(prog.refs, num_returns=len(prog.refs), timeout=0)
                 if len(ready) < len(prog.refs):
