@@ -193,9 +193,9 @@ class Worker:
                 ray.get(ref)
 
     def _settle(self, refs: list[Any]) -> None:
-        """Wait for these pushes to be applied. In round mode with the abort checked every
-        ``PAUSE_POLL_S``: a round that a dead, not yet forgotten worker holds must not
-        block a rollback's abort."""
+        """Wait for these pushes to be applied; in round mode checking for an abort (a round
+        a dead, not yet forgotten worker holds must not block a rollback's abort)."""
+        refs = list(dict.fromkeys(refs))  # a step's dense refs may be in its shard's books too
         while self.spec.dense_rounds and refs and len(ray.wait(refs, num_returns=len(refs), timeout=PAUSE_POLL_S)[0]) < len(refs):
             self._gate.check()
         ray.get(refs)
