@@ -19,6 +19,7 @@ from dlrover.data.criteo import NUM_SPARSE
 from dlrover.data.remote import unknown_protocol
 from dlrover.errors import SpecError, format_validation_error
 from dlrover.paths import is_url
+from dlrover.ps.dense_rounds import DenseSync
 from dlrover.table_spec import TableIndex, TableSpec, check_capacities, rows_of
 
 
@@ -264,8 +265,7 @@ class TrainSpec(_Strict):
     # parameters: the run is a pure function of the data order, however many workers
     # and PS come and go (slow; for reproducibility checks).
     deterministic: bool = False
-    # dense PS: each gradient applied alone, one step per round of all workers', or per round of all but `stragglers` (dlrover.ps.dense_rounds)
-    dense_sync: Literal["async", "sync", "coded"] = "async"
+    dense_sync: DenseSync = Field("async", description="dense PS: each gradient alone, or one step per round of all workers' (sync) or all but stragglers' (coded)")
     stragglers: int = Field(1, ge=0, description="coded: gradients a round may go without")
 
     @model_validator(mode="after")

@@ -40,7 +40,8 @@ def dense_sync_spec(data_dir: str, rows: int, workers: int, mode: str, slow_fact
 
 
 def first_reach(curve: list[tuple[float, float]], target: float) -> float | None:
-    """Job time of the first periodic evaluation at or above ``target`` (None: never)."""
+    """Time (s after the first step) of the first periodic evaluation at or above
+    ``target`` (None: never)."""
     return next((t for t, auc in curve if auc >= target), None)
 
 
