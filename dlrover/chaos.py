@@ -9,39 +9,52 @@ answers (``before_call``), like a server behind a slow link: the delay does not 
 on how much work the call carries. Killing needs no help from the actor (``ray.kill``).
 
 A slow *node* (for tests and benchmarks of placement) is a property of the node, not of
-an actor: a Ray node label ``dlrover.io/step-delay-ms`` makes every worker placed there,
-now or later, sleep that long after each step (read once, when the worker starts).
+an actor: a Ray node label ``dlrover.io/slowdown: F`` makes every worker placed there,
+now or later, run F times slower (read once, when the worker starts). It *burns* CPU for
+``(F - 1) x busy_s`` after each step, as a slower processor would spend it, rather than
+sleeping: on nodes that share cores (a loopback cluster on one machine) a sleeping worker
+would hand its CPU to the others and the slow node would cost the job nothing.
 """
 
 from __future__ import annotations
 
+import math
 import time
 
 import ray
 
 from dlrover.errors import DLRoverError
 
-STEP_DELAY_LABEL = "dlrover.io/step-delay-ms"
+SLOWDOWN_LABEL = "dlrover.io/slowdown"
 
 
-def node_step_delay_s() -> float:
-    """The step delay of the node this process runs on (its ``STEP_DELAY_LABEL``), in s."""
-    raw = ray.get_runtime_context().get_node_labels().get(STEP_DELAY_LABEL) if ray.is_initialized() else None
+def node_slowdown() -> float:
+    """How many times slower workers run on the node this process runs on (its
+    ``SLOWDOWN_LABEL``; 1 without one)."""
+    raw = ray.get_runtime_context().get_node_labels().get(SLOWDOWN_LABEL) if ray.is_initialized() else None
     if raw is None:
-        return 0.0
+        return 1.0
     try:
-        ms = float(raw)
+        factor = float(raw)
     except ValueError:
-        ms = -1.0
-    if not ms >= 0:
-        raise DLRoverError(f"node label {STEP_DELAY_LABEL}: {raw!r} is not a delay in milliseconds (a number >= 0)")
-    return ms / 1000.0
+        factor = 0.0
+    if not (math.isfinite(factor) and factor >= 1):
+        raise DLRoverError(f"node label {SLOWDOWN_LABEL}: {raw!r} is not a slowdown factor (a number >= 1)")
+    return factor
+
+
+def burn_cpu(seconds: float) -> None:
+    """Keep this thread on a core for ``seconds`` of its own CPU time (time it waits for a
+    core does not count, so the work is the same however busy the machine is)."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
 
 
 class ChaosState:
-    def __init__(self, step_delay_s: float = 0.0) -> None:
-        """``step_delay_s``: the node's (:func:`node_step_delay_s`), slept after every step."""
-        self.step_delay_s = step_delay_s
+    def __init__(self, node_slowdown: float = 1.0) -> None:
+        """``node_slowdown``: the node's (:func:`node_slowdown`), burnt after every step."""
+        self.node_slowdown = node_slowdown
         self.slowdown = 1.0
         self.leak_mb_per_s = 0.0
         self.delay_s = 0.0
@@ -63,8 +76,8 @@ class ChaosState:
             time.sleep(self.delay_s)
 
     def after_step(self, busy_s: float) -> None:
-        if self.step_delay_s > 0:
-            time.sleep(self.step_delay_s)
+        if self.node_slowdown > 1.0 and busy_s > 0:
+            burn_cpu((self.node_slowdown - 1.0) * busy_s)
         if self.slowdown > 1.0 and busy_s > 0:
             time.sleep((self.slowdown - 1.0) * busy_s)
         if self.leak_mb_per_s > 0:

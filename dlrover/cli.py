@@ -210,6 +210,11 @@ def build_parser() -> argparse.ArgumentParser:
     ds.add_argument("--rows", type=_positive_int, default=240_000)
     ds.add_argument("--workers", type=_positive_int, default=4)
     ds.add_argument("--slow-factor", type=_number(float, 1.0, True, "a number above 1"), default=4.0, help="how many times slower worker:0 runs (default 4)")
+    pl = bsub.add_parser("pal", help="PAL placement vs Ray's default on a loopback cluster with a slow node: where workers land, samples/s")
+    pl.add_argument("--json", action="store_true")
+    pl.add_argument("--rows", type=_positive_int, default=120_000)
+    pl.add_argument("--epochs", type=_positive_int, default=4)
+    pl.add_argument("--slowdown", type=_number(float, 1.0, True, "a number above 1"), default=3.0, help="how many times the CPU per step workers on the slow node spend (default 3)")
     em = bsub.add_parser("embeddings", help="hashed vs dynamic large tables at equal memory on high-cardinality data: AUC, samples/s, memory, evictions")
     em.add_argument("--json", action="store_true")
     em.add_argument("--quick", action="store_true", help="60k rows, 4k-row tables (smoke run)")
@@ -349,6 +354,7 @@ BENCHES: dict[str, tuple[str, str, str, Callable[[argparse.Namespace], dict]]] =
     "perf-model": ("perf_model", "run_perf_model_bench", "print_perf_model", lambda a: {"window_s": a.window_s}),
     "embeddings": ("embeddings", "run_embeddings_bench", "print_embeddings", lambda a: {"quick": a.quick}),
     "slow-ps": ("slow_ps", "run_slow_ps_bench", "print_slow_ps", lambda a: {"rows": a.rows, "delay_ms": a.delay_ms}),
+    "pal": ("pal", "run_pal_bench", "print_pal", lambda a: {"rows": a.rows, "epochs": a.epochs, "slowdown": a.slowdown}),
     "dense-sync": ("dense_sync", "run_dense_sync_bench", "print_dense_sync", lambda a: {"rows": a.rows, "workers": a.workers, "slow_factor": a.slow_factor}),
 }
 

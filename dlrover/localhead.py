@@ -77,6 +77,7 @@ class LocalHead:
             # "No available agent" forever.
             f"--dashboard-agent-listen-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}",
             f"--runtime-env-agent-port={free_port()}", f"--metrics-export-port={self.metrics_port}",
+            f"--ray-client-server-port={free_port()}",  # 10001 by default: two heads at once would clash
         ]
         if self.metrics_report_ms:
             cmd.append("--system-config=" + json.dumps({"metrics_report_interval_ms": self.metrics_report_ms}))

@@ -1,6 +1,6 @@
 """PAL placement in a live job (``policy.placement: pal``): node speeds from the workers'
-step times, K-Means classes, new actors on the fastest class with room; and the slow-node
-label that tests and benchmarks use. The pure logic is tested with plain values; the
+step times and, before those, a probe run on each node; K-Means classes; new actors on
+the fastest class with room; and the slow-node label that tests and benchmarks use. The pure logic is tested with plain values; the
 placement itself on a real multi-node cluster (``ray.cluster_utils.Cluster``)."""
 
 from __future__ import annotations
@@ -10,12 +10,14 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
 
 from dlrover.errors import DLRoverError, SpecError
-from dlrover.resource.placement import StepSample, node_speeds, pal_node
+from dlrover.ids import ActorId, Role
+from dlrover.resource.placement import StepSample, merged_speeds, node_speeds, pal_node
 from dlrover.spec import spec_from_dict
 
 
@@ -45,6 +47,14 @@ def test_unmeasured_nodes_count_as_median_speed():
     assert pal_node({"a": 1.0, "b": 3.0}, {}, cpu=1.0) == "b"  # nothing measured: one class, most room
 
 
+def test_probed_speeds_fill_in_nodes_no_worker_measured_on_the_workers_scale():
+    probed = {"a": 2.0, "b": 1.0, "c": 0.5}  # the probe's own median: b
+    assert merged_speeds({}, probed) == probed
+    # a worker measured a at 1.0 (the only node with workers): the probe's 2.0 there maps to 1.0
+    assert merged_speeds({"a": 1.0}, probed) == pytest.approx({"a": 1.0, "b": 0.5, "c": 0.25})
+    assert merged_speeds({"a": 1.2, "d": 0.6}, {}) == {"a": 1.2, "d": 0.6}  # no probe (or it failed)
+
+
 def test_placement_is_default_or_pal_and_a_bad_value_is_one_line():
     base = {"data": {"paths": ["x/*.tsv"]}}
     assert spec_from_dict(base).policy.placement == "default"
@@ -54,7 +64,7 @@ def test_placement_is_default_or_pal_and_a_bad_value_is_one_line():
     assert "\n" not in str(e.value) and "policy.placement" in str(e.value), e.value
 
 
-def test_a_bad_step_delay_label_is_one_line_naming_the_label(monkeypatch):
+def test_a_bad_slowdown_label_is_one_line_naming_the_label(monkeypatch):
     import ray
 
     from dlrover import chaos
@@ -67,15 +77,27 @@ def test_a_bad_step_delay_label_is_one_line_naming_the_label(monkeypatch):
             return self.labels
 
     monkeypatch.setattr(ray, "is_initialized", lambda: True)
-    monkeypatch.setattr(ray, "get_runtime_context", lambda: Context({chaos.STEP_DELAY_LABEL: "40"}))
-    assert chaos.node_step_delay_s() == pytest.approx(0.04)
+    monkeypatch.setattr(ray, "get_runtime_context", lambda: Context({chaos.SLOWDOWN_LABEL: "2.5"}))
+    assert chaos.node_slowdown() == pytest.approx(2.5)
     monkeypatch.setattr(ray, "get_runtime_context", lambda: Context({}))
-    assert chaos.node_step_delay_s() == 0.0
-    for bad in ("fast", "-5", "nan"):
-        monkeypatch.setattr(ray, "get_runtime_context", lambda bad=bad: Context({chaos.STEP_DELAY_LABEL: bad}))
-        with pytest.raises(DLRoverError, match=f"node label {chaos.STEP_DELAY_LABEL}: '{bad}'") as e:
-            chaos.node_step_delay_s()
+    assert chaos.node_slowdown() == 1.0
+    for bad in ("fast", "0.5", "-5", "nan", "inf"):
+        monkeypatch.setattr(ray, "get_runtime_context", lambda bad=bad: Context({chaos.SLOWDOWN_LABEL: bad}))
+        with pytest.raises(DLRoverError, match=f"node label {chaos.SLOWDOWN_LABEL}: '{bad}'") as e:
+            chaos.node_slowdown()
         assert "\n" not in str(e.value)
+
+
+def test_a_slow_node_burns_cpu_rather_than_sleeping():
+    from dlrover.chaos import ChaosState
+
+    cpu0, wall0 = time.thread_time(), time.perf_counter()
+    ChaosState(node_slowdown=3.0).after_step(0.05)  # a 50 ms step, 3x slower: 100 ms more of CPU
+    assert time.thread_time() - cpu0 >= 0.1
+    assert time.perf_counter() - wall0 >= 0.1
+    cpu0 = time.thread_time()
+    ChaosState().after_step(0.05)  # no label: nothing added
+    assert time.thread_time() - cpu0 < 0.05
 
 
 PAL_SCRIPT = textwrap.dedent(
@@ -85,21 +107,22 @@ PAL_SCRIPT = textwrap.dedent(
     import ray
     from ray.cluster_utils import Cluster
     from conftest import small_spec
-    from dlrover.chaos import STEP_DELAY_LABEL
+    from dlrover.chaos import SLOWDOWN_LABEL
     from dlrover.runner import run_job
 
     cluster = Cluster(initialize_head=True, head_node_args={{"num_cpus": 0}})
-    # The slow node is the roomiest, so the first PS and worker land there (one class while
-    # nothing is measured: most room); the second worker then goes to the fast node (room
-    # 3 > 4 - 1.5), so both nodes are measured before the third worker, for which both have room.
-    slow = cluster.add_node(num_cpus=4, labels={{STEP_DELAY_LABEL: "150"}})
-    fast = cluster.add_node(num_cpus=3)
+    # Two nodes of 4 CPUs; PAL's probe finds the slow one slow before anything runs, so the
+    # PS, the first worker, the scale-out's worker and the first worker's replacement (it
+    # is killed) all go to the fast node (2.5 CPUs at most), though the slow one has room.
+    slow = cluster.add_node(num_cpus=4, labels={{SLOWDOWN_LABEL: "4"}})
+    fast = cluster.add_node(num_cpus=4)
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, namespace="dlrover", logging_level="ERROR")
-    steps = [{{"after_window_s": 1.5, "workers": 2}}, {{"after_window_s": 1.5, "workers": 3}}]
-    spec = small_spec({data!r}, data__epochs=3, data__batch_size=256, train__log_every_s=0.3,
+    steps = [{{"after_window_s": 1.5, "workers": 2}}]
+    spec = small_spec({data!r}, data__epochs=4, chaos=[{{"at_s": 6, "action": "kill", "target": "worker:0"}}],
+                      data__batch_size=256, train__log_every_s=0.3,
                       resources__workers=1, resources__ps=1, resources__ps_cpu=0.5, resources__dense_ps_cpu=0,
-                      resources__budget_cpu=3.5,
+                      resources__budget_cpu=2.5,
                       policy={{"name": "scripted", "knobs": {{"steps": steps}}, "interval_s": 0.2, "warmup_s": 1.0,
                                "placement": "pal", "history_dir": {hist!r}}})
     s, path = run_job(spec, runs_dir={runs!r}, progress="none", job_id="pal-job")
@@ -110,7 +133,7 @@ PAL_SCRIPT = textwrap.dedent(
 
 
 @pytest.mark.timeout(300)
-def test_pal_puts_new_workers_on_the_fast_node_though_the_slow_one_has_room(synth_dir, tmp_path):
+def test_pal_puts_new_workers_and_replacements_on_the_fast_node_though_the_slow_one_has_room(synth_dir, tmp_path):
     script = PAL_SCRIPT.format(tests=str(Path(__file__).parent), data=str(synth_dir), runs=str(tmp_path / "runs"), hist=str(tmp_path / "h"))
     env = dict(os.environ, RAY_AUTH_MODE="disabled")
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=280, env=env)
@@ -119,12 +142,17 @@ def test_pal_puts_new_workers_on_the_fast_node_though_the_slow_one_has_room(synt
     s = json.loads(line[len("SUMMARY ") :])
     nodes = json.loads(next(x for x in r.stdout.splitlines() if x.startswith("NODES "))[len("NODES ") :])
     assert s["status"] == "succeeded" and s["samples_trained"] == s["samples_expected"]
-    assert [e["kind"] for e in s["scale_events"]] == ["scale_out", "scale_out"], s["scale_events"]
+    assert [e["kind"] for e in s["scale_events"]] == ["scale_out"], s["scale_events"]
+    w = [ActorId(Role.WORKER, i).ray_name("pal-job") for i in range(3)]
+    deaths = [f for f in s["failures"] if f["kind"] == "worker_death"]
+    assert [f["actor"] for f in deaths] == [w[0]], s["failures"]
+    assert deaths[0]["replacement"] in w[1:], deaths  # the kill came before or after the scale-out
     events = [json.loads(x) for x in (tmp_path / "runs" / "pal-job" / "events.jsonl").read_text().splitlines()]
     ran_on: dict[str, set] = {}
     for e in events:
-        if e["kind"] == "metrics" and e.get("node_id"):
-            ran_on.setdefault(e["actor"].split("/")[-1], set()).add(e["node_id"])
-    assert ran_on.get("worker-0") == {nodes["slow"]}, ran_on
-    assert ran_on.get("worker-1") == {nodes["fast"]}, ran_on  # the first measurement of the fast node
-    assert ran_on.get("worker-2") == {nodes["fast"]}, ran_on  # measured faster: not the slow node, though it has room
+        if e["kind"] == "metrics" and e.get("node_id") and e["actor"] in w:
+            ran_on.setdefault(e["actor"], set()).add(e["node_id"])
+    assert set(ran_on) == set(w), ran_on
+    assert all(n == {nodes["fast"]} for n in ran_on.values()), (ran_on, nodes)
+    probed = s["node_speeds_probed"]
+    assert probed[nodes["slow"]] < probed[nodes["fast"]] / 2, probed  # 4x slower, measured before any worker ran there

@@ -17,7 +17,7 @@ import os
 import sys
 import tempfile
 
-from dlrover.bench.slow_ps import run_one
+from dlrover.bench.progress import run_bench_job
 from dlrover.spec import JobSpec
 
 BATCH_SIZE = 1024
@@ -59,7 +59,7 @@ def run_dense_sync_bench(rows: int = 240_000, workers: int = 4, slow_factor: flo
                 ensure_data(spec)
                 label = f"{mode}, {'fault-free' if factor == 1 else f'worker:0 {factor:g}x slow'}"
                 print(f"[bench] {label}: {workers} workers + 1 PS, {rows:,} rows", file=sys.stderr, flush=True)
-                s, events = run_one(spec, os.path.join(tmp, f"{mode}-{factor:g}"), label, bench="dense-sync")
+                s, events = run_bench_job(spec, os.path.join(tmp, f"{mode}-{factor:g}"), label, "dense-sync")
                 t0 = min((e["at_s"] for e in events if e.get("kind") == "first_step"), default=0.0)  # training began
                 curve = [(e["at_s"] - t0, e["auc"]) for e in events if e.get("kind") == "eval" and e.get("periodic") and e.get("auc") is not None]
                 rounds = s.get("dense_rounds") or {}

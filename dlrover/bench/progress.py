@@ -1,10 +1,15 @@
-"""What every bench prints while a job of it runs: a line on stderr every few seconds
-(stdout stays clean for ``--json``)."""
+"""How a bench runs one of its jobs: a progress line on stderr every few seconds (stdout
+stays clean for ``--json``), and one error line naming the bench if the job fails."""
 
 from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
+
+from dlrover.errors import DLRoverError
+from dlrover.runlog import read_events
+from dlrover.spec import JobSpec
 
 
 class JobProgress:
@@ -22,3 +27,18 @@ class JobProgress:
             pct = 100.0 * p.get("samples_done", 0) / max(p.get("samples_expected") or 1, 1)
             print(f"[bench]   {self.name}: {now:4.0f}s elapsed, {p.get('status')}, {pct:3.0f}% trained, {p.get('config') or ''}", file=sys.stderr, flush=True)
         return False
+
+
+def run_bench_job(spec: JobSpec, runs_dir: str, label: str, bench: str) -> tuple[dict, list[dict]]:
+    """Run one of a bench's jobs, reporting progress: its summary and events. A failed or
+    unsuccessful run is one error naming the bench and the run's ``label``."""
+    from dlrover.runner import run_job
+
+    try:
+        summary, path = run_job(spec, runs_dir=runs_dir, progress="none", stop_when=JobProgress(label))
+    except DLRoverError as e:
+        raise DLRoverError(f"bench {bench}: the {label} run failed: {e}") from None
+    if summary["status"] != "succeeded":
+        raise DLRoverError(f"bench {bench}: the {label} run ended {summary['status']} (summary: {path})")
+    events = [row for _, row in read_events(Path(path).parent / "events.jsonl")]
+    return summary, events

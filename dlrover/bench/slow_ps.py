@@ -17,11 +17,8 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
-from pathlib import Path
 
-from dlrover.bench.progress import JobProgress
-from dlrover.errors import DLRoverError
-from dlrover.runlog import read_events
+from dlrover.bench.progress import run_bench_job
 from dlrover.spec import JobSpec
 
 BATCH_SIZE = 2048
@@ -60,20 +57,6 @@ def window_rate(events: list[dict], start_s: float, end_s: float) -> float | Non
     return sum(n for _, n in inside) / span if span > 0 else None
 
 
-def run_one(spec: JobSpec, runs_dir: str, label: str, bench: str = "slow-ps") -> tuple[dict, list[dict]]:
-    """One run of a bench's job: its summary and events (an error names ``bench``)."""
-    from dlrover.runner import run_job
-
-    try:
-        summary, path = run_job(spec, runs_dir=runs_dir, progress="none", stop_when=JobProgress(label))
-    except DLRoverError as e:
-        raise DLRoverError(f"bench {bench}: the {label} run failed: {e}") from None
-    if summary["status"] != "succeeded":
-        raise DLRoverError(f"bench {bench}: the {label} run ended {summary['status']} (summary: {path})")
-    events = [row for _, row in read_events(Path(path).parent / "events.jsonl")]
-    return summary, events
-
-
 def run_slow_ps_bench(rows: int = 819_200, delay_ms: float = 50.0, at_s: float = 3.0) -> dict:
     """Both runs; the comparison as one flat dict (see the module docstring)."""
     from dlrover.runner import ensure_data
@@ -84,9 +67,9 @@ def run_slow_ps_bench(rows: int = 819_200, delay_ms: float = 50.0, at_s: float =
         ref_spec = slow_ps_spec(data_dir, rows, 0.0, at_s, os.path.join(tmp, "h-ref"))
         ensure_data(ref_spec)
         print(f"[bench] fault-free: 1 worker + 2 PS, {rows:,} rows", file=sys.stderr)
-        ref, ref_events = run_one(ref_spec, os.path.join(tmp, "ref"), "fault-free")
+        ref, ref_events = run_bench_job(ref_spec, os.path.join(tmp, "ref"), "fault-free", "slow-ps")
         print(f"[bench] ps:1 answers {delay_ms:g} ms late from {at_s:g} s", file=sys.stderr)
-        slow, events = run_one(slow_ps_spec(data_dir, rows, delay_ms, at_s, os.path.join(tmp, "h")), os.path.join(tmp, "slow"), "slow PS")
+        slow, events = run_one(slow_ps_spec(data_dir, rows, delay_ms, at_s, os.path.join(tmp, "h")), os.path.join(tmp, "slow"), "slow PS", "slow-ps")
     fired = next((c for c in slow.get("chaos") or [] if c["action"] == "delay"), None)
     fix = next((f for f in slow.get("failures") or [] if f["kind"] == "straggler"), None)
     end = max((e["at_s"] for e in events if e.get("kind") == "metrics"), default=0.0)

@@ -8,8 +8,9 @@ PS ids are stable (``ps-3`` stays ``ps-3`` when ``ps-1`` retires).
 
 Where new actors go: Ray decides, except that they keep off bad nodes (``avoid``) and,
 with ``policy.placement: pal``, get a soft affinity to the node PAL picks
-(``dlrover.resource.placement``: node speeds from the workers' reported step times,
-K-Means classes, the fastest class with free CPUs). Soft, so Ray still places an actor
+(``dlrover.resource.placement``: node speeds from the workers' reported step times, and
+before those from a probe run on each node once, K-Means classes, the fastest class with
+free CPUs). Soft, so Ray still places an actor
 whose node filled up meanwhile.
 """
 
@@ -31,14 +32,14 @@ from dlrover.data.criteo import FileIndex
 from dlrover.errors import DLRoverError
 from dlrover.ids import ActorId, Role
 from dlrover.model.dlrm import initial_dense_array
-from dlrover.master.topology import free_cpus
+from dlrover.master.topology import free_cpus, probe_work_s, run_on_nodes
 from dlrover.ps.dense_rounds import RoundRule
 from dlrover.ps.dense_shards import DenseShards, start_dense_shards
 from dlrover.ps.embedding_ps import EmbeddingPS
 from dlrover.ps.vshard import VShardMap
 from dlrover.table_spec import dynamic_tables
 from dlrover.resource.configs import Config
-from dlrover.resource.placement import StepSample, node_speeds, pal_node
+from dlrover.resource.placement import StepSample, merged_speeds, node_speeds, pal_node
 from dlrover.spec import JobSpec
 from dlrover.ps.shm import shm_prefix
 from dlrover.worker.worker import Worker, WorkerSpec, worker_threads
@@ -87,6 +88,7 @@ class Launcher:
         self._node_rr = itertools.count()
         self.reports = reports
         self._asked: dict[str, str] = {}  # actor -> the node PAL asked for, until it answers from a node
+        self.probed_speeds: dict[str, float] | None = None  # PAL: each node's speed from a probe, run once
 
     def _name(self, actor: ActorId) -> str:
         name = actor.ray_name(self.job_id)
@@ -174,8 +176,11 @@ class Launcher:
                 ours[node] += actor_cpu
         free = free_cpus()
         room = {n: min(free.get(n, 0.0), cpus[n] - ours[n]) for n in cpus}
+        if self.probed_speeds is None:  # PAL's profiling run, once: the first placement needs it
+            times = run_on_nodes(probe_work_s, [n for n in cpus if cpus[n] > 0], "node speed")
+            self.probed_speeds = node_speeds(StepSample(n, float(t)) for n, t in times.items())
         samples = [StepSample(str(r["node_id"]), float(r["step_median_s"])) for r in self.reports().values() if r.get("node_id") and r.get("step_median_s")]
-        return pal_node(room, node_speeds(samples), cpu)
+        return pal_node(room, merged_speeds(node_speeds(samples), self.probed_speeds), cpu)
 
     def ps_name(self, ps_id: int) -> str:
         return ActorId(Role.PS, ps_id).ray_name(self.job_id)

@@ -5,13 +5,18 @@ Ray's ``CPU`` resource is a scheduling budget that a node may advertise beyond i
 host term of :mod:`dlrover.resource.perf_model` needs is what the operating system runs
 threads on: each node's CPU affinity, read on the node itself. The master's own node is
 read in place; every other node that offers CPUs gets a zero-CPU task pinned to it.
-Also each node's free Ray CPUs, the room PAL placement (``policy.placement: pal``) needs.
+Also what PAL placement (``policy.placement: pal``) needs: each node's free Ray CPUs, and
+each node's speed before any worker has run there (PAL's profiling run: a fixed piece of
+float work timed on the node, :func:`probe_work_s`).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -19,6 +24,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 log = logging.getLogger(__name__)
 
 PROBE_TIMEOUT_S = 30.0
+PROBE_MATRIX, PROBE_PRODUCTS, PROBE_REPEATS = 256, 40, 3  # ~20 ms of one core per repeat
 
 
 def node_cores() -> int:
@@ -29,33 +35,70 @@ def node_cores() -> int:
         return os.cpu_count() or 1
 
 
-def cluster_cores() -> float:
-    """Sum of the cores of the alive nodes that offer Ray CPUs. A node whose probe does not
-    answer in ``PROBE_TIMEOUT_S`` counts its Ray CPUs (no over-commit assumed there)."""
-    here = ray.get_runtime_context().get_node_id()
-    total = 0.0
-    probes: dict[ray.ObjectRef, float] = {}
-    probe = ray.remote(num_cpus=0, max_retries=0)(node_cores)
+def run_on_nodes(fn: Callable[[], Any], nodes: Iterable[str], what: str) -> dict[str, Any]:
+    """``fn()`` in a zero-CPU task pinned to each of ``nodes``, all at once: the answers of
+    the nodes that gave one within ``PROBE_TIMEOUT_S`` (a lost or late node is left out,
+    with a warning naming ``what`` was asked)."""
+    remote = ray.remote(num_cpus=0, max_retries=0)(fn)
+    refs = {remote.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote(): n for n in nodes}
+    if not refs:
+        return {}
+    ready, late = ray.wait(list(refs), num_returns=len(refs), timeout=PROBE_TIMEOUT_S)
+    out = {}
+    for ref in ready:
+        try:
+            out[refs[ref]] = ray.get(ref)
+        except Exception as e:  # noqa: BLE001 - a node lost meanwhile
+            log.warning("%s probe of node %s failed: %s", what, refs[ref], e)
+    for ref in late:
+        log.warning("%s probe of node %s gave no answer in %.0f s", what, refs[ref], PROBE_TIMEOUT_S)
+        ray.cancel(ref, force=True)
+    return out
+
+
+def cpu_nodes() -> dict[str, float]:
+    """The alive nodes that offer Ray CPUs, and how many."""
+    out = {}
     for node in ray.nodes():
         cpus = float(node.get("Resources", {}).get("CPU", 0.0))
-        if not node.get("Alive") or cpus <= 0:
-            continue
-        if node["NodeID"] == here:
-            total += node_cores()
-        else:
-            probes[probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)).remote()] = cpus
-    if probes:
-        ready, late = ray.wait(list(probes), num_returns=len(probes), timeout=PROBE_TIMEOUT_S)
-        for ref in ready:
-            try:
-                total += float(ray.get(ref))
-            except Exception as e:  # noqa: BLE001 - a node lost meanwhile: its Ray CPUs
-                log.warning("core probe failed (%s): counting the node's Ray CPUs", e)
-                total += probes[ref]
-        for ref in late:
-            ray.cancel(ref, force=True)
-            total += probes[ref]
-    return total
+        if node.get("Alive") and cpus > 0:
+            out[node["NodeID"]] = cpus
+    return out
+
+
+def cluster_cores() -> float:
+    """Sum of the cores of the alive nodes that offer Ray CPUs. A node whose probe does not
+    answer counts its Ray CPUs (no over-commit assumed there)."""
+    here = ray.get_runtime_context().get_node_id()
+    nodes = cpu_nodes()
+    cores = run_on_nodes(node_cores, [n for n in nodes if n != here], "core")
+    if here in nodes:
+        cores[here] = node_cores()
+    return sum(float(cores.get(n, cpus)) for n, cpus in nodes.items())
+
+
+def probe_work_s() -> float:
+    """Seconds one thread here takes for a fixed piece of float work (the best of
+    ``PROBE_REPEATS``), a slow node's injected slowdown included, as a worker there
+    would have it (:mod:`dlrover.chaos`)."""
+    import torch
+
+    from dlrover.chaos import ChaosState, node_slowdown
+
+    chaos, threads = ChaosState(node_slowdown()), torch.get_num_threads()
+    a = torch.full((PROBE_MATRIX, PROBE_MATRIX), 0.5)
+    best = float("inf")
+    torch.set_num_threads(1)
+    try:
+        for _ in range(PROBE_REPEATS):
+            t0 = time.perf_counter()
+            for _ in range(PROBE_PRODUCTS):
+                torch.mm(a, a)
+            chaos.after_step(time.perf_counter() - t0)
+            best = min(best, time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(threads)  # a pooled Ray worker: later tasks keep their threads
+    return best
 
 
 def free_cpus() -> dict[str, float]:

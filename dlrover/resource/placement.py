@@ -3,7 +3,9 @@
 Nodes of the same type still run at different speeds. PAL measures each node's speed,
 normalised to the median, groups the nodes into performance classes with K-Means, and
 places a job's actors on the fastest class that has room. Here a live node's speed comes
-from the step times its workers report (:func:`node_speeds`); the simulator draws them.
+from the step times its workers report (:func:`node_speeds`) and, for nodes no worker
+has run on yet, from a probe timed there when the job starts (:func:`merged_speeds`);
+the simulator draws them.
 Pure logic: Ray's view of the nodes is read by the caller.
 """
 
@@ -53,6 +55,15 @@ def node_speeds(samples: Iterable[StepSample]) -> dict[str, float]:
         return {}
     job = median(t for times in by_node.values() for t in times)
     return {node: job / median(times) for node, times in by_node.items()}
+
+
+def merged_speeds(measured: Mapping[str, float], probed: Mapping[str, float]) -> dict[str, float]:
+    """Node speeds from the workers' steps where there are some, else from the probe
+    (PAL's profiling run), the probe's put on the workers' scale: times the median ratio
+    of the two on the nodes that have both (each is relative to its own median)."""
+    common = [n for n in measured if probed.get(n, 0) > 0]
+    scale = median(measured[n] / probed[n] for n in common) if common else 1.0
+    return {**{n: s * scale for n, s in probed.items()}, **measured}
 
 
 def pal_node(free_cpu: Mapping[str, float], speeds: Mapping[str, float], cpu: float, classes: int = PAL_CLASSES) -> str | None:

@@ -31,7 +31,7 @@ import psutil
 import ray
 import torch
 
-from dlrover.chaos import ChaosState, node_step_delay_s
+from dlrover.chaos import ChaosState, node_slowdown
 from dlrover.data.criteo import FileIndex
 from dlrover.data.reader import FileReader
 from dlrover.ids import ProcessInfo
@@ -105,7 +105,7 @@ class Worker:
         self.device = torch.device(spec.device)
         self.model = build_dense_dlrm(self.spec.model, self.ebc, self.spec.seed).to(self.device)
         self.loss_fn = torch.nn.BCEWithLogitsLoss()
-        self.chaos = ChaosState(node_step_delay_s())  # a slow node's delay (tests, benchmarks)
+        self.chaos = ChaosState(node_slowdown())  # a slow node (tests, benchmarks)
         self._node = ray.get_runtime_context().get_node_id()  # in each report: the master measures nodes (PAL)
         self._recent_steps: deque[float] = deque(maxlen=RECENT_STEPS)
         self._proc = psutil.Process()
