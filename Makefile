@@ -14,11 +14,8 @@ install: $(STAMP)
 run: $(STAMP)
 	$(VENV)/bin/dlrover run jobs/quickstart.yaml
 
-# Two test files at a time (one per core here): most of a live test's time is Ray start-up,
-# actor start-up and waiting for a detector, not CPU. Each file runs whole on one process.
-TEST_PROCS ?= 2
 test: $(STAMP)
-	$(PY) -m pytest -q -n $(TEST_PROCS) --dist loadfile --durations=25 tests
+	$(PY) -m pytest -q --durations=25 tests
 
 # Ray head + Prometheus + a short job: every query of dashboards/dlrover.json must return data.
 dashboards-check: $(STAMP)

@@ -11,7 +11,7 @@ on how much work the call carries. Killing needs no help from the actor (``ray.k
 A slow *node* (for tests and benchmarks of placement) is a property of the node, not of
 an actor: a Ray node label ``dlrover.io/slowdown: F`` makes every worker placed there,
 now or later, run F times slower (read once, when the worker starts). It *burns* CPU for
-``(F - 1) x busy_s`` after each step, as a slower processor would spend it, rather than
+``(F - 1) x`` the step's CPU time after each step, as a slower processor would spend it, rather than
 sleeping: on nodes that share cores (a loopback cluster on one machine) a sleeping worker
 would hand its CPU to the others and the slow node would cost the job nothing.
 """
@@ -75,9 +75,13 @@ class ChaosState:
         if self.delay_s > 0:
             time.sleep(self.delay_s)
 
-    def after_step(self, busy_s: float) -> None:
-        if self.node_slowdown > 1.0 and busy_s > 0:
-            burn_cpu((self.node_slowdown - 1.0) * busy_s)
+    def after_step(self, busy_s: float, cpu_s: float | None = None) -> None:
+        """``busy_s``: the step's (or request's) wall time; ``cpu_s``: the CPU time its
+        thread spent in it (``busy_s`` if not given), which a slow node multiplies: a
+        slower processor computes slower, it does not wait longer."""
+        cpu_s = busy_s if cpu_s is None else cpu_s
+        if self.node_slowdown > 1.0 and cpu_s > 0:
+            burn_cpu((self.node_slowdown - 1.0) * cpu_s)
         if self.slowdown > 1.0 and busy_s > 0:
             time.sleep((self.slowdown - 1.0) * busy_s)
         if self.leak_mb_per_s > 0:

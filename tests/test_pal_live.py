@@ -49,10 +49,12 @@ def test_unmeasured_nodes_count_as_median_speed():
 
 def test_probed_speeds_fill_in_nodes_no_worker_measured_on_the_workers_scale():
     probed = {"a": 2.0, "b": 1.0, "c": 0.5}  # the probe's own median: b
-    assert merged_speeds({}, probed) == probed
+    assert merged_speeds({}, probed, "abc") == probed
     # a worker measured a at 1.0 (the only node with workers): the probe's 2.0 there maps to 1.0
-    assert merged_speeds({"a": 1.0}, probed) == pytest.approx({"a": 1.0, "b": 0.5, "c": 0.25})
-    assert merged_speeds({"a": 1.2, "d": 0.6}, {}) == {"a": 1.2, "d": 0.6}  # no probe (or it failed)
+    assert merged_speeds({"a": 1.0}, probed, "abc") == pytest.approx({"a": 1.0, "b": 0.5, "c": 0.25})
+    # a node that joined after the probe counts as a typical probed node, not as the workers' median
+    assert merged_speeds({"a": 1.0}, probed, "abcd")["d"] == pytest.approx(0.5)
+    assert merged_speeds({"a": 1.2, "d": 0.6}, {}, "ade") == {"a": 1.2, "d": 0.6, "e": 1.0}  # no probe (or it failed)
 
 
 def test_placement_is_default_or_pal_and_a_bad_value_is_one_line():
@@ -95,6 +97,9 @@ def test_a_slow_node_burns_cpu_rather_than_sleeping():
     ChaosState(node_slowdown=3.0).after_step(0.05)  # a 50 ms step, 3x slower: 100 ms more of CPU
     assert time.thread_time() - cpu0 >= 0.1
     assert time.perf_counter() - wall0 >= 0.1
+    cpu0 = time.thread_time()
+    ChaosState(node_slowdown=3.0).after_step(2.0, cpu_s=0.05)  # a step that mostly waited: its CPU is multiplied
+    assert 0.1 <= time.thread_time() - cpu0 < 1.0
     cpu0 = time.thread_time()
     ChaosState().after_step(0.05)  # no label: nothing added
     assert time.thread_time() - cpu0 < 0.05
@@ -143,6 +148,7 @@ def test_pal_puts_new_workers_and_replacements_on_the_fast_node_though_the_slow_
     nodes = json.loads(next(x for x in r.stdout.splitlines() if x.startswith("NODES "))[len("NODES ") :])
     assert s["status"] == "succeeded" and s["samples_trained"] == s["samples_expected"]
     assert [e["kind"] for e in s["scale_events"]] == ["scale_out"], s["scale_events"]
+    assert [c["action"] for c in s.get("chaos") or []] == ["kill"], "the kill at 6 s did not fire before the job ended"
     w = [ActorId(Role.WORKER, i).ray_name("pal-job") for i in range(3)]
     deaths = [f for f in s["failures"] if f["kind"] == "worker_death"]
     assert [f["actor"] for f in deaths] == [w[0]], s["failures"]
@@ -155,4 +161,5 @@ def test_pal_puts_new_workers_and_replacements_on_the_fast_node_though_the_slow_
     assert set(ran_on) == set(w), ran_on
     assert all(n == {nodes["fast"]} for n in ran_on.values()), (ran_on, nodes)
     probed = s["node_speeds_probed"]
+    assert set(probed) == {nodes["slow"], nodes["fast"]}, probed  # the head offers no CPUs: not probed
     assert probed[nodes["slow"]] < probed[nodes["fast"]] / 2, probed  # 4x slower, measured before any worker ran there

@@ -69,7 +69,7 @@ def run_slow_ps_bench(rows: int = 819_200, delay_ms: float = 50.0, at_s: float =
         print(f"[bench] fault-free: 1 worker + 2 PS, {rows:,} rows", file=sys.stderr)
         ref, ref_events = run_bench_job(ref_spec, os.path.join(tmp, "ref"), "fault-free", "slow-ps")
         print(f"[bench] ps:1 answers {delay_ms:g} ms late from {at_s:g} s", file=sys.stderr)
-        slow, events = run_one(slow_ps_spec(data_dir, rows, delay_ms, at_s, os.path.join(tmp, "h")), os.path.join(tmp, "slow"), "slow PS", "slow-ps")
+        slow, events = run_bench_job(slow_ps_spec(data_dir, rows, delay_ms, at_s, os.path.join(tmp, "h")), os.path.join(tmp, "slow"), "slow PS", "slow-ps")
     fired = next((c for c in slow.get("chaos") or [] if c["action"] == "delay"), None)
     fix = next((f for f in slow.get("failures") or [] if f["kind"] == "straggler"), None)
     end = max((e["at_s"] for e in events if e.get("kind") == "metrics"), default=0.0)

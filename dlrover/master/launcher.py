@@ -88,7 +88,8 @@ class Launcher:
         self._node_rr = itertools.count()
         self.reports = reports
         self._asked: dict[str, str] = {}  # actor -> the node PAL asked for, until it answers from a node
-        self.probed_speeds: dict[str, float] | None = None  # PAL: each node's speed from a probe, run once
+        self._probe_s: dict[str, float] = {}  # PAL: node -> seconds its probe took
+        self._probe_tried: set[str] = set()  # nodes probed, answered or not: each is probed once
 
     def _name(self, actor: ActorId) -> str:
         name = actor.ray_name(self.job_id)
@@ -176,11 +177,17 @@ class Launcher:
                 ours[node] += actor_cpu
         free = free_cpus()
         room = {n: min(free.get(n, 0.0), cpus[n] - ours[n]) for n in cpus}
-        if self.probed_speeds is None:  # PAL's profiling run, once: the first placement needs it
-            times = run_on_nodes(probe_work_s, [n for n in cpus if cpus[n] > 0], "node speed")
-            self.probed_speeds = node_speeds(StepSample(n, float(t)) for n, t in times.items())
+        candidates = [n for n in cpus if cpus[n] > 0]
+        untried = [n for n in candidates if n not in self._probe_tried]
+        if len(candidates) > 1 and untried:  # PAL's profiling run: each node once, once there is a choice
+            self._probe_tried.update(untried)
+            self._probe_s.update(run_on_nodes(probe_work_s, untried, "node speed"))
         samples = [StepSample(str(r["node_id"]), float(r["step_median_s"])) for r in self.reports().values() if r.get("node_id") and r.get("step_median_s")]
-        return pal_node(room, merged_speeds(node_speeds(samples), self.probed_speeds), cpu)
+        return pal_node(room, merged_speeds(node_speeds(samples), self.probed_speeds(), room), cpu)
+
+    def probed_speeds(self) -> dict[str, float]:
+        """Each probed node's speed from PAL's probe (1: the probed nodes' median)."""
+        return node_speeds(StepSample(n, float(t)) for n, t in self._probe_s.items())
 
     def ps_name(self, ps_id: int) -> str:
         return ActorId(Role.PS, ps_id).ray_name(self.job_id)

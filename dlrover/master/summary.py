@@ -68,7 +68,7 @@ def reliability_fields(m: Job, summary: dict) -> dict:
         "updates_lost": sum(f.updates_lost or 0 for f in m.failures),
         "oom_kills": sum(f.kind == FailureKind.OOM_KILL for f in m.failures),
         "bad_nodes": sorted(m.launcher.avoid),
-        "node_speeds_probed": m.launcher.probed_speeds,  # PAL placement's probe (None: not run)
+        "node_speeds_probed": m.launcher.probed_speeds(),  # PAL placement's probe ({}: not run)
         "checkpoints": m.checkpointer.summary(),
     }
 

@@ -91,10 +91,10 @@ def probe_work_s() -> float:
     torch.set_num_threads(1)
     try:
         for _ in range(PROBE_REPEATS):
-            t0 = time.perf_counter()
+            t0, cpu0 = time.perf_counter(), time.thread_time()
             for _ in range(PROBE_PRODUCTS):
                 torch.mm(a, a)
-            chaos.after_step(time.perf_counter() - t0)
+            chaos.after_step(time.perf_counter() - t0, time.thread_time() - cpu0)
             best = min(best, time.perf_counter() - t0)
     finally:
         torch.set_num_threads(threads)  # a pooled Ray worker: later tasks keep their threads

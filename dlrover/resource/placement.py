@@ -57,13 +57,15 @@ def node_speeds(samples: Iterable[StepSample]) -> dict[str, float]:
     return {node: job / median(times) for node, times in by_node.items()}
 
 
-def merged_speeds(measured: Mapping[str, float], probed: Mapping[str, float]) -> dict[str, float]:
-    """Node speeds from the workers' steps where there are some, else from the probe
-    (PAL's profiling run), the probe's put on the workers' scale: times the median ratio
-    of the two on the nodes that have both (each is relative to its own median)."""
+def merged_speeds(measured: Mapping[str, float], probed: Mapping[str, float], nodes: Iterable[str]) -> dict[str, float]:
+    """The speed of each of ``nodes``: from the workers' steps where there are some, else
+    from the probe (PAL's profiling run) put on the workers' scale (times the median ratio
+    of the two on the nodes that have both), else the probe's median on that scale (a
+    node neither measured: as fast as a typical probed node, not as the median worker)."""
     common = [n for n in measured if probed.get(n, 0) > 0]
     scale = median(measured[n] / probed[n] for n in common) if common else 1.0
-    return {**{n: s * scale for n, s in probed.items()}, **measured}
+    typical = scale * median(probed.values()) if probed else 1.0
+    return {n: measured[n] if n in measured else probed[n] * scale if n in probed else typical for n in nodes}
 
 
 def pal_node(free_cpu: Mapping[str, float], speeds: Mapping[str, float], cpu: float, classes: int = PAL_CLASSES) -> str | None:

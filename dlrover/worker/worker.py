@@ -250,7 +250,7 @@ class Worker:
                 if cur is None:
                     break
                 self._prefetch(cur)
-            t_step = time.perf_counter()
+            t_step, cpu_step = time.perf_counter(), time.thread_time()
             # Read once per step: a pause skips the lookahead pull, so that at the end of
             # this step no lookup is in flight and the loop can park.
             pausing = self._gate.pause_requested
@@ -260,7 +260,7 @@ class Worker:
                 self._prefetch(nxt)
             push_refs = self._train_step(cur)
             self._book(cur, push_refs)
-            self._end_step(t_step)
+            self._end_step(t_step, cpu_step)
             if self.spec.staleness == 0:
                 ray.get(push_refs)
             cur = nxt
@@ -342,9 +342,9 @@ class Worker:
             self._finished.append(self._in_flight.pop(step.shard.shard_id))
         self._finished = self._report_applied(self._finished, block=False)
 
-    def _end_step(self, t_step: float) -> None:
+    def _end_step(self, t_step: float, cpu_step: float) -> None:
         """Injected slowdown, then the step's time into the metrics window (sent when due)."""
-        self.chaos.after_step(time.perf_counter() - t_step)
+        self.chaos.after_step(time.perf_counter() - t_step, time.thread_time() - cpu_step)
         took = time.perf_counter() - t_step
         self._window.step_s += took
         self._recent_steps.append(took)
