@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -24,14 +25,30 @@ from dlrover.errors import DLRoverError
 START_TIMEOUT_S = 120.0
 
 
+def ephemeral_range() -> tuple[int, int]:
+    """The ports the kernel hands out for ``bind(0)`` (Linux default 32768-60999)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port() -> int:
-    """A free loopback port outside Ray's default worker range (10002-19999)."""
+    """A free loopback port below the kernel's ephemeral range and above Ray's worker
+    range (10002-19999). A port the kernel picked for us could be handed to one of Ray's
+    own processes (they bind port 0) before the agent binds it; the agent then serves no
+    HTTP and Ray Jobs answers "No available agent" for ever."""
+    low = 20000
+    high = max(low + 1000, ephemeral_range()[0] - 1)
     while True:
+        port = random.randint(low, high)
         with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if not 10002 <= port <= 19999:
-            return port
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
 
 
 def wait_until(ready: Callable[[], bool], proc: subprocess.Popen, timeout_s: float, failed: Callable[[str], str]) -> None:
@@ -68,14 +85,14 @@ class LocalHead:
     def __enter__(self) -> "LocalHead":
         ray_bin = shutil.which("ray", path=str(Path(sys.executable).parent)) or shutil.which("ray") or "ray"
         self.temp_dir = tempfile.mkdtemp(prefix="dlrover-ray-")
-        port, dash, self.metrics_port = free_port(), free_port(), free_port()
+        port, dash, agent, self.metrics_port = free_port(), free_port(), free_port(), free_port()
         cmd = [
             ray_bin, "start", "--head", "--block", f"--port={port}", "--node-ip-address=127.0.0.1",
             "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", f"--num-cpus={self.num_cpus}",
             "--include-dashboard=true", "--disable-usage-stats", f"--temp-dir={self.temp_dir}",
             # Every agent port free too: a head whose job agent cannot bind answers
             # "No available agent" forever.
-            f"--dashboard-agent-listen-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}",
+            f"--dashboard-agent-listen-port={agent}", f"--dashboard-agent-grpc-port={free_port()}",
             f"--runtime-env-agent-port={free_port()}", f"--metrics-export-port={self.metrics_port}",
             f"--ray-client-server-port={free_port()}",  # 10001 by default: two heads at once would clash
         ]
@@ -86,17 +103,25 @@ class LocalHead:
         self.address, self.gcs = f"http://127.0.0.1:{dash}", f"127.0.0.1:{port}"
         try:
             self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-            self._wait_for_jobs_api()
+            self._wait_for_jobs_api(agent)
         except BaseException:
             self.__exit__(None, None, None)
             raise
         return self
 
-    def _wait_for_jobs_api(self) -> None:
+    def _wait_for_jobs_api(self, agent_port: int) -> None:
+        """Ray Jobs submits through the head node's dashboard agent, which comes up after
+        the dashboard: wait for both."""
+        import urllib.request
+
         from dlrover.submit import client
 
+        def ready() -> bool:
+            with urllib.request.urlopen(f"http://127.0.0.1:{agent_port}/api/healthz", timeout=5) as r:
+                return r.status == 200 and client(self.address).list_jobs() is not None
+
         wait_until(
-            lambda: client(self.address).list_jobs() is not None, self.proc, START_TIMEOUT_S,
+            ready, self.proc, START_TIMEOUT_S,
             lambda why: f"the Ray head at {self.address} {why} (logs: {self.temp_dir}/session_latest/logs)",
         )
 

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from dlrover.data.criteo import NUM_DENSE, NUM_SPARSE
+from dlrover.localhead import free_port
 from dlrover.spec import ModelSpec
 
 BATCH = 2048
@@ -131,14 +132,6 @@ class DenseBenchWorker:
             return t_start, time.perf_counter(), exchange
         finally:
             client.close()
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _row(mode: str, workers: int, spans: list[tuple[float, float, float]], steps: int, **extra: Any) -> dict:
