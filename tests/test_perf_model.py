@@ -260,3 +260,41 @@ def test_the_noise_floor_is_the_spread_of_a_windows_binned_samples_per_s():
     assert noise_floor(alternating, 10.0, 22.0) == pytest.approx(1 / 3)  # 500 and 1000/s: std 250 over mean 750
     assert noise_floor(steady, 10.0, 14.0) is None  # fewer than 3 bins: no spread to speak of
     assert noise_floor([{"kind": "ps_metrics", "at_s": 11.0}] + steady, 10.0, 22.0) == pytest.approx(0.0, abs=1e-9)
+
+
+def rows(*configs: Config) -> np.ndarray:
+    return np.array([(c.workers, c.ps, c.worker_cpu, c.ps_cpu) for c in configs], dtype=np.float64)
+
+
+def test_uncertainty_is_the_noise_floor_where_measured_and_the_priors_spread_where_nothing_was():
+    from dlrover.resource.perf_model import NOISE_FLOOR
+
+    model = PerfModel(B, prior=DEFAULT_PRIOR)
+    here, far = cfg(1, 1, 1, 1), cfg(8, 4, 4, 2)
+    before = model.relative_sd(rows(here, far))
+    assert np.all(before > 0.15)  # the prior alone: unsure everywhere
+    model.observe(here, true_thr(TRUE, here))
+    sd_here, sd_far = model.relative_sd(rows(here, far))
+    assert sd_here <= 1.05 * NOISE_FLOOR  # one window pins what it measured ...
+    assert sd_far > 3 * sd_here  # ... and says little about a configuration far from it
+
+
+def test_uncertainty_shrinks_as_windows_measure_more_directions():
+    rng = np.random.default_rng(1)
+    grid = [cfg(w, p, cw, cp) for w, p, cw, cp in itertools.product([1, 2, 4, 8], [1, 2, 4], [1, 2], [1, 2])]
+    probe = rows(cfg(6, 3, 2, 1), cfg(3, 1, 1, 2))
+    model = PerfModel(B, prior=DEFAULT_PRIOR)
+    spreads = [model.relative_sd(probe).max()]
+    for n, c in enumerate(rng.permutation(len(grid))):
+        model.observe(grid[c], true_thr(TRUE, grid[c]) * rng.lognormal(0.0, 0.03))
+        if n + 1 in (1, 4, 12, len(grid)):
+            spreads.append(model.relative_sd(probe).max())
+    assert all(b < a for a, b in zip(spreads, spreads[1:])), spreads
+    assert spreads[-1] < 0.05  # measured all around: about the windows' own noise
+    # Noisier windows leave the model less sure of the same configurations.
+    noisy = PerfModel(B, prior=DEFAULT_PRIOR)
+    for c in grid:
+        noisy.observe(c, true_thr(TRUE, c) * rng.lognormal(0.0, 0.3))
+    assert noisy.relative_sd(probe).max() > 2 * spreads[-1]
+    # The uncertainty is recomputed from the points: a saved model is as sure as the live one.
+    np.testing.assert_allclose(PerfModel.from_dict(json.loads(json.dumps(model.to_dict()))).relative_sd(probe), model.relative_sd(probe))

@@ -6,6 +6,7 @@ whose prior is the ground truth of the test (with no points it predicts the prio
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import random
@@ -321,6 +322,33 @@ def test_revert_to_best_measured_and_never_repropose_a_worse_one():
     p = rm().decide(v3)
     assert p is None or not p.reason.startswith("revert")
     assert rm(min_gain=0.01).decide(v3).reason.startswith("revert")
+
+
+def test_explore_measures_a_config_the_model_is_unsure_of_where_exploiting_would_stay():
+    bar = 0.05
+    x = rm(min_gain_per_cpu=bar).decide(mk_view(prior=SATURATING)).config  # exploitation's fixed point
+    assert rm(min_gain_per_cpu=bar).decide(mk_view(config=x, prior=SATURATING)) is None
+    for search in ("greedy", "grid"):
+        plan = rm(min_gain_per_cpu=bar, explore=1.0, search=search).decide(mk_view(config=x, prior=SATURATING))
+        assert plan is not None and plan.stage == "model" and "exploring" in plan.reason, plan and plan.reason
+        assert key(plan.config) != key(x) and plan.config.fits(BIG)
+        # The plan's prediction is the model's, not the optimism that chose it.
+        assert plan.predicted_throughput == pytest.approx(truth(SATURATING, plan.config), rel=1e-6)
+
+
+def test_explore_goes_by_the_prediction_where_the_model_is_sure():
+    bar = 0.05
+    x = rm(min_gain_per_cpu=bar).decide(mk_view(prior=SATURATING)).config
+    v = mk_view(config=x, prior=SATURATING)
+    for w, p, cw, cp in itertools.product(range(1, 9), range(1, 5), [1.0, 2.0, 4.0], [1.0, 2.0, 4.0]):
+        c = cfg(w, p, cw, cp)
+        v.model.observe(c, truth(SATURATING, c))  # every configuration measured: the model is sure
+    assert rm(min_gain_per_cpu=bar, explore=0.5).decide(v) is None
+    # ... and a measured configuration counts at its measurement, without optimism.
+    near = cfg(x.workers, x.ps + 1)
+    v.measurements = [Measurement(near, truth(SATURATING, near), 120.0, 500.0)]
+    plan = rm(min_gain_per_cpu=bar, explore=5.0).decide(v)
+    assert plan is None or key(plan.config) != key(near)
 
 
 def test_plans_never_exceed_the_budget():

@@ -37,6 +37,14 @@ min_gain)``) such a configuration measures below ``T_now``, so with as many CPUs
 its utility is below the running one's. It may come back only as a move that frees CPU,
 when its measured throughput says the CPUs it saves were not worth their price.
 
+Explore or exploit (``explore`` > 0; off by default): an unmeasured configuration's ``ln T``
+gains ``explore x sd``, ``sd`` the performance model's relative uncertainty there (its
+Bayesian posterior, ``PerfModel.relative_sd``): small near measured configurations,
+large where the prediction rests on the prior. So the policy moves to measure a
+configuration the model is unsure of but could be better (the reason says "exploring"),
+and where it is sure it goes by the prediction alone; a measured one's ``sd`` is 0, and a
+move that measured worse is undone by the revert.
+
 Stage 3, runtime correction (every tick, before stage 2): memory pressure (RSS plus trend
 over ``oom_horizon_s`` reaches ``mem_high_watermark`` of the limit: more memory for that
 role, or one more PS when PS memory cannot grow), stragglers (slow for
@@ -308,9 +316,15 @@ class DLRoverRMPolicy(Policy):
 
         kappa = k.min_elasticity
 
+        def optimism(keys: list[Key]) -> np.ndarray:  # explore x the model's doubt, 0 where measured
+            if k.explore <= 0 or not keys:
+                return np.zeros(len(keys))
+            sd = view.model.relative_sd(np.asarray(keys, dtype=np.float64))
+            return k.explore * np.where([x in measured for x in keys], 0.0, sd)
+
         def utility(keys: list[Key]) -> np.ndarray:
             cpu = np.array([x[0] * x[2] + x[1] * x[3] for x in keys], dtype=np.float64)
-            return np.log(np.maximum(thr_of(keys), 1e-12)) - bar * cpu - kappa * np.log(cpu)
+            return np.log(np.maximum(thr_of(keys), 1e-12)) + optimism(keys) - bar * cpu - kappa * np.log(cpu)
 
         max_w = min(view.budget.max_workers, k.max_workers or view.budget.max_workers)
         max_p = min(view.budget.max_ps, k.max_ps or view.budget.max_ps)
@@ -322,7 +336,7 @@ class DLRoverRMPolicy(Policy):
 
         start = config_key(cur)
         if k.search == "grid":
-            target = grid_best(view, start, max_w, max_p, wcpus, pcpus, measured, calib, t_now, bar, kappa, rss_mb, k.mem_high_watermark)
+            target = grid_best(view, start, max_w, max_p, wcpus, pcpus, measured, calib, t_now, bar, kappa, rss_mb, k.mem_high_watermark, k.explore)
         else:
             target = hill_climb(start, ok, utility, wcpus, pcpus)
         if target == start:
@@ -331,16 +345,21 @@ class DLRoverRMPolicy(Policy):
 
         new = with_memory(target, cur, rss_mb, k.mem_high_watermark)
         t_new = float(thr_of([target])[0])
-        gain = t_new / t_now - 1
+        hope = float(optimism([target])[0])  # > 0: valued above its prediction, as the model is unsure of it
+        t_hoped = t_new * math.exp(hope)
+        gain = t_hoped / t_now - 1
         d_cpu = new.cpu - cur.cpu
         d_u = float(utility([target])[0] - utility([start])[0])
         if gain > k.min_gain:
             if view.remaining_s is not None:
                 samples_left = view.remaining_s * t_now
-                if k.move_cost_s + samples_left / t_new >= view.remaining_s:
+                if k.move_cost_s + samples_left / t_hoped >= view.remaining_s:
                     return None
+            unsure = f" +/- {hope / k.explore:.0%}" if hope > 0 else ""
+            if d_u - hope + float(optimism([start])[0]) <= 0:  # worth it only for what the model does not know
+                unsure += ", exploring: the model is unsure of it"
             reason = (
-                f"model: {cur.short()} -> {new.short()}: predicted {t_new:.0f} samples/s ({gain:+.0%}) "
+                f"model: {cur.short()} -> {new.short()}: predicted {t_new:.0f} samples/s ({t_new / t_now - 1:+.0%}{unsure}) "
                 f"vs {t_now:.0f} measured, {d_cpu:+g} CPU"
             )
         elif d_cpu < 0 and d_u >= k.min_gain:

@@ -53,6 +53,12 @@ N_TERMS = len(PerfParams._fields)
 # set by measurement noise, not by the data.
 _IDENT_TOL = 1e-2
 
+# The model's uncertainty (``PerfModel.relative_sd``): each coefficient is a priori the
+# (scaled) prior's within this relative spread, and no fit is surer than a measured
+# window's noise (repeated windows of one configuration spread a few % here).
+PRIOR_REL_SD = 0.5
+NOISE_FLOOR = 0.05
+
 _POINT_COLUMNS = ["workers", "ps", "worker_cpu", "ps_cpu", "batch_size", "throughput", "weight"]
 
 
@@ -187,6 +193,40 @@ def fit_params(
     return PerfParams(*map(float, theta)), tuple(bool(x) for x in free)
 
 
+def coefficient_cov(
+    X: np.ndarray, t_iter: np.ndarray, params: PerfParams, prior: PerfParams, weights: np.ndarray | None = None
+) -> np.ndarray:
+    """Posterior covariance ``[6, 6]`` of the coefficients under a Bayesian linear model
+    of the same relative-error regression :func:`fit_params` solves: each coefficient a
+    priori ``s * prior`` give or take ``PRIOR_REL_SD`` of it (``s`` scales the prior to the
+    data, as the fit does), and each window's relative error ``sigma``, the fit's residual
+    spread per degree of freedom but never below ``NOISE_FLOOR``. The measured directions
+    shrink to ``sigma``; a combination no window measured keeps the prior's spread. (The
+    prediction itself stays the NNLS fit: the posterior mean would give up the
+    non-negativity that keeps extrapolations sane.)"""
+    X = np.asarray(X, dtype=np.float64).reshape(-1, N_TERMS)
+    t = np.asarray(t_iter, dtype=np.float64).ravel()
+    wts = np.ones_like(t) if weights is None else np.asarray(weights, dtype=np.float64).ravel()
+    theta_prior = np.asarray(prior, dtype=np.float64)
+    r = np.sqrt(wts) / t
+    a, b = X * r[:, None], np.sqrt(wts)
+    f = a @ theta_prior
+    scale = float(f @ b / (f @ f)) if len(t) and f @ f > 0 else 1.0
+    resid = b - a @ np.asarray(params, dtype=np.float64)
+    dof = int(np.count_nonzero(wts > 0)) - N_TERMS
+    s2 = max(float(resid @ resid) / dof if dof > 0 else 0.0, NOISE_FLOOR**2)
+    prior_sd = np.maximum(PRIOR_REL_SD * scale * theta_prior, 1e-12)
+    return np.linalg.inv(a.T @ a / s2 + np.diag(prior_sd**-2.0))
+
+
+def relative_sd_rows(cov: np.ndarray, params: PerfParams, rows: np.ndarray, batch: int, cores: float = math.inf) -> np.ndarray:
+    """The model's relative uncertainty about the throughput of ``[N, 4]`` configurations
+    ``(w, p, cw, cp)``: ``sqrt(phi^T cov phi)`` over the predicted step time ``phi^T theta``.
+    Small near measured configurations, the prior's spread where no window says anything."""
+    phi = features(*np.asarray(rows, dtype=np.float64).T, batch, cores)
+    return np.sqrt(np.einsum("ni,ij,nj->n", phi, cov, phi)) / (phi @ np.asarray(params, dtype=np.float64))
+
+
 class PerfModel:
     """Online-fitted model of one job: add a measured window, refit, predict configurations.
 
@@ -211,6 +251,7 @@ class PerfModel:
         self._rows: list[tuple[int, int, float, float, float, float]] = []  # w, p, cw, cp, thr, weight
         self._params = prior
         self._identified: tuple[bool, ...] = (False,) * N_TERMS
+        self._cov = coefficient_cov(np.zeros((0, N_TERMS)), np.zeros(0), prior, prior)
 
     @property
     def params(self) -> PerfParams:
@@ -238,10 +279,13 @@ class PerfModel:
     def _refit(self) -> None:
         if not self._rows:
             self._params, self._identified = self.prior, (False,) * N_TERMS
+            self._cov = coefficient_cov(np.zeros((0, N_TERMS)), np.zeros(0), self.prior, self.prior)
             return
         w, p, cw, cp, thr, wt = (np.array(c, dtype=np.float64) for c in zip(*self._rows))
         t_iter = w * self.batch_size / thr
-        self._params, self._identified = fit_params(features(w, p, cw, cp, self.batch_size, self.cores), t_iter, self.prior, wt)
+        X = features(w, p, cw, cp, self.batch_size, self.cores)
+        self._params, self._identified = fit_params(X, t_iter, self.prior, wt)
+        self._cov = coefficient_cov(X, t_iter, self._params, self.prior, wt)
 
     def predict(self, config: Config) -> float:
         """Predicted throughput (samples/s) of ``config``."""
@@ -252,6 +296,11 @@ class PerfModel:
             return np.zeros(0)
         cols = np.array([(c.workers, c.ps, c.worker_cpu, c.ps_cpu) for c in configs], dtype=np.float64)
         return throughput_rows(self._params, cols, self.batch_size, self.cores)
+
+    def relative_sd(self, rows: np.ndarray) -> np.ndarray:
+        """How unsure the model is of each ``[N, 4]`` configuration's throughput (relative
+        standard deviation; see :func:`relative_sd_rows`)."""
+        return relative_sd_rows(self._cov, self._params, rows, self.batch_size, self.cores)
 
     def points(self) -> pd.DataFrame:
         """The observations, one row each, in the order they came."""

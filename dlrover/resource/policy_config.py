@@ -186,6 +186,11 @@ class DLRoverRMKnobs(_Strict):
     worker_cpu_choices: list[float] = Field(default_factory=lambda: [1.0, 2.0, 4.0], description="CPU sizes a worker may get")
     ps_cpu_choices: list[float] = Field(default_factory=lambda: [1.0, 2.0, 4.0], description="CPU sizes a PS may get")
     max_changes: int = Field(6, ge=0, description="most model-driven changes and reverts per job", json_schema_extra=_range(1, 20))
+    explore: float = Field(
+        0.0, ge=0, le=5, description="optimism under uncertainty: an unmeasured config is valued at its predicted throughput x "
+        "exp(explore x the model's relative uncertainty there), so a move to measure it is taken where the model is unsure (0: exploit only)",
+        json_schema_extra=_range(0.0, 2.0),
+    )
 
     # Stage 3: runtime correction
     straggler_factor: float = Field(

@@ -45,9 +45,11 @@ def ps_rss(view: JobView, horizon_s: float) -> float:
 def grid_best(
     view: JobView, start: Key, max_w: int, max_p: int, wcpus: list[float], pcpus: list[float],
     measured: dict[Key, float], calib: float, t_now: float, bar: float, kappa: float = 0.0, ps_rss_mb: float = 0.0,
-    watermark: float = 0.9,
+    watermark: float = 0.9, explore: float = 0.0,
 ) -> Key:
-    """The grid point of highest utility (vectorised: the grid may hold ~10^5 points)."""
+    """The grid point of highest utility (vectorised: the grid may hold ~10^5 points);
+    ``explore``: each unmeasured point's log throughput gains ``explore`` x the model's
+    relative uncertainty there."""
     cur, b = view.config, view.budget
     axes = (np.arange(1, max_w + 1.0), np.arange(1, max_p + 1.0), np.array(wcpus, dtype=np.float64), np.array(pcpus, dtype=np.float64))
     w, p, cw, cp = (x.ravel() for x in np.meshgrid(*axes, indexing="ij"))
@@ -61,6 +63,8 @@ def grid_best(
     batch = getattr(view.model, "batch_size", view.batch_size)
     thr = np.asarray(throughput(view.model.params, w, p, cw, cp, batch, view.model.cores), dtype=np.float64).ravel() * calib
     u = np.log(np.maximum(thr, 1e-12)) - bar * cpu - kappa * np.log(cpu)
+    if explore > 0:
+        u += explore * view.model.relative_sd(np.stack([w, p, cw, cp], axis=1))
     for x, thr_x in measured.items():  # a handful of points
         at = (w == x[0]) & (p == x[1]) & (cw == x[2]) & (cp == x[3])
         x_cpu = x[0] * x[2] + x[1] * x[3]
