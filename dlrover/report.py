@@ -164,7 +164,9 @@ def model_plot(summary: dict) -> str | None:
     fig, ax = _plt().subplots(figsize=(9, 3.0))
     x = range(len(rows))
     ax.bar([i - 0.2 for i in x], [c["measured_throughput"] for c in rows], width=0.4, label="measured")
-    ax.bar([i + 0.2 for i in x], [c.get("predicted_throughput") or 0 for c in rows], width=0.4, label="model predicted")
+    pred = [c.get("predicted_throughput") or 0 for c in rows]
+    sd = [p * (c.get("predicted_sd") or 0) for p, c in zip(pred, rows)]  # the model's own +/- 1 sd
+    ax.bar([i + 0.2 for i in x], pred, yerr=sd, capsize=3, width=0.4, label="model predicted (+/- its uncertainty)")
     ax.set_xticks(list(x), [c.get("summary", "")[:40] for c in rows], fontsize=7, rotation=10)
     ax.set_ylabel("samples/s")
     ax.set_title("performance model: predicted vs measured throughput per configuration")

@@ -90,6 +90,20 @@ def test_closing_a_window_refits_the_model_on_what_it_measured():
     assert d.model.predict(A) == pytest.approx(1234.5, rel=1e-6) != pytest.approx(before)
 
 
+def test_a_window_records_how_unsure_the_model_was_of_its_configuration():
+    d = driver(warmup_s=0.0)
+    d.open(A, 0.0)
+    d.observe(0.0, 0)
+    d.observe(10.0, 12_345)
+    first = d.close()
+    d.open(A, 10.0)  # measured once now: the model is surer of A
+    d.observe(10.0, 12_345)
+    d.observe(20.0, 24_690)
+    second = d.close()
+    assert first.predicted_sd > 2 * second.predicted_sd > 0
+    assert first.row()["predicted_sd"] == first.predicted_sd  # shown in the summary's configurations
+
+
 def test_the_last_change_moves_when_the_configuration_does_not_on_a_rollback():
     d = driver()
     d.open(A, 5.0)

@@ -51,13 +51,14 @@ class Measurement:
     duration_s: float  # length of the measured window (warm-up excluded)
     at_s: float  # end of the window, job time
     predicted: float | None = None  # what the model predicted before the job ran it
+    predicted_sd: float | None = None  # how unsure the model was of it (relative standard deviation)
 
     def row(self) -> dict:
         """The summary's ``configurations`` row: predicted against measured."""
         error = (self.predicted - self.throughput) / self.throughput if self.predicted else None
         return {
             "config": self.config.to_dict(), "summary": self.config.short(), "predicted_throughput": self.predicted,
-            "measured_throughput": self.throughput, "error": error, "duration_s": self.duration_s, "at_s": self.at_s,
+            "predicted_sd": self.predicted_sd, "measured_throughput": self.throughput, "error": error, "duration_s": self.duration_s, "at_s": self.at_s,
         }  # fmt: skip
 
 

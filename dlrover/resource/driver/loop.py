@@ -103,7 +103,8 @@ class PolicyDriver:
             predicted = self.model.predict(config)
         if config != self.running:
             self.running, self.last_change_s = config, at_s
-        self.window = Window(config, at_s, at_s + self.warmup_s, predicted)
+        row = [[config.workers, config.ps, config.worker_cpu, config.ps_cpu]]
+        self.window = Window(config, at_s, at_s + self.warmup_s, predicted, float(self.model.relative_sd(row)[0]))
 
     def observe(self, now: float, samples: float) -> None:
         """The job's cumulative sample count at ``now``."""
