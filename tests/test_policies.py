@@ -351,6 +351,16 @@ def test_explore_goes_by_the_prediction_where_the_model_is_sure():
     assert plan is None or key(plan.config) != key(near)
 
 
+def test_caution_moves_only_where_the_pessimistic_prediction_still_gains():
+    v = mk_view(prior=SATURATING)  # the model has measured nothing: unsure of every move
+    assert rm().decide(v) is not None
+    assert rm(explore=-2.0).decide(mk_view(prior=SATURATING)) is None
+    plan = rm(explore=-0.5).decide(mk_view(prior=SATURATING))
+    assert plan is not None
+    sd = float(v.model.relative_sd(np.array([key(plan.config)], dtype=np.float64))[0])
+    assert plan.predicted_throughput * np.exp(-0.5 * sd) > v.current.throughput * (1 + DLRoverRMKnobs().min_gain)
+
+
 def test_plans_never_exceed_the_budget():
     rng = random.Random(7)
     stages: dict[str, int] = {}

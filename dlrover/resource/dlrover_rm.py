@@ -37,13 +37,14 @@ min_gain)``) such a configuration measures below ``T_now``, so with as many CPUs
 its utility is below the running one's. It may come back only as a move that frees CPU,
 when its measured throughput says the CPUs it saves were not worth their price.
 
-Explore or exploit (``explore`` > 0; off by default): an unmeasured configuration's ``ln T``
+Explore or exploit (``explore``, 0 by default): an unmeasured configuration's ``ln T``
 gains ``explore x sd``, ``sd`` the performance model's relative uncertainty there (its
 Bayesian posterior, ``PerfModel.relative_sd``): small near measured configurations,
-large where the prediction rests on the prior. So the policy moves to measure a
-configuration the model is unsure of but could be better (the reason says "exploring"),
-and where it is sure it goes by the prediction alone; a measured one's ``sd`` is 0, and a
-move that measured worse is undone by the revert.
+large where the prediction rests on the prior. With ``explore`` > 0 the policy moves to
+measure a configuration the model is unsure of but could be better (the reason says
+"exploring"); with ``explore`` < 0 it moves only where even the pessimistic prediction
+gains. A measured configuration's ``sd`` is 0, and a move that measured worse is undone
+by the revert.
 
 Stage 3, runtime correction (every tick, before stage 2): memory pressure (RSS plus trend
 over ``oom_horizon_s`` reaches ``mem_high_watermark`` of the limit: more memory for that
@@ -317,7 +318,7 @@ class DLRoverRMPolicy(Policy):
         kappa = k.min_elasticity
 
         def optimism(keys: list[Key]) -> np.ndarray:  # explore x the model's doubt, 0 where measured
-            if k.explore <= 0 or not keys:
+            if k.explore == 0 or not keys:
                 return np.zeros(len(keys))
             sd = view.model.relative_sd(np.asarray(keys, dtype=np.float64))
             return k.explore * np.where([x in measured for x in keys], 0.0, sd)
@@ -345,7 +346,7 @@ class DLRoverRMPolicy(Policy):
 
         new = with_memory(target, cur, rss_mb, k.mem_high_watermark)
         t_new = float(thr_of([target])[0])
-        hope = float(optimism([target])[0])  # > 0: valued above its prediction, as the model is unsure of it
+        hope = float(optimism([target])[0])  # its value over its prediction: > 0 optimism, < 0 caution
         t_hoped = t_new * math.exp(hope)
         gain = t_hoped / t_now - 1
         d_cpu = new.cpu - cur.cpu
@@ -355,8 +356,8 @@ class DLRoverRMPolicy(Policy):
                 samples_left = view.remaining_s * t_now
                 if k.move_cost_s + samples_left / t_hoped >= view.remaining_s:
                     return None
-            unsure = f" +/- {hope / k.explore:.0%}" if hope > 0 else ""
-            if d_u - hope + float(optimism([start])[0]) <= 0:  # worth it only for what the model does not know
+            unsure = f" +/- {hope / k.explore:.0%}" if hope != 0 else ""
+            if hope > 0 and d_u - hope + float(optimism([start])[0]) <= 0:  # worth it only for what the model does not know
                 unsure += ", exploring: the model is unsure of it"
             reason = (
                 f"model: {cur.short()} -> {new.short()}: predicted {t_new:.0f} samples/s ({t_new / t_now - 1:+.0%}{unsure}) "

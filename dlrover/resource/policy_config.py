@@ -187,9 +187,10 @@ class DLRoverRMKnobs(_Strict):
     ps_cpu_choices: list[float] = Field(default_factory=lambda: [1.0, 2.0, 4.0], description="CPU sizes a PS may get")
     max_changes: int = Field(6, ge=0, description="most model-driven changes and reverts per job", json_schema_extra=_range(1, 20))
     explore: float = Field(
-        0.0, ge=0, le=5, description="optimism under uncertainty: an unmeasured config is valued at its predicted throughput x "
-        "exp(explore x the model's relative uncertainty there), so a move to measure it is taken where the model is unsure (0: exploit only)",
-        json_schema_extra=_range(0.0, 2.0),
+        0.0, ge=-5, le=5, description="weight of the model's uncertainty: an unmeasured config is valued at its predicted throughput x "
+        "exp(explore x the model's relative uncertainty there). > 0: optimism, a move to measure what the model is unsure of; "
+        "< 0: caution, a move only where even the pessimistic prediction gains; 0: the prediction alone",
+        json_schema_extra=_range(-2.0, 2.0),
     )
 
     # Stage 3: runtime correction

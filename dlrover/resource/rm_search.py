@@ -63,7 +63,7 @@ def grid_best(
     batch = getattr(view.model, "batch_size", view.batch_size)
     thr = np.asarray(throughput(view.model.params, w, p, cw, cp, batch, view.model.cores), dtype=np.float64).ravel() * calib
     u = np.log(np.maximum(thr, 1e-12)) - bar * cpu - kappa * np.log(cpu)
-    if explore > 0:
+    if explore != 0:
         u += explore * view.model.relative_sd(np.stack([w, p, cw, cp], axis=1))
     for x, thr_x in measured.items():  # a handful of points
         at = (w == x[0]) & (p == x[1]) & (cw == x[2]) & (cp == x[3])
