@@ -34,21 +34,29 @@ def ephemeral_range() -> tuple[int, int]:
         return 32768, 60999
 
 
+_RNG = random.SystemRandom()  # not the module's: a seeded or forked random would repeat ports
+_given: set[int] = set()  # ports this process handed out: the next head must not get them too
+
+
 def free_port() -> int:
-    """A free loopback port below the kernel's ephemeral range and above Ray's worker
-    range (10002-19999). A port the kernel picked for us could be handed to one of Ray's
-    own processes (they bind port 0) before the agent binds it; the agent then serves no
-    HTTP and Ray Jobs answers "No available agent" for ever."""
-    low = 20000
-    high = max(low + 1000, ephemeral_range()[0] - 1)
-    while True:
-        port = random.randint(low, high)
+    """A free loopback port in 20000-65535 outside the kernel's ephemeral range (and so
+    above Ray's worker ports, 10002-19999), never one this process handed out before. A
+    port the kernel picked for us could be handed to one of Ray's own processes (they
+    bind port 0) before the agent binds it; the agent then serves no HTTP and Ray Jobs
+    answers "No available agent" for ever."""
+    low, high = ephemeral_range()
+    for _ in range(200):
+        port = _RNG.randint(20000, 65535)
+        if low <= port <= high or port in _given:
+            continue
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
+        _given.add(port)
         return port
+    raise DLRoverError(f"no free loopback port in 20000-65535 outside the ephemeral range {low}-{high}")
 
 
 def wait_until(ready: Callable[[], bool], proc: subprocess.Popen, timeout_s: float, failed: Callable[[str], str]) -> None:
@@ -116,8 +124,10 @@ class LocalHead:
 
         from dlrover.submit import client
 
+        direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never through http_proxy
+
         def ready() -> bool:
-            with urllib.request.urlopen(f"http://127.0.0.1:{agent_port}/api/healthz", timeout=5) as r:
+            with direct.open(f"http://127.0.0.1:{agent_port}/api/healthz", timeout=5) as r:
                 return r.status == 200 and client(self.address).list_jobs() is not None
 
         wait_until(

@@ -298,3 +298,16 @@ def test_uncertainty_shrinks_as_windows_measure_more_directions():
     assert noisy.relative_sd(probe).max() > 2 * spreads[-1]
     # The uncertainty is recomputed from the points: a saved model is as sure as the live one.
     np.testing.assert_allclose(PerfModel.from_dict(json.loads(json.dumps(model.to_dict()))).relative_sd(probe), model.relative_sd(probe))
+
+
+def test_uncertainty_does_not_depend_on_the_unit_of_the_weights_and_stays_finite():
+    grid = [cfg(w, p, cw, 1) for w, p, cw in itertools.product([1, 2, 4], [1, 2], [1, 2])]
+    probe = rows(cfg(1, 1, 1, 1), cfg(16, 8, 4, 4))
+    spreads = []
+    for weight in (1.0, 600.0):  # windows weigh their length in seconds online
+        model = PerfModel(B, prior=DEFAULT_PRIOR._replace(t5=0.0), cores=2)  # a prior term of 0, as cluster priors have
+        for i, c in enumerate(grid):
+            model.observe(c, true_thr(TRUE, c) * (1 + 0.02 * (-1) ** i), weight=weight)
+        spreads.append(model.relative_sd(probe))
+    np.testing.assert_allclose(spreads[0], spreads[1], rtol=1e-9)
+    assert np.all(np.isfinite(spreads[0])) and np.all((spreads[0] > 0) & (spreads[0] <= 1.0))

@@ -354,7 +354,9 @@ class DLRoverRMPolicy(Policy):
         if gain > k.min_gain:
             if view.remaining_s is not None:
                 samples_left = view.remaining_s * t_now
-                if k.move_cost_s + samples_left / t_hoped >= view.remaining_s:
+                # Paid back on the prediction (or less, with caution), not on optimism:
+                # near the job's end what a measurement would teach comes too late.
+                if k.move_cost_s + samples_left / min(t_new, t_hoped) >= view.remaining_s:
                     return None
             unsure = f" +/- {hope / k.explore:.0%}" if hope != 0 else ""
             if hope > 0 and d_u - hope + float(optimism([start])[0]) <= 0:  # worth it only for what the model does not know
@@ -365,7 +367,7 @@ class DLRoverRMPolicy(Policy):
             )
         elif d_cpu < 0 and d_u >= k.min_gain:
             reason = (
-                f"model: {cur.short()} -> {new.short()}: frees {-d_cpu:g} CPU for a predicted {gain:+.0%} "
+                f"model: {cur.short()} -> {new.short()}: frees {-d_cpu:g} CPU for a predicted {t_new / t_now - 1:+.0%} "
                 f"throughput ({t_new:.0f} vs {t_now:.0f} samples/s; bar {bar:.0%} per CPU)"
             )
         else:

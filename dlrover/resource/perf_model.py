@@ -58,6 +58,8 @@ _IDENT_TOL = 1e-2
 # window's noise (repeated windows of one configuration spread a few % here).
 PRIOR_REL_SD = 0.5
 NOISE_FLOOR = 0.05
+ZERO_TERM_SHARE = 0.05  # what a term the prior sets to 0 may still bring to a step, a priori
+MAX_REL_SD = 1.0
 
 _POINT_COLUMNS = ["workers", "ps", "worker_cpu", "ps_cpu", "batch_size", "throughput", "weight"]
 
@@ -199,14 +201,18 @@ def coefficient_cov(
     """Posterior covariance ``[6, 6]`` of the coefficients under a Bayesian linear model
     of the same relative-error regression :func:`fit_params` solves: each coefficient a
     priori ``s * prior`` give or take ``PRIOR_REL_SD`` of it (``s`` scales the prior to the
-    data, as the fit does), and each window's relative error ``sigma``, the fit's residual
-    spread per degree of freedom but never below ``NOISE_FLOOR``. The measured directions
-    shrink to ``sigma``; a combination no window measured keeps the prior's spread. (The
-    prediction itself stays the NNLS fit: the posterior mean would give up the
-    non-negativity that keeps extrapolations sane.)"""
+    data, as the fit does; a term the prior sets to 0 may still bring ``ZERO_TERM_SHARE``
+    of a measured step), and each window's relative error ``sigma``, the fit's residual
+    spread per degree of freedom but never below ``NOISE_FLOOR``. Weights count relative
+    to their mean (a window's length in seconds must not make it 30x surer). The measured
+    directions shrink to ``sigma``; a combination no window measured keeps the prior's
+    spread. (The prediction itself stays the NNLS fit: the posterior mean would give up
+    the non-negativity that keeps extrapolations sane.)"""
     X = np.asarray(X, dtype=np.float64).reshape(-1, N_TERMS)
     t = np.asarray(t_iter, dtype=np.float64).ravel()
     wts = np.ones_like(t) if weights is None else np.asarray(weights, dtype=np.float64).ravel()
+    if (wts > 0).any():
+        wts = wts / wts[wts > 0].mean()
     theta_prior = np.asarray(prior, dtype=np.float64)
     r = np.sqrt(wts) / t
     a, b = X * r[:, None], np.sqrt(wts)
@@ -215,16 +221,24 @@ def coefficient_cov(
     resid = b - a @ np.asarray(params, dtype=np.float64)
     dof = int(np.count_nonzero(wts > 0)) - N_TERMS
     s2 = max(float(resid @ resid) / dof if dof > 0 else 0.0, NOISE_FLOOR**2)
-    prior_sd = np.maximum(PRIOR_REL_SD * scale * theta_prior, 1e-12)
-    return np.linalg.inv(a.T @ a / s2 + np.diag(prior_sd**-2.0))
+    phi_ref = np.abs(X).max(axis=0) if len(X) else np.zeros(N_TERMS)
+    floor = np.where(phi_ref > 0, ZERO_TERM_SHARE * (float(np.median(t)) if len(t) else 0.0) / np.maximum(phi_ref, 1e-300), 0.0)
+    d = np.maximum(np.maximum(PRIOR_REL_SD * scale * theta_prior, floor), 1e-12)
+    # Whitened, so the matrix solved is I + (positive): well conditioned whatever the scales.
+    m = np.eye(N_TERMS) + (d[:, None] * (a.T @ a) * d[None, :]) / s2
+    cov = d[:, None] * np.linalg.solve(m, np.diag(d))
+    return (cov + cov.T) / 2
 
 
 def relative_sd_rows(cov: np.ndarray, params: PerfParams, rows: np.ndarray, batch: int, cores: float = math.inf) -> np.ndarray:
     """The model's relative uncertainty about the throughput of ``[N, 4]`` configurations
-    ``(w, p, cw, cp)``: ``sqrt(phi^T cov phi)`` over the predicted step time ``phi^T theta``.
-    Small near measured configurations, the prior's spread where no window says anything."""
+    ``(w, p, cw, cp)``: ``sqrt(phi^T cov phi)`` over the predicted step time ``phi^T theta``,
+    at most ``MAX_REL_SD`` (the linearisation means nothing beyond). Small near measured
+    configurations, the prior's spread where no window says anything."""
     phi = features(*np.asarray(rows, dtype=np.float64).T, batch, cores)
-    return np.sqrt(np.einsum("ni,ij,nj->n", phi, cov, phi)) / (phi @ np.asarray(params, dtype=np.float64))
+    var = np.maximum(np.einsum("ni,ij,nj->n", phi, cov, phi), 0.0)
+    sd = np.sqrt(var) / (phi @ np.asarray(params, dtype=np.float64))
+    return np.clip(np.nan_to_num(sd, nan=MAX_REL_SD, posinf=MAX_REL_SD), 0.0, MAX_REL_SD)
 
 
 class PerfModel:
@@ -251,7 +265,7 @@ class PerfModel:
         self._rows: list[tuple[int, int, float, float, float, float]] = []  # w, p, cw, cp, thr, weight
         self._params = prior
         self._identified: tuple[bool, ...] = (False,) * N_TERMS
-        self._cov = coefficient_cov(np.zeros((0, N_TERMS)), np.zeros(0), prior, prior)
+        self._cov: np.ndarray | None = None  # the posterior, computed when first asked after a refit
 
     @property
     def params(self) -> PerfParams:
@@ -276,16 +290,20 @@ class PerfModel:
         _broadcast(w, p, cw, cp, self.batch_size)  # validates the configuration
         self._rows.append((int(w), int(p), float(cw), float(cp), thr, weight))
 
+    def _design(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The observations as the regression sees them: features, step times, weights."""
+        if not self._rows:
+            return np.zeros((0, N_TERMS)), np.zeros(0), np.zeros(0)
+        w, p, cw, cp, thr, wt = (np.array(c, dtype=np.float64) for c in zip(*self._rows))
+        return features(w, p, cw, cp, self.batch_size, self.cores), w * self.batch_size / thr, wt
+
     def _refit(self) -> None:
+        self._cov = None
         if not self._rows:
             self._params, self._identified = self.prior, (False,) * N_TERMS
-            self._cov = coefficient_cov(np.zeros((0, N_TERMS)), np.zeros(0), self.prior, self.prior)
             return
-        w, p, cw, cp, thr, wt = (np.array(c, dtype=np.float64) for c in zip(*self._rows))
-        t_iter = w * self.batch_size / thr
-        X = features(w, p, cw, cp, self.batch_size, self.cores)
+        X, t_iter, wt = self._design()
         self._params, self._identified = fit_params(X, t_iter, self.prior, wt)
-        self._cov = coefficient_cov(X, t_iter, self._params, self.prior, wt)
 
     def predict(self, config: Config) -> float:
         """Predicted throughput (samples/s) of ``config``."""
@@ -300,6 +318,9 @@ class PerfModel:
     def relative_sd(self, rows: np.ndarray) -> np.ndarray:
         """How unsure the model is of each ``[N, 4]`` configuration's throughput (relative
         standard deviation; see :func:`relative_sd_rows`)."""
+        if self._cov is None:
+            X, t_iter, wt = self._design()
+            self._cov = coefficient_cov(X, t_iter, self._params, self.prior, wt)
         return relative_sd_rows(self._cov, self._params, rows, self.batch_size, self.cores)
 
     def points(self) -> pd.DataFrame:

@@ -76,7 +76,7 @@ def grid_best(
         return start
     return (int(w[i]), int(p[i]), float(cw[i]), float(cp[i]))
 
-@staticmethod
+
 def hill_climb(
     start: Key, ok: Callable[[Key], bool], utility: Callable[[list[Key]], np.ndarray], wcpus: list[float], pcpus: list[float]
 ) -> Key:
