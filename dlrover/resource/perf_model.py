@@ -155,6 +155,15 @@ def _identifiable(a: np.ndarray, max_free: int) -> np.ndarray:
     return keep
 
 
+def _relative_rows(X: np.ndarray, t: np.ndarray, wts: np.ndarray, theta_prior: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+    """The regression on relative error: rows ``a = X sqrt(w) / t`` against ``b = sqrt(w)``
+    (``= t * sqrt(w) / t``), and ``s``, the least-squares scale of the prior to them."""
+    r = np.sqrt(wts) / t
+    a, b = X * r[:, None], np.sqrt(wts)
+    f = a @ theta_prior
+    return a, b, float(f @ b / (f @ f)) if f @ f > 0 else 1.0
+
+
 def fit_params(
     X: np.ndarray, t_iter: np.ndarray, prior: PerfParams, weights: np.ndarray | None = None
 ) -> tuple[PerfParams, tuple[bool, ...]]:
@@ -182,11 +191,7 @@ def fit_params(
     if n_rows == 0:
         return PerfParams(*map(float, theta_prior)), (False,) * N_TERMS
 
-    r = np.sqrt(wts) / t  # row scale: relative error, times sqrt(weight)
-    a = X * r[:, None]
-    b = np.sqrt(wts)  # = t * r
-    f = a @ theta_prior
-    s = float(f @ b / (f @ f)) if f @ f > 0 else 1.0  # least-squares scale of the prior
+    a, b, s = _relative_rows(X, t, wts, theta_prior)
     free = _identifiable(a, max_free=n_rows)
     theta = np.where(free, 0.0, s * theta_prior)
     if free.any():
@@ -214,10 +219,7 @@ def coefficient_cov(
     if (wts > 0).any():
         wts = wts / wts[wts > 0].mean()
     theta_prior = np.asarray(prior, dtype=np.float64)
-    r = np.sqrt(wts) / t
-    a, b = X * r[:, None], np.sqrt(wts)
-    f = a @ theta_prior
-    scale = float(f @ b / (f @ f)) if len(t) and f @ f > 0 else 1.0
+    a, b, scale = _relative_rows(X, t, wts, theta_prior)
     resid = b - a @ np.asarray(params, dtype=np.float64)
     dof = int(np.count_nonzero(wts > 0)) - N_TERMS
     s2 = max(float(resid @ resid) / dof if dof > 0 else 0.0, NOISE_FLOOR**2)
