@@ -268,7 +268,8 @@ def _print_result(s: dict) -> None:
     if len(configs) > 1 or s.get("policy") not in (None, "static"):
         for c in configs:
             pred = f"{c['predicted_throughput']:,.0f}" if c.get("predicted_throughput") else "n/a"
-            print(f"  {c['summary']}: measured {c['measured_throughput']:,.0f} samples/s over {c['duration_s']:.0f}s (model predicted {pred})")
+            chosen = f", chosen by {c['stage']}" if c.get("stage") else ""
+            print(f"  {c['summary']}: measured {c['measured_throughput']:,.0f} samples/s over {c['duration_s']:.0f}s (model predicted {pred}{chosen})")
 
 
 def cmd_submit(args) -> int:

@@ -104,6 +104,20 @@ def test_a_window_records_how_unsure_the_model_was_of_its_configuration():
     assert first.row()["predicted_sd"] == first.predicted_sd  # shown in the summary's configurations
 
 
+def test_a_window_says_which_stage_chose_its_configuration_and_a_rollback_keeps_it():
+    d = driver(warmup_s=0.0)
+    d.open(A, 0.0, ResourcePlan(A, "start", stage="request"))
+    d.observe(0.0, 0)
+    d.observe(10.0, 1000)
+    assert d.close().row()["stage"] == "request"  # the user's start, predicted by the prior alone
+    d.open(B, 10.0, ResourcePlan(B, "grow", stage="model", predicted_throughput=2000.0))
+    d.rolled_back(B, 12.0)
+    d.observe(12.0, 1000)
+    d.observe(20.0, 2600)
+    m = d.close()
+    assert (m.stage, m.row()["stage"]) == ("model", "model")  # measured again after the rollback, still the model's choice
+
+
 def test_the_last_change_moves_when_the_configuration_does_not_on_a_rollback():
     d = driver()
     d.open(A, 5.0)

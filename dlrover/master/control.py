@@ -115,7 +115,7 @@ class Controller:
 
     def _open(self, config: Config, now: float, plan: ResourcePlan | None) -> None:
         with self._lock:
-            self.driver.open(config, now, plan.predicted_throughput if plan is not None else None)
+            self.driver.open(config, now, plan)
 
     def _close(self) -> None:
         with self._lock:

@@ -32,7 +32,7 @@ from dlrover.data.criteo import FileIndex
 from dlrover.errors import DLRoverError
 from dlrover.ids import ActorId, Role
 from dlrover.model.dlrm import initial_dense_array
-from dlrover.master.topology import free_cpus, probe_work_s, run_on_nodes
+from dlrover.master.topology import cpu_nodes, free_cpus, probe_work_s, run_on_nodes
 from dlrover.ps.dense_rounds import RoundRule
 from dlrover.ps.dense_shards import DenseShards, start_dense_shards
 from dlrover.ps.embedding_ps import EmbeddingPS
@@ -152,7 +152,7 @@ class Launcher:
         room) one that is not bad while such nodes are alive."""
         if self.spec.policy.placement != "pal" and not self.avoid:
             return {}  # Ray's choice: no need to ask the GCS for the nodes
-        alive = {n["NodeID"]: float(n["Resources"].get("CPU", 0.0)) for n in ray.nodes() if n["Alive"]}
+        alive = cpu_nodes()
         good = sorted(n for n in alive if n not in self.avoid)
         if self.spec.policy.placement == "pal":
             node = self._pal_node({n: alive[n] for n in good} or alive, cpu)

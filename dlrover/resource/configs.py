@@ -40,6 +40,10 @@ class Config:
             and 1 <= self.ps <= budget.max_ps
         )
 
+    def model_row(self) -> tuple[int, int, float, float]:
+        """The performance model's variables ``(w, p, cw, cp)`` (one row of its searches)."""
+        return (self.workers, self.ps, self.worker_cpu, self.ps_cpu)
+
     def short(self) -> str:
         return f"{self.workers}w x {self.worker_cpu:g}cpu + {self.ps}ps x {self.ps_cpu:g}cpu"
 

@@ -120,6 +120,11 @@ def throughput_rows(params: PerfParams, rows: np.ndarray, batch: int, cores: flo
     return w * batch / _t_iter(params, w, p, cw, cp, batch, cores)
 
 
+def config_rows(configs: list[Config]) -> np.ndarray:
+    """Configurations as the ``[N, 4]`` rows ``(w, p, cw, cp)`` the row functions take."""
+    return np.array([c.model_row() for c in configs], dtype=np.float64).reshape(-1, 4)
+
+
 def _positive(name: str, x: Any) -> float:
     try:
         v = float(x)
@@ -284,7 +289,7 @@ class PerfModel:
 
     def observe(self, config: Config, throughput: float, weight: float = 1.0) -> None:
         """Add one measured window (samples/s of the whole job) and refit."""
-        self._add(config.workers, config.ps, config.worker_cpu, config.ps_cpu, throughput, weight)
+        self._add(*config.model_row(), throughput, weight)
         self._refit()
 
     def _add(self, w: int, p: int, cw: float, cp: float, thr: Any, weight: Any) -> None:
@@ -314,8 +319,7 @@ class PerfModel:
     def predict_many(self, configs: list[Config]) -> np.ndarray:
         if not configs:
             return np.zeros(0)
-        cols = np.array([(c.workers, c.ps, c.worker_cpu, c.ps_cpu) for c in configs], dtype=np.float64)
-        return throughput_rows(self._params, cols, self.batch_size, self.cores)
+        return throughput_rows(self._params, config_rows(configs), self.batch_size, self.cores)
 
     def relative_sd(self, rows: np.ndarray) -> np.ndarray:
         """How unsure the model is of each ``[N, 4]`` configuration's throughput (relative

@@ -52,13 +52,14 @@ class Measurement:
     at_s: float  # end of the window, job time
     predicted: float | None = None  # what the model predicted before the job ran it
     predicted_sd: float | None = None  # how unsure the model was of it (relative standard deviation)
+    stage: str = ""  # the stage of the plan that chose it (``ResourcePlan.stage``)
 
     def row(self) -> dict:
         """The summary's ``configurations`` row: predicted against measured."""
         error = (self.predicted - self.throughput) / self.throughput if self.predicted else None
         return {
             "config": self.config.to_dict(), "summary": self.config.short(), "predicted_throughput": self.predicted,
-            "predicted_sd": self.predicted_sd, "measured_throughput": self.throughput, "error": error, "duration_s": self.duration_s, "at_s": self.at_s,
+            "predicted_sd": self.predicted_sd, "stage": self.stage, "measured_throughput": self.throughput, "error": error, "duration_s": self.duration_s, "at_s": self.at_s,
         }  # fmt: skip
 
 
@@ -109,7 +110,9 @@ class ResourcePlan:
 
     config: Config
     reason: str
-    stage: str = ""  # "warm_start" | "model" | "correction" | "" (static, scripted)
+    # "request" (the requested start, no history) | "warm_start" | "model" | "correction" | "scripted"
+    # | "resume" | "drain" | "" (static)
+    stage: str = ""
     predicted_throughput: float | None = None
     replace: list[str] = field(default_factory=list)
     rebalance_ps: bool = False

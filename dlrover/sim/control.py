@@ -74,7 +74,7 @@ class ControlMixin:
                 return
             self._close_window(j)
             t_switch = self.now + self.s.rescale_s
-            self._open_window(j, t_switch + self.s.rescale_pause_s, plan.predicted_throughput)
+            self._open_window(j, t_switch + self.s.rescale_pause_s, plan)
             j.changes += 1
             self._event(j, "scale", plan.reason, old=old.short(), new=plan.config.short(), config=plan.config.to_dict())
             j.phases = [(t_switch, min(old_rate, self._true_rate(j))), (t_switch + self.s.rescale_pause_s, 0.0)]
@@ -88,7 +88,7 @@ class ControlMixin:
             self._refused(j, plan, "no room on the nodes")
             return
         self._close_window(j)
-        self._open_window(j, self.now, plan.predicted_throughput)
+        self._open_window(j, self.now, plan)
         self._event(j, "replace", plan.reason)
         self._reschedule(j)
 
@@ -98,10 +98,11 @@ class ControlMixin:
         j.driver.policy.rejected(plan, why)
 
     # ------------------------------------------------------------------ windows
-    def _open_window(self, j: SimJob, at: float, predicted: float | None = None) -> None:
-        """``j.config`` runs from ``at``: a new window, with its own measurement error."""
+    def _open_window(self, j: SimJob, at: float, plan: ResourcePlan | None = None) -> None:
+        """``j.config`` runs from ``at`` (chosen by ``plan``, if one): a new window, with
+        its own measurement error."""
         assert j.config is not None
-        j.driver.open(j.config, at - j.submit_s, predicted)
+        j.driver.open(j.config, at - j.submit_s, plan)
         self._draw_noise(j)
 
     def _rolled_back(self, j: SimJob, at: float) -> None:

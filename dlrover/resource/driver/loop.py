@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from dlrover.resource.driver.actors import DEFAULT_TREND, ActorWatch, TrendParams
 from dlrover.resource.driver.window import MIN_WINDOW_S, Window
-from dlrover.resource.perf_model import PerfModel
+from dlrover.resource.perf_model import PerfModel, config_rows
 from dlrover.resource.configs import Budget, Config
 from dlrover.resource.plan import ActorMetrics, JobView, Measurement, Policy, ResourcePlan
 
@@ -96,15 +96,20 @@ class PolicyDriver:
         self.watch = ActorWatch(straggler_factor(policy), trend)
 
     # -- measurement windows --------------------------------------------------------------
-    def open(self, config: Config, at_s: float, predicted: float | None = None) -> None:
+    def open(self, config: Config, at_s: float, plan: ResourcePlan | None = None) -> None:
         """``config`` runs from ``at_s`` on: measure it after the warm-up. A window still
-        open is dropped unmeasured (``close`` first to keep it)."""
+        open is dropped unmeasured (``close`` first to keep it). ``plan``: the plan that
+        chose it, if one did (its prediction; its stage tells the policy's choices from
+        the request in the summary)."""
+        self._open(config, at_s, plan.predicted_throughput if plan else None, plan.stage if plan else "")
+
+    def _open(self, config: Config, at_s: float, predicted: float | None, stage: str) -> None:
         if predicted is None or predicted <= 0:
             predicted = self.model.predict(config)
         if config != self.running:
             self.running, self.last_change_s = config, at_s
-        row = [[config.workers, config.ps, config.worker_cpu, config.ps_cpu]]
-        self.window = Window(config, at_s, at_s + self.warmup_s, predicted, float(self.model.relative_sd(row)[0]))
+        sd = float(self.model.relative_sd(config_rows([config]))[0])
+        self.window = Window(config, at_s, at_s + self.warmup_s, predicted, sd, stage)
 
     def observe(self, now: float, samples: float) -> None:
         """The job's cumulative sample count at ``now``."""
@@ -136,7 +141,7 @@ class PolicyDriver:
         """The job went back to a checkpoint: what the running window and the actors'
         samples saw is void; ``config`` runs again from ``at_s``."""
         self.watch.clear()
-        self.open(config, at_s)
+        self._open(config, at_s, None, self.window.stage if self.window is not None else "")
 
     # -- actors ---------------------------------------------------------------------------
     def rss(self, name: str, at_s: float, rss_mb: float) -> None:

@@ -25,6 +25,7 @@ class Window:
     start_s: float  # opened_s + warm-up
     predicted: float | None  # what the model predicted for ``config`` when it opened
     predicted_sd: float | None = None  # the model's relative uncertainty about it then
+    stage: str = ""  # the stage of the plan that chose ``config``
     before: tuple[float, float] | None = None  # the latest observation before start_s
     t_a: float | None = None
     s_a: float = 0.0
@@ -48,4 +49,4 @@ class Window:
         if self.t_a is None or self.t_b is None or self.t_b <= self.t_a or self.s_b <= self.s_a:
             return None
         duration = self.t_b - self.t_a
-        return Measurement(self.config, (self.s_b - self.s_a) / duration, duration, self.t_b, self.predicted, self.predicted_sd)
+        return Measurement(self.config, (self.s_b - self.s_a) / duration, duration, self.t_b, self.predicted, self.predicted_sd, self.stage)
