@@ -1,7 +1,6 @@
 """``dlrover`` command line: run | submit | status | dashboards | data synth | simulate | simulate-coding | tune | report | export | predict | bench ....
 
-User errors (bad spec, bad data, bad arguments) print one ``error:`` line and exit 2;
-anything else is a bug and keeps its traceback.
+User errors (bad spec, data or arguments) print one ``error:`` line and exit 2; a bug keeps its traceback.
 """
 
 from __future__ import annotations
@@ -201,6 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
     pm = bsub.add_parser("perf-model", help="measure real configurations, fit the model on some, predict the rest (MAPE)")
     pm.add_argument("--json", action="store_true")
     pm.add_argument("--window-s", type=float, default=12.0, help="measured seconds per configuration")
+    pm.add_argument("--repeats", type=_positive_int, default=2, help="times the sweep runs (the spread of a configuration's windows is the noise floor)")
     sp = bsub.add_parser("slow-ps", help="one PS answering late (chaos delay): samples/s before detection and after its replacement vs fault-free, AUC")
     sp.add_argument("--json", action="store_true")
     sp.add_argument("--rows", type=_positive_int, default=819_200)
@@ -352,7 +352,7 @@ BENCHES: dict[str, tuple[str, str, str, Callable[[argparse.Namespace], dict]]] =
     "scaling": ("scaling", "run_scaling_bench", "print_scaling", lambda a: {"grid": a.grid, "quick": a.quick, "steps": a.steps}),
     "dense": ("dense", "run_dense_bench", "print_dense", lambda a: {"workers": a.workers, "shards": a.shards, "steps": a.steps}),
     "bigtable": ("bigtable", "run_bigtable_bench", "print_bigtable", lambda a: {"quick": a.quick}),
-    "perf-model": ("perf_model", "run_perf_model_bench", "print_perf_model", lambda a: {"window_s": a.window_s}),
+    "perf-model": ("perf_model", "run_perf_model_bench", "print_perf_model", lambda a: {"window_s": a.window_s, "repeats": a.repeats}),
     "embeddings": ("embeddings", "run_embeddings_bench", "print_embeddings", lambda a: {"quick": a.quick}),
     "slow-ps": ("slow_ps", "run_slow_ps_bench", "print_slow_ps", lambda a: {"rows": a.rows, "delay_ms": a.delay_ms}),
     "pal": ("pal", "run_pal_bench", "print_pal", lambda a: {"rows": a.rows, "epochs": a.epochs, "slowdown": a.slowdown}),

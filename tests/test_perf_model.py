@@ -262,6 +262,27 @@ def test_the_noise_floor_is_the_spread_of_a_windows_binned_samples_per_s():
     assert noise_floor([{"kind": "ps_metrics", "at_s": 11.0}] + steady, 10.0, 22.0) == pytest.approx(0.0, abs=1e-9)
 
 
+def test_the_bench_scores_a_configuration_measured_twice_as_one_point_left_out_whole():
+    """Repeated windows of a configuration are one point (their mean); leave-one-out
+    leaves all of them out, and their spread is the noise floor."""
+    from dlrover.bench.perf_model import fit_and_score, repeat_spread
+
+    configs = [cfg(1, 1, 1, 1), cfg(2, 1, 1, 1), cfg(2, 2, 1, 1), cfg(4, 2, 1, 1), cfg(2, 2, 2, 1), cfg(4, 4, 2, 2), cfg(8, 4, 1, 1)]
+    odd = configs[3]  # measured twice at 3x what the model form says
+    points = [(c, true_thr(TRUE, c) * (3.0 if c == odd else 1.0) * f, 12.0) for f in (1.05, 0.95) for c in configs]
+    r = fit_and_score(points, B)
+    assert r["configs"] == [c.short() for c in configs] and len(r["measured"]) == len(configs)
+    i = configs.index(odd)
+    assert r["measured"][i] == pytest.approx(3.0 * true_thr(TRUE, odd))  # the mean of its two windows
+    # Left out whole, it is predicted from the others (the model form), not from its twin window.
+    assert r["loo_predicted"][i] == pytest.approx(true_thr(TRUE, odd), rel=0.1)
+    assert len(r["split_predicted"]) == len(configs) - len(configs) // 2
+    spread = repeat_spread(points)
+    assert set(spread) == {c.short() for c in configs}
+    assert all(v == pytest.approx(np.std([1.05, 0.95], ddof=1)) for v in spread.values())
+    assert repeat_spread(points[: len(configs)]) == {}  # one window each: no spread to speak of
+
+
 def rows(*configs: Config) -> np.ndarray:
     return np.array([(c.workers, c.ps, c.worker_cpu, c.ps_cpu) for c in configs], dtype=np.float64)
 
