@@ -15,7 +15,7 @@ run: $(STAMP)
 	$(VENV)/bin/dlrover run jobs/quickstart.yaml
 
 test: $(STAMP)
-	$(PY) -m pytest -q --durations=25 tests
+	$(PY) -m pytest -q -n 2 --dist worksteal --durations=25 tests
 
 # Ray head + Prometheus + a short job: every query of dashboards/dlrover.json must return data.
 dashboards-check: $(STAMP)

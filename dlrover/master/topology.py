@@ -78,9 +78,11 @@ def cluster_cores() -> float:
 
 
 def probe_work_s() -> float:
-    """Seconds one thread here takes for a fixed piece of float work (the best of
+    """CPU seconds one thread here spends on a fixed piece of float work (the best of
     ``PROBE_REPEATS``), a slow node's injected slowdown included, as a worker there
-    would have it (:mod:`dlrover.chaos`)."""
+    would have it (:mod:`dlrover.chaos`). CPU time, not wall time: it measures the
+    processor, whatever else runs on the node at that moment (the step times of the
+    workers that run there later measure the rest)."""
     import torch
 
     from dlrover.chaos import ChaosState, node_slowdown
@@ -95,7 +97,7 @@ def probe_work_s() -> float:
             for _ in range(PROBE_PRODUCTS):
                 torch.mm(a, a)
             chaos.after_step(time.perf_counter() - t0, time.thread_time() - cpu0)
-            best = min(best, time.perf_counter() - t0)
+            best = min(best, time.thread_time() - cpu0)
     finally:
         torch.set_num_threads(threads)  # a pooled Ray worker: later tasks keep their threads
     return best
