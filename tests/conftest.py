@@ -13,8 +13,9 @@ import pytest
 warnings.filterwarnings("ignore")
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 os.environ.setdefault("PYTHONWARNINGS", "ignore")
-# Finished jobs are recorded for warm starts; tests keep theirs out of ~/.dlrover.
-os.environ.setdefault("DLROVER_HISTORY_DIR", tempfile.mkdtemp(prefix="dlrover-test-history-"))
+# Finished jobs are recorded for warm starts; tests keep theirs out of ~/.dlrover, and each
+# pytest-xdist process (which inherits the first process's environment) out of the other's.
+os.environ["DLROVER_HISTORY_DIR"] = tempfile.mkdtemp(prefix=f"dlrover-test-history-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-")
 
 
 @pytest.fixture(scope="session")

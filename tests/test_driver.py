@@ -104,7 +104,7 @@ def test_a_window_records_how_unsure_the_model_was_of_its_configuration():
     assert first.row()["predicted_sd"] == first.predicted_sd  # shown in the summary's configurations
 
 
-def test_a_window_says_which_stage_chose_its_configuration_and_a_rollback_keeps_it():
+def test_a_window_says_which_stage_chose_its_configuration_until_the_configuration_changes():
     d = driver(warmup_s=0.0)
     d.open(A, 0.0, ResourcePlan(A, "start", stage="request"))
     d.observe(0.0, 0)
@@ -112,10 +112,14 @@ def test_a_window_says_which_stage_chose_its_configuration_and_a_rollback_keeps_
     assert d.close().row()["stage"] == "request"  # the user's start, predicted by the prior alone
     d.open(B, 10.0, ResourcePlan(B, "grow", stage="model", predicted_throughput=2000.0))
     d.rolled_back(B, 12.0)
-    d.observe(12.0, 1000)
+    d.open(B, 13.0, ResourcePlan(B, "replace a straggler", stage="correction", replace=["w-1"]))
+    d.open(B, 14.0)  # a rescale that failed: the configuration it left runs on
+    d.observe(14.0, 1000)
     d.observe(20.0, 2600)
     m = d.close()
-    assert (m.stage, m.row()["stage"]) == ("model", "model")  # measured again after the rollback, still the model's choice
+    assert (m.stage, m.row()["stage"]) == ("model", "model")  # B is still the model's choice
+    d.open(A, 20.0)
+    assert d.window.stage == ""  # a new configuration no plan chose
 
 
 def test_the_last_change_moves_when_the_configuration_does_not_on_a_rollback():

@@ -134,7 +134,7 @@ def test_status_of_unreachable_address_is_one_line_error():
     assert [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")], proc.stderr[-1000:]
 
 
-def test_a_server_that_exits_or_never_gets_ready_is_a_one_line_error(tmp_path):
+def test_a_server_that_exits_or_never_gets_ready_is_a_one_line_error(tmp_path, monkeypatch):
     from dlrover.errors import DLRoverError
     from dlrover.localhead import wait_until
 
@@ -151,11 +151,11 @@ def test_a_server_that_exits_or_never_gets_ready_is_a_one_line_error(tmp_path):
     if shutil.which("prometheus"):  # a config Prometheus rejects: its own reason, nothing left behind
         from dlrover.dashboards import Prometheus
 
-        before = set(Path(tempfile.gettempdir()).glob("dlrover-prometheus-*"))
+        monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # its own directory: another test's Prometheus may run meanwhile
         with pytest.raises(DLRoverError, match=r"^prometheus exited with code \d+: .*Error loading config"):
             with Prometheus({"scrape_configs": [{"job_name": "x", "static_configs": "not a list"}]}):
                 pass
-        assert set(Path(tempfile.gettempdir()).glob("dlrover-prometheus-*")) == before
+        assert not list(tmp_path.glob("dlrover-prometheus-*"))
 
 
 # -- against a live head --------------------------------------------------------------------

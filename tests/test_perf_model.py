@@ -262,25 +262,28 @@ def test_the_noise_floor_is_the_spread_of_a_windows_binned_samples_per_s():
     assert noise_floor([{"kind": "ps_metrics", "at_s": 11.0}] + steady, 10.0, 22.0) == pytest.approx(0.0, abs=1e-9)
 
 
-def test_the_bench_scores_a_configuration_measured_twice_as_one_point_left_out_whole():
-    """Repeated windows of a configuration are one point (their mean); leave-one-out
-    leaves all of them out, and their spread is the noise floor."""
-    from dlrover.bench.perf_model import fit_and_score, repeat_spread
+def test_the_bench_scores_a_configuration_measured_twice_as_one_prediction_left_out_whole():
+    """Repeated windows of a configuration are predicted once and each scores it;
+    leave-one-out leaves all of them out, and their spread is the noise floor."""
+    from dlrover.bench.perf_model import fit_and_score
 
     configs = [cfg(1, 1, 1, 1), cfg(2, 1, 1, 1), cfg(2, 2, 1, 1), cfg(4, 2, 1, 1), cfg(2, 2, 2, 1), cfg(4, 4, 2, 2), cfg(8, 4, 1, 1)]
     odd = configs[3]  # measured twice at 3x what the model form says
     points = [(c, true_thr(TRUE, c) * (3.0 if c == odd else 1.0) * f, 12.0) for f in (1.05, 0.95) for c in configs]
     r = fit_and_score(points, B)
-    assert r["configs"] == [c.short() for c in configs] and len(r["measured"]) == len(configs)
+    assert r["configs"] == [c.short() for c in configs] and [len(w) for w in r["windows"]] == [2] * len(configs)
     i = configs.index(odd)
     assert r["measured"][i] == pytest.approx(3.0 * true_thr(TRUE, odd))  # the mean of its two windows
     # Left out whole, it is predicted from the others (the model form), not from its twin window.
     assert r["loo_predicted"][i] == pytest.approx(true_thr(TRUE, odd), rel=0.1)
     assert len(r["split_predicted"]) == len(configs) - len(configs) // 2
-    spread = repeat_spread(points)
-    assert set(spread) == {c.short() for c in configs}
-    assert all(v == pytest.approx(np.std([1.05, 0.95], ddof=1)) for v in spread.values())
-    assert repeat_spread(points[: len(configs)]) == {}  # one window each: no spread to speak of
+    assert r["spread"] == pytest.approx([np.std([1.05, 0.95], ddof=1)] * len(configs))
+    assert r["noise_floor"] == pytest.approx(np.std([1.05, 0.95], ddof=1))
+    # Each window scores the prediction: a perfect mean is still 5% off each window.
+    exact = fit_and_score([(c, true_thr(TRUE, c) * f, 12.0) for f in (1.05, 0.95) for c in configs], B)
+    assert exact["loo_mape"] == pytest.approx(np.mean([0.05 / 1.05, 0.05 / 0.95]), rel=0.2)
+    single = fit_and_score(points[: len(configs)], B)
+    assert single["spread"] == [None] * len(configs) and single["noise_floor"] is None  # one window each
 
 
 def rows(*configs: Config) -> np.ndarray:

@@ -122,7 +122,7 @@ class Controller:
             meas = self.driver.close()
         if meas is None:
             return
-        self.m.events.add("measurement", config=meas.config.to_dict(), throughput=meas.throughput, predicted=meas.predicted, duration_s=meas.duration_s)
+        self.m.events.add("measurement", config=meas.config.to_dict(), throughput=meas.throughput, predicted=meas.predicted, duration_s=meas.duration_s, stage=meas.stage)
 
     def window_now(self) -> tuple[float | None, float | None]:
         """The running configuration's predicted throughput and, once its window is long

@@ -127,7 +127,7 @@ class DLRoverRMPolicy(Policy):
         reason = f"no similar finished job: start from {what} {wanted.short()}"
         if config != wanted:
             reason += f", clipped to the budget: {config.short()}"
-        return ResourcePlan(config, reason, stage="request")
+        return ResourcePlan(config, reason, stage="request" if k.start_from_request else "default")
 
     def _right_size_memory(self, config: Config, rec) -> Config:
         """With ``memory_headroom``: memory from the similar job's peak RSS (per worker, and

@@ -56,7 +56,7 @@ class OptimusPolicy(Policy):
         reason = f"optimus: start from {'1 worker + 1 PS of the requested sizes' if self.knobs.start == 'minimal' else 'the request'}: {wanted.short()}"
         if config != wanted:
             reason += f", clipped to the budget: {config.short()}"
-        return ResourcePlan(config, reason, stage="request")
+        return ResourcePlan(config, reason, stage="default" if self.knobs.start == "minimal" else "request")
 
     def greedy(self, view: JobView, sizes: Config, calib: float = 1.0) -> tuple[Config, float]:
         """Grow 1 worker + 1 PS of ``sizes`` by the best marginal gain per dominant share.

@@ -110,8 +110,8 @@ class ResourcePlan:
 
     config: Config
     reason: str
-    # "request" (the requested start, no history) | "warm_start" | "model" | "correction" | "scripted"
-    # | "resume" | "drain" | "" (static)
+    # "request" / "default" (a start from the request / the policy's default, no history) |
+    # "warm_start" | "model" | "correction" | "scripted" | "resume" | "drain" | "" (static)
     stage: str = ""
     predicted_throughput: float | None = None
     replace: list[str] = field(default_factory=list)

@@ -92,24 +92,23 @@ class PolicyDriver:
         self.measurements: list[Measurement] = []  # closed windows, oldest first
         self.window: Window | None = None
         self.running: Config | None = None  # the configuration measured last
+        self.stage = ""  # the stage of the plan that chose it
         self.last_change_s = 0.0  # when it began running
         self.watch = ActorWatch(straggler_factor(policy), trend)
 
     # -- measurement windows --------------------------------------------------------------
     def open(self, config: Config, at_s: float, plan: ResourcePlan | None = None) -> None:
         """``config`` runs from ``at_s`` on: measure it after the warm-up. A window still
-        open is dropped unmeasured (``close`` first to keep it). ``plan``: the plan that
-        chose it, if one did (its prediction; its stage tells the policy's choices from
-        the request in the summary)."""
-        self._open(config, at_s, plan.predicted_throughput if plan else None, plan.stage if plan else "")
-
-    def _open(self, config: Config, at_s: float, predicted: float | None, stage: str) -> None:
+        open is dropped unmeasured (``close`` first to keep it). ``plan``: the plan behind
+        it, if one (its prediction; when it changed the configuration, its stage says in
+        the summary what chose it: the request or a policy stage)."""
+        predicted = plan.predicted_throughput if plan is not None else None
         if predicted is None or predicted <= 0:
             predicted = self.model.predict(config)
         if config != self.running:
-            self.running, self.last_change_s = config, at_s
+            self.running, self.last_change_s, self.stage = config, at_s, plan.stage if plan is not None else ""
         sd = float(self.model.relative_sd(config_rows([config]))[0])
-        self.window = Window(config, at_s, at_s + self.warmup_s, predicted, sd, stage)
+        self.window = Window(config, at_s, at_s + self.warmup_s, predicted, sd, self.stage)
 
     def observe(self, now: float, samples: float) -> None:
         """The job's cumulative sample count at ``now``."""
@@ -141,7 +140,7 @@ class PolicyDriver:
         """The job went back to a checkpoint: what the running window and the actors'
         samples saw is void; ``config`` runs again from ``at_s``."""
         self.watch.clear()
-        self._open(config, at_s, None, self.window.stage if self.window is not None else "")
+        self.open(config, at_s)
 
     # -- actors ---------------------------------------------------------------------------
     def rss(self, name: str, at_s: float, rss_mb: float) -> None:
