@@ -34,10 +34,11 @@ def true_thr(params: PerfParams, c: Config) -> float:
 
 def test_features_terms_and_broadcast():
     x = features(2, 1, 0.5, 2.0, 100)
-    np.testing.assert_allclose(x, [[1.0, 200.0, 1.0, 2.0, 2.0, 0.0]])  # no cores given: no host term
-    np.testing.assert_allclose(features(2, 1, 0.5, 2.0, 100, cores=2)[0, 5], 100 * 1.0)  # asks 3 CPUs of 2 cores
+    np.testing.assert_allclose(x, [[1.0, 200.0, 1.0, 2.0, 2.0, 0.0, 0.0]])  # no cores given: no host terms
+    np.testing.assert_allclose(features(2, 1, 0.5, 2.0, 100, cores=2)[0, 5:], [100 * 1.0, 100 * 1.0])  # asks 3 CPUs of 2 cores
+    np.testing.assert_allclose(features(2, 1, 2.0, 2.0, 100, cores=3)[0, 5:], [100 * 3.0, 100 * 9.0])  # 6 of 3: o and o**2
     xs = features([1, 2, 4], 2, [1.0, 2.0, 4.0], 0.5, B)
-    assert xs.shape == (3, 6)
+    assert xs.shape == (3, 7)
     np.testing.assert_allclose(xs[:, 2], [1.0, 2.0, 4.0])  # w / (p * cp)
     st = step_time(TRUE, [1, 2, 4], 2, 1.0, 0.5, B)
     np.testing.assert_allclose(throughput(TRUE, [1, 2, 4], 2, 1.0, 0.5, B), np.array([1, 2, 4]) * B / st)
@@ -55,7 +56,7 @@ def test_round_trip_recovers_coefficients_and_predicts_held_out():
         model.observe(c, true_thr(TRUE, c) * rng.lognormal(0.0, 0.02))
 
     assert model.n_points == len(train)
-    assert model.identified == (True,) * 5 + (False,)  # no cores given: the host term stays pinned
+    assert model.identified == (True,) * 5 + (False, False)  # no cores given: the host terms stay pinned
     np.testing.assert_allclose(np.array(model.params)[:5], np.array(TRUE)[:5], rtol=0.10)
 
     measured = np.array([true_thr(TRUE, c) for c in test]) * rng.lognormal(0.0, 0.02, len(test))
@@ -68,7 +69,7 @@ def test_round_trip_recovers_coefficients_and_predicts_held_out():
 def test_no_points_predicts_from_prior():
     model = PerfModel(B)
     c = cfg(4, 2, 1.0, 1.0)
-    assert model.n_points == 0 and model.identified == (False,) * 6
+    assert model.n_points == 0 and model.identified == (False,) * 7
     assert model.params == DEFAULT_PRIOR
     assert model.predict(c) == pytest.approx(true_thr(DEFAULT_PRIOR, c), rel=1e-12)
 
@@ -83,7 +84,7 @@ def test_one_point_matches_measurement_and_scales_prior():
     prior_pred = np.array([true_thr(DEFAULT_PRIOR, o) for o in others])
     scale = 1234.5 / true_thr(DEFAULT_PRIOR, c)
     np.testing.assert_allclose(model.predict_many(others), prior_pred * scale, rtol=1e-6)
-    assert model.identified == (True, False, False, False, False, False)
+    assert model.identified == (True, False, False, False, False, False, False)
 
 
 def test_pinning_when_p_and_cp_never_vary():
@@ -94,7 +95,7 @@ def test_pinning_when_p_and_cp_never_vary():
     model = PerfModel(B)
     for c in configs:
         model.observe(c, true_thr(DEFAULT_PRIOR, c))
-    assert model.identified == (True, True, True, False, False, False)
+    assert model.identified == (True, True, True, False, False, False, False)
     assert model.params.t3 == pytest.approx(DEFAULT_PRIOR.t3, rel=1e-9)
     assert model.params.t4 == pytest.approx(DEFAULT_PRIOR.t4, rel=1e-9)
 
@@ -103,7 +104,7 @@ def test_pinning_when_p_and_cp_never_vary():
     model = PerfModel(B)
     for c in configs:
         model.observe(c, true_thr(TRUE, c))
-    assert model.identified == (True, True, True, False, False, False)
+    assert model.identified == (True, True, True, False, False, False, False)
     s3, s4 = model.params.t3 / DEFAULT_PRIOR.t3, model.params.t4 / DEFAULT_PRIOR.t4
     assert s3 == pytest.approx(s4, rel=1e-9) and s3 != pytest.approx(1.0, rel=1e-3)
     assert model.params.t1 == pytest.approx(TRUE.t1, rel=1e-6)  # varied cw identifies t1
@@ -115,7 +116,7 @@ def test_near_collinear_feature_is_not_identified():
     model = PerfModel(B)
     model.observe(cfg(2, 1, 1.0, 1.0), 5000.0)
     model.observe(cfg(2, 1, 1.001, 1.0), 5100.0)  # 0.1% change of cw: noise, not signal
-    assert model.identified == (True, False, False, False, False, False)
+    assert model.identified == (True, False, False, False, False, False, False)
     assert model.params.t1 / DEFAULT_PRIOR.t1 == pytest.approx(model.params.t2 / DEFAULT_PRIOR.t2, rel=1e-9)
 
 
@@ -126,7 +127,7 @@ def test_pinned_terms_follow_the_data_scale():
     model = PerfModel(B)
     for c in (cfg(2, 2, 1.0, 1.0), cfg(4, 2, 1.0, 1.0)):
         model.observe(c, true_thr(slow, c))
-    assert model.identified == (True, False, True, False, False, False)
+    assert model.identified == (True, False, True, False, False, False, False)
     unseen = [cfg(1, 1, 4.0, 0.5), cfg(8, 4, 0.5, 2.0), cfg(3, 1, 2.0, 1.0)]
     truth = np.array([true_thr(slow, c) for c in unseen])
     np.testing.assert_allclose(model.predict_many(unseen), truth, rtol=1e-6)
@@ -155,7 +156,7 @@ def test_repeated_observations_average_and_weights_count():
     model.observe(c, 100.0)
     model.observe(c, 120.0, weight=9.0)
     assert even < model.predict(c) < 120.0
-    assert model.identified == (True, False, False, False, False, False)
+    assert model.identified == (True, False, False, False, False, False, False)
     assert list(model.points()["weight"]) == [1.0, 9.0]
 
 
@@ -184,7 +185,7 @@ def test_other_bad_inputs_raise():
 
 def test_fit_params_without_data_returns_prior():
     params, ident = fit_params(np.zeros((0, 6)), np.zeros(0), TRUE)
-    assert params == TRUE and ident == (False,) * 6
+    assert params == TRUE and ident == (False,) * 7
 
 
 def test_dict_round_trip_is_json_safe_and_identical():
@@ -210,7 +211,7 @@ def test_dict_round_trip_is_json_safe_and_identical():
     ]
 
 
-HOST = TRUE._replace(t5=1.5e-5)
+HOST = TRUE._replace(t5=1.5e-5, t6=4e-6)
 
 
 def test_the_host_term_slows_only_configurations_asking_more_cpus_than_cores():
@@ -218,19 +219,19 @@ def test_the_host_term_slows_only_configurations_asking_more_cpus_than_cores():
     for w, p, cw, cp in (within, beyond):
         plain, host = (float(throughput(t, w, p, cw, cp, B, cores=4)[0]) for t in (TRUE, HOST))
         assert host == plain if w * cw + p * cp <= 4 else host < plain
-    # Step time grows by t5 * B per CPU asked beyond the cores.
+    # Step time grows by t5 * B per CPU asked beyond the cores, and by t6 * B per pair of them.
     extra = step_time(HOST, 2, 1, 2.0, 2.0, B, cores=4) - step_time(TRUE, 2, 1, 2.0, 2.0, B, cores=4)
-    np.testing.assert_allclose(extra, HOST.t5 * B * 2)
+    np.testing.assert_allclose(extra, HOST.t5 * B * 2 + HOST.t6 * B * 2**2)
     assert float(throughput(HOST, 2, 1, 2.0, 2.0, B)[0]) == float(throughput(TRUE, 2, 1, 2.0, 2.0, B)[0])  # cores unknown
 
 
-def test_round_trip_with_an_over_committed_host_identifies_all_six_terms():
+def test_round_trip_with_an_over_committed_host_identifies_all_seven_terms():
     grid = [cfg(w, p, cw, cp) for w, p, cw, cp in itertools.product(range(1, 7), range(1, 4), [0.5, 1, 2], [0.5, 1, 2])]
     rng = np.random.default_rng(3)
     model = PerfModel(B, cores=6)
     for c in grid:
         model.observe(c, float(throughput(HOST, c.workers, c.ps, c.worker_cpu, c.ps_cpu, B, cores=6)[0]) * rng.lognormal(0.0, 0.02))
-    assert model.identified == (True,) * 6
+    assert model.identified == (True,) * 7
     np.testing.assert_allclose(np.array(model.params), np.array(HOST), rtol=0.15)
     clone = PerfModel.from_dict(json.loads(json.dumps(model.to_dict())))
     assert clone.cores == 6 and clone.params == model.params

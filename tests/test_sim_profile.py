@@ -43,7 +43,7 @@ def test_truth_recovers_known_params_from_noise_free_points():
     grid = list(itertools.product([1, 2, 4, 6], [1, 2, 3], [0.5, 1.0, 2.0], [0.5, 1.0, 2.0]))
     prof = synthetic_profile(configs=grid)
     params, identified = prof.fit()
-    assert identified == (True,) * 5 + (False,)  # no host term: the simulator puts over-commit back itself
+    assert identified == (True,) * 5 + (False, False)  # no host terms: the simulator puts over-commit back itself
     np.testing.assert_allclose(np.array(params), np.array(TRUE), rtol=0.02)
     # The bench's 8-configuration sweep identifies all five terms too.
     small = synthetic_profile()

@@ -5,13 +5,17 @@ each, ``p`` parameter servers of ``cp`` CPUs each and a per-worker batch of ``B`
 host of ``cores`` physical cores::
 
     T_iter = t0 + t1 * B / cw + t2 * w / (p * cp) + t3 * w / p + t4 * w
-             + t5 * B * max(0, w * cw + p * cp - cores)
+             + t5 * B * o + t6 * B * o**2,   o = max(0, w * cw + p * cp - cores)
     throughput = w * B / T_iter                                  (samples/s)
 
-The last term is the host's: Ray's CPUs are a scheduling budget, and where a cluster
-advertises more of them than its nodes have cores (a laptop, the 2-core dev machine, a
-node with ``--num-cpus`` above its core count), every CPU asked beyond the cores slows
-each batch's compute. Where the cores are unknown (``cores=inf``) the term is zero.
+The last two terms are the host's: Ray's CPUs are a scheduling budget, and where a
+cluster advertises more of them than its nodes have cores (a laptop, the 2-core dev
+machine, a node with ``--num-cpus`` above its core count), every CPU asked beyond the
+cores slows each batch's compute (``t5``, contention for the cores), and the threads
+asked beyond them also get in each other's way, pairwise (``t6``: the coherency term of
+Gunther's Universal Scalability Law, quadratic in the excess: preempted OpenMP teams
+wait at their barriers, caches are shared). Where the cores are unknown (``cores=inf``)
+both are zero.
 
 ``T_iter`` is linear in non-negative coefficients, so a handful of measured windows fit
 it with NNLS. Online the data rarely vary every variable, so a term whose feature the
@@ -41,10 +45,11 @@ class PerfParams(NamedTuple):
     t3: float  # PS communication/contention: t3 * w / p
     t4: float  # shared-resource contention: t4 * w
     t5: float = 0.0  # host over-commit: t5 * B * max(0, w * cw + p * cp - cores)
+    t6: float = 0.0  # threads over the cores in each other's way: t6 * B * max(0, w * cw + p * cp - cores)**2
 
 
 # Rough values for the 2-core CPU development machine; a history record's fit replaces it.
-DEFAULT_PRIOR = PerfParams(t0=0.004, t1=2.0e-5, t2=0.004, t3=0.003, t4=0.004, t5=1.0e-5)
+DEFAULT_PRIOR = PerfParams(t0=0.004, t1=2.0e-5, t2=0.004, t3=0.003, t4=0.004, t5=1.0e-5, t6=1.0e-5)
 
 N_TERMS = len(PerfParams._fields)
 
@@ -89,14 +94,16 @@ def over_commit(w: Any, p: Any, cw: Any, cp: Any, cores: float) -> Any:
 
 
 def features(w: Any, p: Any, cw: Any, cp: Any, batch: Any, cores: float = math.inf) -> np.ndarray:
-    """Design matrix ``[N, 6]`` of ``T_iter``, one row per configuration (inputs broadcast)."""
+    """Design matrix ``[N, 7]`` of ``T_iter``, one row per configuration (inputs broadcast)."""
     w, p, cw, cp, b = _broadcast(w, p, cw, cp, batch)
-    return np.stack([np.ones_like(w), b / cw, w / (p * cp), w / p, w, b * over_commit(w, p, cw, cp, cores)], axis=1)
+    o = over_commit(w, p, cw, cp, cores)
+    return np.stack([np.ones_like(w), b / cw, w / (p * cp), w / p, w, b * o, b * o * o], axis=1)
 
 
 def _t_iter(params: PerfParams, w: Any, p: Any, cw: Any, cp: Any, b: Any, cores: float) -> Any:
-    t0, t1, t2, t3, t4, t5 = params
-    return t0 + t1 * b / cw + t2 * w / (p * cp) + t3 * w / p + t4 * w + t5 * b * over_commit(w, p, cw, cp, cores)
+    t0, t1, t2, t3, t4, t5, t6 = params
+    o = over_commit(w, p, cw, cp, cores)
+    return t0 + t1 * b / cw + t2 * w / (p * cp) + t3 * w / p + t4 * w + (t5 + t6 * o) * b * o
 
 
 def step_time(params: PerfParams, w: Any, p: Any, cw: Any, cp: Any, batch: Any, cores: float = math.inf) -> np.ndarray:
@@ -258,7 +265,7 @@ class PerfModel:
 
     def __init__(self, batch_size: int, prior: PerfParams | None = None, cores: float = math.inf) -> None:
         """``cores``: physical cores of the nodes the job runs on (``inf``: unknown, or never
-        over-committed), for the host term ``t5``."""
+        over-committed), for the host terms ``t5`` and ``t6``."""
         if not (isinstance(batch_size, (int, np.integer)) and batch_size > 0):
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
         if not (isinstance(cores, (int, float, np.integer, np.floating)) and cores > 0):

@@ -119,6 +119,7 @@ class PriorKnob(_Strict):
     t3: float = Field(ge=0, description="PS communication: t3 * w / p")
     t4: float = Field(ge=0, description="shared contention: t4 * w")
     t5: float = Field(0.0, ge=0, description="host over-commit: t5 * B * max(0, w * cw + p * cp - cores)")
+    t6: float = Field(0.0, ge=0, description="threads over the cores in each other's way: t6 * B * max(0, w * cw + p * cp - cores)**2")
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     @model_validator(mode="after")

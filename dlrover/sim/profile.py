@@ -113,7 +113,7 @@ class Profile:
     def fit(self) -> tuple[PerfParams, tuple[bool, ...]]:
         """NNLS fit of all five ``T_iter`` terms to the points, relative errors weighted by
         window length (:func:`~dlrover.resource.perf_model.fit_params`); a term the points
-        cannot identify is pinned to the scaled prior. The host term ``t5`` stays zero: the
+        cannot identify is pinned to the scaled prior. The host terms ``t5`` and ``t6`` stay zero: the
         over-commit is divided out of the points here, and the simulated cluster puts it
         back on its own nodes' cores. Returns (params, identified)."""
         if len(self.points) == 0:
@@ -121,7 +121,7 @@ class Profile:
         p = self.points
         w, ps, cw, cp, thr = (p[c].to_numpy(dtype=np.float64) for c in ("workers", "ps", "worker_cpu", "ps_cpu", "throughput"))
         t_iter = w * self.batch_size / (thr * self.overcommit(w, ps, cw, cp))  # the job's speed on cores of its own
-        return fit_params(features(w, ps, cw, cp, self.batch_size), t_iter, self.prior._replace(t5=0.0), self.weights())
+        return fit_params(features(w, ps, cw, cp, self.batch_size), t_iter, self.prior._replace(t5=0.0, t6=0.0), self.weights())
 
     def overcommit(self, w: Any, p: Any, cw: Any, cp: Any) -> np.ndarray:
         """How much slower than on cores of its own a configuration ran here: logical

@@ -33,7 +33,7 @@ from dlrover.resource.perf_model import PerfParams
 
 TRUTHS = ("model", "saturating", "profile")
 DEFAULT_TRUTH = "profile"
-# A trace row's truth coefficients: the model's terms but the host's (t5), since the
+# A trace row's truth coefficients: the model's terms but the host's (t5, t6), since the
 # simulated cluster models cores per node itself (``Contention``, ``Cluster.job_speed``).
 TRUTH_TERMS = PerfParams._fields[:5]
 SAT_COLUMNS = ("serial_worker", "serial_ps", "ps_hot_share")  # optional trace columns (empty: the defaults below)
