@@ -49,7 +49,7 @@ class PerfParams(NamedTuple):
 
 
 # Rough values for the 2-core CPU development machine; a history record's fit replaces it.
-DEFAULT_PRIOR = PerfParams(t0=0.004, t1=2.0e-5, t2=0.004, t3=0.003, t4=0.004, t5=1.0e-5, t6=1.0e-5)
+DEFAULT_PRIOR = PerfParams(t0=0.004, t1=2.0e-5, t2=0.004, t3=0.003, t4=0.004, t5=1.0e-5, t6=5.0e-6)
 
 N_TERMS = len(PerfParams._fields)
 
