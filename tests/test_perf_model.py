@@ -184,7 +184,7 @@ def test_other_bad_inputs_raise():
 
 
 def test_fit_params_without_data_returns_prior():
-    params, ident = fit_params(np.zeros((0, 6)), np.zeros(0), TRUE)
+    params, ident = fit_params(np.zeros((0, len(TRUE))), np.zeros(0), TRUE)
     assert params == TRUE and ident == (False,) * 7
 
 

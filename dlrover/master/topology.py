@@ -1,8 +1,8 @@
-"""The cores of the cluster's nodes, from Ray, for the performance model's host term.
+"""The cores of the cluster's nodes, from Ray, for the performance model's host terms.
 
 Ray's ``CPU`` resource is a scheduling budget that a node may advertise beyond its cores
 (``--num-cpus``; the embedded local cluster advertises twice the job's CPUs). What the
-host term of :mod:`dlrover.resource.perf_model` needs is what the operating system runs
+host terms of :mod:`dlrover.resource.perf_model` need is what the operating system runs
 threads on: each node's CPU affinity, read on the node itself. The master's own node is
 read in place; every other node that offers CPUs gets a zero-CPU task pinned to it.
 Also what PAL placement (``policy.placement: pal``) needs: each node's free Ray CPUs, and

@@ -215,7 +215,7 @@ def fit_params(
 def coefficient_cov(
     X: np.ndarray, t_iter: np.ndarray, params: PerfParams, prior: PerfParams, weights: np.ndarray | None = None
 ) -> np.ndarray:
-    """Posterior covariance ``[6, 6]`` of the coefficients under a Bayesian linear model
+    """Posterior covariance ``[N_TERMS, N_TERMS]`` of the coefficients under a Bayesian linear model
     of the same relative-error regression :func:`fit_params` solves: each coefficient a
     priori ``s * prior`` give or take ``PRIOR_REL_SD`` of it (``s`` scales the prior to the
     data, as the fit does; a term the prior sets to 0 may still bring ``ZERO_TERM_SHARE``

@@ -79,7 +79,7 @@ class PolicyDriver:
         trend: TrendParams = DEFAULT_TREND,
         cores: float = math.inf,
     ) -> None:
-        """``cores``: the cluster's physical cores, for the model's host term (``inf``:
+        """``cores``: the cluster's physical cores, for the model's host terms (``inf``:
         never over-committed, as in the simulator, whose nodes hold what they advertise)."""
         self.policy = policy
         self.model = PerfModel(batch_size, prior=policy.model_prior(), cores=cores)
