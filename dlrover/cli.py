@@ -207,7 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--delay-ms", type=_positive_float, default=50.0, help="added to each pull and push of ps:1 (default 50)")
     ds = bsub.add_parser("dense-sync", help="async vs sync vs coded dense rounds, fault-free and with a slow worker: time, AUC, time to target AUC")
     ds.add_argument("--json", action="store_true")
-    ds.add_argument("--rows", type=_positive_int, default=240_000)
+    ds.add_argument("--rows", type=_positive_int, default=960_000)
     ds.add_argument("--workers", type=_positive_int, default=4)
     ds.add_argument("--slow-factor", type=_number(float, 1.0, True, "a number above 1"), default=4.0, help="how many times slower worker:0 runs (default 4)")
     pl = bsub.add_parser("pal", help="PAL placement vs Ray's default on a loopback cluster with a slow node: where workers land, samples/s")

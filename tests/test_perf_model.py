@@ -112,6 +112,35 @@ def test_pinning_when_p_and_cp_never_vary():
     np.testing.assert_allclose(model.predict_many(configs), measured, rtol=1e-6)
 
 
+def test_host_terms_stay_at_the_prior_while_the_job_terms_scale_to_the_data():
+    # A compute-heavy job on a 2-core host, measured once within the cores: the window
+    # says nothing about over-commit, and how much a CPU beyond the cores costs a sample
+    # is the host's, so the job's terms scale to the window and the host terms stay.
+    heavy = DEFAULT_PRIOR._replace(t1=3 * DEFAULT_PRIOR.t1)
+    model = PerfModel(B, cores=2)
+    start = cfg(1, 1, 1.0, 1.0)
+    model.observe(start, float(throughput(heavy, 1, 1, 1.0, 1.0, B, cores=2)[0]))
+    assert model.identified == (True, False, False, False, False, False, False)
+    assert (model.params.t5, model.params.t6) == (DEFAULT_PRIOR.t5, DEFAULT_PRIOR.t6)
+    scale = model.params.t3 / DEFAULT_PRIOR.t3
+    assert scale > 1.5 and model.params.t1 == pytest.approx(scale * DEFAULT_PRIOR.t1, rel=1e-9)
+    assert model.predict(start) == pytest.approx(float(throughput(heavy, 1, 1, 1.0, 1.0, B, cores=2)[0]), rel=1e-6)
+    # Over the cores the prediction adds the prior's host cost, not a scaled-up one.
+    over = cfg(2, 1, 1.0, 1.0)
+    job_only = step_time(model.params._replace(t5=0.0, t6=0.0), 2, 1, 1.0, 1.0, B, cores=2)[0]
+    host = (DEFAULT_PRIOR.t5 + DEFAULT_PRIOR.t6) * B  # o = 1
+    assert model.predict(over) == pytest.approx(2 * B / (job_only + host), rel=1e-9)
+
+
+def test_host_terms_scale_with_the_rest_when_they_alone_exceed_the_measured_step():
+    model = PerfModel(B, cores=2)
+    over = cfg(4, 2, 2.0, 1.0)  # 10 CPUs on 2 cores: the prior's host terms alone are 1.1 s a step
+    prior_step = step_time(DEFAULT_PRIOR, 4, 2, 2.0, 1.0, B, cores=2)[0]
+    model.observe(over, 4 * B / (0.01 * prior_step))  # measured 100x faster than that
+    assert model.predict(over) == pytest.approx(4 * B / (0.01 * prior_step), rel=1e-6)
+    assert model.params.t6 == pytest.approx(model.params.t3 / DEFAULT_PRIOR.t3 * DEFAULT_PRIOR.t6, rel=1e-9)
+
+
 def test_near_collinear_feature_is_not_identified():
     model = PerfModel(B)
     model.observe(cfg(2, 1, 1.0, 1.0), 5000.0)

@@ -19,8 +19,9 @@ both are zero.
 
 ``T_iter`` is linear in non-negative coefficients, so a handful of measured windows fit
 it with NNLS. Online the data rarely vary every variable, so a term whose feature the
-measured configurations cannot separate from the others is pinned to the prior, scaled
-as a whole to the data, instead of being fitted to noise.
+measured configurations cannot separate from the others is pinned to the prior instead
+of being fitted to noise: the job's terms (``t0..t4``) scaled as a whole to the data, the
+host's (``t5``, ``t6``) as they are, because they describe the machine, not the job.
 """
 
 from __future__ import annotations
@@ -49,9 +50,13 @@ class PerfParams(NamedTuple):
 
 
 # Rough values for the 2-core CPU development machine; a history record's fit replaces it.
-DEFAULT_PRIOR = PerfParams(t0=0.004, t1=2.0e-5, t2=0.004, t3=0.003, t4=0.004, t5=1.0e-5, t6=5.0e-6)
+# The host terms are the fit of `dlrover bench perf-model`'s 60 windows of 2026-11-27
+# (three runs, 10 configurations each, 2 windows per configuration; docs/ELASTIC.md).
+DEFAULT_PRIOR = PerfParams(t0=0.004, t1=2.0e-5, t2=0.004, t3=0.003, t4=0.004, t5=4.4e-6, t6=3.3e-6)
 
 N_TERMS = len(PerfParams._fields)
+# The host's terms: pinned to the prior as they are, not scaled with the job (``fit_params``).
+HOST_TERMS = np.array([f in ("t5", "t6") for f in PerfParams._fields])
 
 # A term is identifiable only if at least this fraction of its (unit-norm) feature column
 # lies outside the span of the terms chosen before it; below that its coefficient would be
@@ -59,7 +64,7 @@ N_TERMS = len(PerfParams._fields)
 _IDENT_TOL = 1e-2
 
 # The model's uncertainty (``PerfModel.relative_sd``): each coefficient is a priori the
-# (scaled) prior's within this relative spread, and no fit is surer than a measured
+# pinned value within this relative spread, and no fit is surer than a measured
 # window's noise (repeated windows of one configuration spread a few % here).
 PRIOR_REL_SD = 0.5
 NOISE_FLOOR = 0.05
@@ -167,13 +172,26 @@ def _identifiable(a: np.ndarray, max_free: int) -> np.ndarray:
     return keep
 
 
-def _relative_rows(X: np.ndarray, t: np.ndarray, wts: np.ndarray, theta_prior: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+def _relative_rows(X: np.ndarray, t: np.ndarray, wts: np.ndarray, theta_prior: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The regression on relative error: rows ``a = X sqrt(w) / t`` against ``b = sqrt(w)``
-    (``= t * sqrt(w) / t``), and ``s``, the least-squares scale of the prior to them."""
+    (``= t * sqrt(w) / t``), and the prior fitted to them, the values a term the data
+    cannot identify is pinned to: the host terms as the prior has them, the job's terms
+    under one least-squares scale to what the host terms leave of each step. (Should the
+    prior's host terms alone exceed the steps, the whole prior is scaled instead.)"""
     r = np.sqrt(wts) / t
     a, b = X * r[:, None], np.sqrt(wts)
-    f = a @ theta_prior
-    return a, b, float(f @ b / (f @ f)) if f @ f > 0 else 1.0
+    return a, b, _anchor(a, b, theta_prior)
+
+
+def _anchor(a: np.ndarray, b: np.ndarray, theta_prior: np.ndarray) -> np.ndarray:
+    def scale(f: np.ndarray, target: np.ndarray) -> float:
+        return float(f @ target / (f @ f)) if f @ f > 0 else 1.0
+
+    job = np.where(HOST_TERMS, 0.0, theta_prior)
+    s = scale(a @ job, b - a @ (theta_prior - job))
+    if s > 0:
+        return np.where(HOST_TERMS, theta_prior, s * theta_prior)
+    return scale(a @ theta_prior, b) * theta_prior
 
 
 def fit_params(
@@ -183,11 +201,13 @@ def fit_params(
 
     Relative errors because step times span orders of magnitude across configurations and
     the noise of a measured window is roughly multiplicative. Terms the data cannot
-    identify (see ``_identifiable``) are pinned to ``s * prior``, where ``s`` scales the
-    prior as a whole to the data: a job twice as heavy as the prior's is likely twice as
-    slow in every term, and so one point already moves every prediction, and a second
-    point never undoes that for the directions it does not explore. Returns the params
-    and, per term, whether the data identified it.
+    identify (see ``_identifiable``) are pinned to the prior fitted to the data
+    (``_anchor``): a job twice as heavy as the prior's is likely twice as slow in each of
+    its own terms, and so one point already moves every prediction, and a second point
+    never undoes that for the directions it does not explore. The host terms are not
+    scaled: how much a CPU asked beyond the cores costs a sample is the machine's, and
+    scaling it with a compute-heavy job's step overstated it 1.5x (docs/ELASTIC.md).
+    Returns the params and, per term, whether the data identified it.
     """
     X = np.asarray(X, dtype=np.float64).reshape(-1, N_TERMS)
     t = np.asarray(t_iter, dtype=np.float64).ravel()
@@ -203,9 +223,9 @@ def fit_params(
     if n_rows == 0:
         return PerfParams(*map(float, theta_prior)), (False,) * N_TERMS
 
-    a, b, s = _relative_rows(X, t, wts, theta_prior)
+    a, b, anchor = _relative_rows(X, t, wts, theta_prior)
     free = _identifiable(a, max_free=n_rows)
-    theta = np.where(free, 0.0, s * theta_prior)
+    theta = np.where(free, 0.0, anchor)
     if free.any():
         # NNLS clips the free terms at zero where the pinned ones already overshoot.
         theta[free], _ = nnls(a[:, free], b - a @ theta)
@@ -217,8 +237,8 @@ def coefficient_cov(
 ) -> np.ndarray:
     """Posterior covariance ``[N_TERMS, N_TERMS]`` of the coefficients under a Bayesian linear model
     of the same relative-error regression :func:`fit_params` solves: each coefficient a
-    priori ``s * prior`` give or take ``PRIOR_REL_SD`` of it (``s`` scales the prior to the
-    data, as the fit does; a term the prior sets to 0 may still bring ``ZERO_TERM_SHARE``
+    priori the prior fitted to the data (as the fit pins it) give or take ``PRIOR_REL_SD``
+    of it (a term the prior sets to 0 may still bring ``ZERO_TERM_SHARE``
     of a measured step), and each window's relative error ``sigma``, the fit's residual
     spread per degree of freedom but never below ``NOISE_FLOOR``. Weights count relative
     to their mean (a window's length in seconds must not make it 30x surer). The measured
@@ -231,13 +251,13 @@ def coefficient_cov(
     if (wts > 0).any():
         wts = wts / wts[wts > 0].mean()
     theta_prior = np.asarray(prior, dtype=np.float64)
-    a, b, scale = _relative_rows(X, t, wts, theta_prior)
+    a, b, anchor = _relative_rows(X, t, wts, theta_prior)
     resid = b - a @ np.asarray(params, dtype=np.float64)
     dof = int(np.count_nonzero(wts > 0)) - N_TERMS
     s2 = max(float(resid @ resid) / dof if dof > 0 else 0.0, NOISE_FLOOR**2)
     phi_ref = np.abs(X).max(axis=0) if len(X) else np.zeros(N_TERMS)
     floor = np.where(phi_ref > 0, ZERO_TERM_SHARE * (float(np.median(t)) if len(t) else 0.0) / np.maximum(phi_ref, 1e-300), 0.0)
-    d = np.maximum(np.maximum(PRIOR_REL_SD * scale * theta_prior, floor), 1e-12)
+    d = np.maximum(np.maximum(PRIOR_REL_SD * anchor, floor), 1e-12)
     # Whitened, so the matrix solved is I + (positive): well conditioned whatever the scales.
     m = np.eye(N_TERMS) + (d[:, None] * (a.T @ a) * d[None, :]) / s2
     cov = d[:, None] * np.linalg.solve(m, np.diag(d))
@@ -287,7 +307,7 @@ class PerfModel:
 
     @property
     def identified(self) -> tuple[bool, ...]:
-        """Per term, whether the measured configurations determined it (else: scaled prior)."""
+        """Per term, whether the measured configurations determined it (else: pinned to the prior)."""
         return self._identified
 
     @property
@@ -366,4 +386,4 @@ class PerfModel:
         terms = ", ".join(
             f"{k}={v:.3g}{'' if ok else '*'}" for (k, v), ok in zip(self._params._asdict().items(), self._identified)
         )
-        return f"PerfModel(B={self.batch_size}, cores={self.cores:g}, n={self.n_points}, {terms})  (* = scaled prior)"
+        return f"PerfModel(B={self.batch_size}, cores={self.cores:g}, n={self.n_points}, {terms})  (* = pinned to the prior)"
