@@ -202,6 +202,22 @@ def test_simulator_calls_the_policy_objects_it_is_given():
     assert calls["initial"] == 20 and calls["decide"] > 20
 
 
+def test_a_simulated_jobs_first_window_records_the_plan_that_chose_its_start():
+    """As live: the first window carries the initial plan's stage and prediction."""
+    from dlrover.resource.policies import policy_factory
+    from dlrover.sim import cluster_policy_config
+
+    trace = pd.DataFrame([job("a", 0.0, 2_000_000, 2, 1, 2.0, 2.0)])
+    make = policy_factory("dlrover_rm", cluster_policy_config("dlrover_rm", None), None, overrides_source="test")
+    sim = Simulator(trace, make, ClusterSpec(nodes=1, node_cpu=16, node_memory_mb=64 * 1024, **QUIET), SimSettings(measure_noise=0.0))
+    sim.run()
+    (j,) = sim.jobs
+    first = j.driver.measurements[0]
+    assert j.initial_plan is not None and j.initial_plan.stage in ("request", "default")
+    assert first.config == j.initial_plan.config and first.stage == j.initial_plan.stage
+    assert first.predicted is not None and first.predicted > 0
+
+
 def exit_code(main, argv) -> int:
     try:
         return main(argv)

@@ -158,7 +158,7 @@ class Simulator(ControlMixin, FaultsMixin, PlacementMixin):
     # ------------------------------------------------------------------ arrivals, queue
     def _arrive(self, i: int, _v: int) -> None:
         j = self.jobs[i]
-        plan = j.driver.initial(0.0)
+        plan = j.initial_plan = j.driver.initial(0.0)
         j.config = plan.config
         if plan.stage == "warm_start":
             self._event(j, "warm_start", plan.reason)
@@ -210,7 +210,7 @@ class Simulator(ControlMixin, FaultsMixin, PlacementMixin):
         self.running += 1
         j.last_t = self.now
         j.phases = [(self.now + self.s.restart_s, 0.0)]
-        self._open_window(j, self.now + self.s.restart_s)
+        self._open_window(j, self.now + self.s.restart_s, j.initial_plan if first else None)
         j.ckpt_t = self.now
         j.tick_gen += 1
         self._push(self.now + self.s.restart_s + self.s.control_interval_s, "tick", j.idx, j.tick_gen)

@@ -16,6 +16,7 @@ import pandas as pd
 from dlrover.resource.driver import PolicyDriver
 from dlrover.resource.perf_model import PerfParams
 from dlrover.resource.configs import Budget, Config
+from dlrover.resource.plan import ResourcePlan
 from dlrover.sim.cluster import ClusterSpec
 from dlrover.sim.truth import Truth
 
@@ -61,6 +62,7 @@ class SimJob:
     quota: Budget
     total: float  # samples to train
     config: Config | None = None
+    initial_plan: ResourcePlan | None = None  # what chose the first configuration (its stage, prediction)
     status: str = "pending"  # pending | queued | running | completed | failed | unfinished
     worker_nodes: np.ndarray | None = None
     ps_nodes: np.ndarray | None = None
