@@ -206,7 +206,7 @@ def fit_params(
     its own terms, and so one point already moves every prediction, and a second point
     never undoes that for the directions it does not explore. The host terms are not
     scaled: how much a CPU asked beyond the cores costs a sample is the machine's, and
-    scaling it with a compute-heavy job's step overstated it 1.5x (docs/ELASTIC.md).
+    scaling it with a compute-heavy job's step overstated it 1.4x (docs/ELASTIC.md).
     Returns the params and, per term, whether the data identified it.
     """
     X = np.asarray(X, dtype=np.float64).reshape(-1, N_TERMS)
