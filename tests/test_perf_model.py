@@ -134,7 +134,7 @@ def test_host_terms_stay_at_the_prior_while_the_job_terms_scale_to_the_data():
 
 def test_host_terms_scale_with_the_rest_when_they_alone_exceed_the_measured_step():
     model = PerfModel(B, cores=2)
-    over = cfg(4, 2, 2.0, 1.0)  # 10 CPUs on 2 cores: the prior's host terms alone are 1.1 s a step
+    over = cfg(4, 2, 2.0, 1.0)  # 10 CPUs on 2 cores: the prior's host terms alone are 0.5 s a step
     prior_step = step_time(DEFAULT_PRIOR, 4, 2, 2.0, 1.0, B, cores=2)[0]
     model.observe(over, 4 * B / (0.01 * prior_step))  # measured 100x faster than that
     assert model.predict(over) == pytest.approx(4 * B / (0.01 * prior_step), rel=1e-6)

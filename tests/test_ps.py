@@ -156,7 +156,7 @@ def test_bags_on_counts_exactly_the_bags_routing_sends_to_each_ps():
     sparse = np.random.default_rng(5).integers(0, 2**40, size=(500, len(SIZES)))
     routed = PSClient([None] * 3, vmap, 8, "w", get=None).route(make_kjt(sparse))
     for r in routed.requests:
-        assert vmap.bags_on(sparse, [r.ps]) == len(r.indices)  # single-hot: one id per bag
+        assert vmap.bags_on(sparse, [r.ps]) == r.dest.numel()
     assert vmap.bags_on(sparse, [0, 1, 2]) == sparse.size
 
 

@@ -45,7 +45,7 @@ class Pulled:
     the gradient goes through) and what ``push`` needs to lay the gradient out."""
 
     out: torch.Tensor
-    bags: int  # of the batch's bags, those with at least one id (what a push updates)
+    nonempty: torch.Tensor | None  # positions of the bags the answer held (None: all)
     indices: torch.Tensor  # the TBE batch, for the dirty-row trackers
     offsets: torch.Tensor | None
     pins: dict[int, np.ndarray]  # dynamic tables' rows held until the push
@@ -142,9 +142,11 @@ class EmbeddingPS(VShardMoves):
     def pull(
         self, key: tuple, indices: np.ndarray | ShmSlice, offsets: np.ndarray | ShmSlice | None, train: bool = True, room: ShmSlice | None = None
     ) -> np.ndarray | ShmSlice:
-        """Pooled partial sums: TBE's own output ``[batch, T*D]`` untouched (a bag with no
-        id pools to zeros), so this side neither copies nor reorders it; the worker's
-        routing knows which rows hold its bags (``dlrover.ps.routing``). ``room``: a
+        """Pooled partial sums of the non-empty bags.
+
+        With ``offsets``: ``[num_nonempty_bags, D]`` in table-major bag order. Without
+        (every bag holds exactly one id, the common Criteo case): TBE's own output
+        ``[batch, T*D]`` untouched, so neither side copies or reorders it. ``room``: a
         worker's shared memory on this node to write the answer into (``dlrover.ps.shm``),
         where ``indices`` and ``offsets`` may be too (copied here: the slot is reused).
         """
@@ -157,7 +159,10 @@ class EmbeddingPS(VShardMoves):
             offsets = self._segments.view(offsets).copy()
         idx = torch.as_tensor(indices)
         num_ids, training = idx.numel(), train and key[0] not in self._dropped
-        off = torch.as_tensor(offsets) if offsets is not None else None
+        off = nz = None
+        if offsets is not None:
+            off = torch.as_tensor(offsets)
+            nz = nonempty_bags(off)
         tr = self._translate(idx, off, training) if self.dyn.maps else None
         if tr is not None:
             idx, off = tr.indices, tr.offsets
@@ -165,14 +170,16 @@ class EmbeddingPS(VShardMoves):
         if training:
             out = self.tbe(idx, tbe_off)
             with self._lock:
-                bags = nonempty_bags(off) if off is not None else out.shape[0] * len(self.vmap.table_sizes)
-                self._pending[key] = Pulled(out, bags, idx, off, tr.pins if tr is not None else {})
+                self._pending[key] = Pulled(out, nz, idx, off, tr.pins if tr is not None else {})
         else:
             with torch.no_grad():
                 out = self.tbe(idx, tbe_off)
         out = out.detach()
         if tr is not None and tr.defaults is not None:
             out = out + tr.defaults  # the unadmitted ids' default rows, outside the graph
+        if nz is not None:
+            num_tables = len(self.vmap.table_sizes)
+            out = out.view(out.shape[0], num_tables, self.dim).transpose(0, 1).reshape(-1, self.dim)[nz]
         self._stats["pulls"] += 1
         self._stats["ids"] += num_ids
         self.chaos.after_step(time.perf_counter() - t1)
@@ -194,10 +201,19 @@ class EmbeddingPS(VShardMoves):
                 self._stats["duplicates"] += 1
                 self.dyn.unpin(p.pins)
                 return 0
-        out, bags, idx, off = p.out, p.bags, p.indices, p.offsets
-        out.backward(torch.as_tensor(grad).view_as(out))  # a padding bag's gradient: ignored, it has no id
+        out, nz, idx, off = p.out, p.nonempty, p.indices, p.offsets
+        num_tables = len(self.vmap.table_sizes)
+        batch = out.shape[0]
+        if nz is None:
+            out.backward(torch.as_tensor(grad))
+            bags = batch * num_tables
+        else:
+            g = torch.zeros(num_tables * batch, self.dim)
+            g[nz] = torch.as_tensor(grad)
+            out.backward(g.view(num_tables, batch, self.dim).transpose(0, 1).reshape(batch, num_tables * self.dim))
+            bags = int(nz.numel())
         self.dyn.unpin(p.pins)  # only now: an evicted row must not take this batch's update
-        rows = out.shape[0]  # bags per table
+        rows = (len(off) - 1) // num_tables if off is not None else batch
         if self._dirty is not None:
             self._dirty.mark(idx, off, rows)
         if self._cut_tracker is not None:

@@ -5,10 +5,7 @@ is linear, so each PS pools the ids it owns and returns partial sums only for th
 that have at least one id on it; the worker adds the partial sums of all PS into the full
 pooled output. Each PS request is a small TBE batch of ``B_k`` bags per table, where
 ``B_k`` is the largest number of non-empty bags any table has on that PS, so the bytes a
-step moves stay about ``B x T x D`` however many PS there are. The PS answers with TBE's
-own ``[B_k, T*D]`` output, padding bags included, and takes the gradient in that layout:
-the worker's one gather (or index_add_) skips the padding, so the PS never reorders
-(a padding bag pools to zero, and TBE's backward ignores its gradient).
+step moves stay about ``B x T x D`` however many PS there are.
 """
 
 from __future__ import annotations
@@ -32,9 +29,8 @@ class PSRequest:
     offsets: Any  # int64 [T * batch + 1]; None when every bag holds exactly one id
     batch: int
     # Bag (``sample * T + table``, a row of the pooled output viewed as [B*T, D]) of each
-    # row of the PS's answer viewed as [B_k*T, D] (bag 0 for a padding row, which holds
-    # zeros): ``gather`` is built from it (multi-hot: one index_add_), and one
-    # index_select takes its gradient back out.
+    # row of the PS's answer, in the order the answer holds them: ``gather`` is built from
+    # it (multi-hot: one index_add_), and one index_select takes its gradient back out.
     dest: torch.Tensor
     covers_all: bool = False  # every bag, in table-major order (one PS, single-hot): no scatter needed
 
@@ -63,8 +59,6 @@ def route(values: torch.Tensor, lengths: torch.Tensor, batch: int, vmap: VShardM
         req = PSRequest(vmap.ps_ids[0], local, None, batch, torch.empty(0, dtype=torch.int64), covers_all=True)
         return RoutedBatch(batch, num_tables, [req], vmap.version)
     requests = []
-    gather = torch.empty(num_tables * batch, dtype=torch.int64) if single_hot else None
-    answered = 0  # answer rows of the requests before this one (single-hot: their concatenation)
     for k in vmap.ps_ids:
         picked = np.flatnonzero(owner == k)  # ascending: the PS's ids stay table-major
         if picked.size == 0:
@@ -76,24 +70,24 @@ def route(values: torch.Tensor, lengths: torch.Tensor, batch: int, vmap: VShardM
             first = np.flatnonzero(np.diff(bags_k, prepend=-1))
             ubags, counts = bags_k[first], np.diff(first, append=len(bags_k))
         bag_t = ubags // batch
+        dest = (ubags - bag_t * batch) * num_tables + bag_t
         per_table = np.bincount(bag_t, minlength=num_tables)
         b_k = int(per_table.max())
+        if single_hot and b_k * num_tables == len(ubags):  # every padded bag is used: no offsets
+            # The answer is TBE's [b_k, T*D]: its row i holds the i-th bag of every table.
+            dest = dest.reshape(num_tables, b_k).T.reshape(-1)
+            requests.append(PSRequest(k, local[picked], None, b_k, torch.from_numpy(dest)))
+            continue
         table_start = np.cumsum(per_table) - per_table
-        slot = np.arange(len(ubags)) - table_start[bag_t]  # the bag's place in its table
-        row = slot * num_tables + bag_t  # TBE's answer [b_k, T*D]: its row j holds bag j of every table
-        bag = (ubags - bag_t * batch) * num_tables + bag_t
-        dest = np.zeros(b_k * num_tables, dtype=np.int64)
-        dest[row] = bag
-        offsets = None
-        if not (single_hot and b_k * num_tables == len(ubags)):  # else every padded bag is used: no offsets
-            padded = np.zeros((num_tables, b_k), dtype=np.int64)
-            padded[bag_t, slot] = 1 if counts is None else counts
-            offsets = np.zeros(num_tables * b_k + 1, dtype=np.int64)
-            np.cumsum(padded.reshape(-1), out=offsets[1:])
+        padded = np.zeros((num_tables, b_k), dtype=np.int64)
+        padded[bag_t, np.arange(len(ubags)) - table_start[bag_t]] = 1 if counts is None else counts
+        offsets = np.zeros(num_tables * b_k + 1, dtype=np.int64)
+        np.cumsum(padded.reshape(-1), out=offsets[1:])
         requests.append(PSRequest(k, local[picked], offsets, b_k, torch.from_numpy(dest)))
-        if gather is not None:
-            gather[torch.from_numpy(bag)] = torch.from_numpy(row + answered)
-        answered += b_k * num_tables
+    gather = None
+    if single_hot:
+        gather = torch.empty(num_tables * batch, dtype=torch.int64)
+        gather[torch.cat([r.dest for r in requests])] = torch.arange(num_tables * batch)
     return RoutedBatch(batch, num_tables, requests, vmap.version, gather)
 
 
@@ -120,10 +114,13 @@ def split_grad(routed: RoutedBatch, grad: torch.Tensor, dim: int) -> list[np.nda
     g = grad.reshape(n * t, dim)
     out = []
     for req in routed.requests:
-        out.append(g.index_select(0, req.dest).view(req.batch, t * dim).numpy())
+        rows = g.index_select(0, req.dest)
+        if req.offsets is None:
+            rows = rows.view(req.batch, t * dim)
+        out.append(rows.numpy())
     return out
 
 
-def nonempty_bags(offsets: torch.Tensor) -> int:
-    """How many bags (of a TBE batch's ``offsets``) hold at least one id."""
-    return int((offsets[1:] > offsets[:-1]).sum())
+def nonempty_bags(offsets: torch.Tensor) -> torch.Tensor:
+    """Positions (table-major) of the bags with at least one id: what a PS returns."""
+    return torch.nonzero(offsets[1:] > offsets[:-1]).view(-1)

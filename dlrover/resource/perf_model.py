@@ -184,6 +184,8 @@ def _relative_rows(X: np.ndarray, t: np.ndarray, wts: np.ndarray, theta_prior: n
 
 
 def _anchor(a: np.ndarray, b: np.ndarray, theta_prior: np.ndarray) -> np.ndarray:
+    """The pinned values (see ``_relative_rows``): the machine's terms as they are, the job's scaled."""
+
     def scale(f: np.ndarray, target: np.ndarray) -> float:
         return float(f @ target / (f @ f)) if f @ f > 0 else 1.0
 
