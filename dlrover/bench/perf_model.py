@@ -123,8 +123,9 @@ def fit_and_score(points: list[tuple[Config, float, float]], batch_size: int, co
 
     def model_on(keep: list[Config]) -> PerfModel:
         m = PerfModel(batch_size, cores=cores)
+        kept = set(keep)
         for c, t, d in points:
-            if c in keep:
+            if c in kept:
                 m.observe(c, t, weight=d)
         return m
 
@@ -169,8 +170,9 @@ def run_perf_model_bench(window_s: float = 12.0, repeats: int = 2) -> dict:
         events = [row for _, row in read_events(Path(path).parent / "events.jsonl")]
     rows = [c for c in summary["configurations"] if c["duration_s"] >= window_s * 0.5]
     points = [(Config(**c["config"]), c["measured_throughput"], c["duration_s"]) for c in rows]
-    if len({p[0] for p in points}) < 4:
-        raise RuntimeError(f"only {len({p[0] for p in points})} configurations measured; the sweep needs at least 4")
+    measured = len({p[0] for p in points})
+    if measured < 4:
+        raise RuntimeError(f"only {measured} configurations measured; the sweep needs at least 4")
     out = {
         "window_s": window_s,
         "repeats": repeats,
