@@ -45,7 +45,7 @@ class Pulled:
     the gradient goes through) and what ``push`` needs to lay the gradient out."""
 
     out: torch.Tensor
-    nonempty: torch.Tensor | None  # positions of the bags the answer held (None: all)
+    nonempty: torch.Tensor | None  # rows of ``out`` viewed [B*T, D] the answer held (None: all)
     indices: torch.Tensor  # the TBE batch, for the dirty-row trackers
     offsets: torch.Tensor | None
     pins: dict[int, np.ndarray]  # dynamic tables' rows held until the push
@@ -162,7 +162,7 @@ class EmbeddingPS(VShardMoves):
         off = nz = None
         if offsets is not None:
             off = torch.as_tensor(offsets)
-            nz = nonempty_bags(off)
+            nz = nonempty_bags(off, len(self.vmap.table_sizes))
         tr = self._translate(idx, off, training) if self.dyn.maps else None
         if tr is not None:
             idx, off = tr.indices, tr.offsets
@@ -178,8 +178,7 @@ class EmbeddingPS(VShardMoves):
         if tr is not None and tr.defaults is not None:
             out = out + tr.defaults  # the unadmitted ids' default rows, outside the graph
         if nz is not None:
-            num_tables = len(self.vmap.table_sizes)
-            out = out.view(out.shape[0], num_tables, self.dim).transpose(0, 1).reshape(-1, self.dim)[nz]
+            out = out.view(-1, self.dim).index_select(0, nz)
         self._stats["pulls"] += 1
         self._stats["ids"] += num_ids
         self.chaos.after_step(time.perf_counter() - t1)
@@ -208,9 +207,9 @@ class EmbeddingPS(VShardMoves):
             out.backward(torch.as_tensor(grad))
             bags = batch * num_tables
         else:
-            g = torch.zeros(num_tables * batch, self.dim)
-            g[nz] = torch.as_tensor(grad)
-            out.backward(g.view(num_tables, batch, self.dim).transpose(0, 1).reshape(batch, num_tables * self.dim))
+            g = torch.zeros(batch * num_tables, self.dim)
+            g.index_copy_(0, nz, torch.as_tensor(grad).view(-1, self.dim))
+            out.backward(g.view(batch, num_tables * self.dim))
             bags = int(nz.numel())
         self.dyn.unpin(p.pins)  # only now: an evicted row must not take this batch's update
         rows = (len(off) - 1) // num_tables if off is not None else batch

@@ -121,6 +121,10 @@ def split_grad(routed: RoutedBatch, grad: torch.Tensor, dim: int) -> list[np.nda
     return out
 
 
-def nonempty_bags(offsets: torch.Tensor) -> torch.Tensor:
-    """Positions (table-major) of the bags with at least one id: what a PS returns."""
-    return torch.nonzero(offsets[1:] > offsets[:-1]).view(-1)
+def nonempty_bags(offsets: torch.Tensor, num_tables: int) -> torch.Tensor:
+    """The bags with at least one id, in table-major bag order (what a PS returns), as
+    rows of TBE's output ``[B, T*D]`` viewed as ``[B*T, D]``: one gather or scatter, no
+    transposed copy, moves them between the two layouts."""
+    bag = torch.nonzero(offsets[1:] > offsets[:-1]).view(-1)  # table * B + sample
+    per_table = (offsets.numel() - 1) // num_tables
+    return (bag % per_table) * num_tables + bag // per_table
