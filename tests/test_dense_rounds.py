@@ -79,7 +79,7 @@ def _in_thread(fn, *args) -> threading.Thread:
     return t
 
 
-def test_server_steps_once_per_round_with_the_scaled_mean_and_serves_each_workers_calls_in_order():
+def test_server_steps_once_per_round_with_the_mean_and_serves_each_workers_calls_in_order():
     ps = DenseParamServer(np.zeros(4, dtype=np.float32), {"name": "sgd", "lr": 1.0}, rule=SYNC)
     replies: dict[str, tuple] = {}
 
@@ -94,7 +94,7 @@ def test_server_steps_once_per_round_with_the_scaled_mean_and_serves_each_worker
     push("a", 1, 5.0)
     b.join(timeout=5)
     assert not b.is_alive() and ps.version == 2 and ps.updates == 3
-    np.testing.assert_allclose(replies["a"][1], -1.0 - 2 * 4.0)  # one step with the mean of 3 and 5, SGD's lr x 2
+    np.testing.assert_allclose(replies["a"][1], -1.0 - 4.0)  # one step with the mean of 3 and 5
     np.testing.assert_array_equal(replies["a"][1], replies["b"][1])
 
     leave = _in_thread(ps.leave, Caller("a", "run-1", 3))  # sent after a's push number 2: waits for it
@@ -106,29 +106,6 @@ def test_server_steps_once_per_round_with_the_scaled_mean_and_serves_each_worker
         t.join(timeout=5)
         assert not t.is_alive()
     assert ps.version == 3 and ps.stats()["rounds"] == 3
-
-
-def test_a_round_of_k_gradients_steps_with_the_learning_rate_of_a_k_times_larger_batch():
-    from dlrover.ps.dense_ps import round_lr
-
-    assert round_lr({"name": "sgd", "lr": 0.1}, 4) == pytest.approx(0.4)  # linear
-    assert round_lr({"name": "adagrad", "lr": 0.01}, 4) == pytest.approx(0.02)  # square root
-    assert round_lr({"name": "adam", "lr": 0.001}, 1) == 0.001  # a round of one: async's step
-    # Live, Adagrad (its first step moves each weight by the lr): a alone closes round 0
-    # at the configured lr; b, c and d join round 1, which closes with a's next push.
-    ps = DenseParamServer(np.zeros(2, dtype=np.float32), {"name": "adagrad", "lr": 0.01}, rule=SYNC)
-    ones = np.ones(2, dtype=np.float32)
-    ps.push_pull(ones, None, Caller("a", "run-1", 0))
-    others = [_in_thread(ps.push_pull, ones, None, Caller(n, "run-1", 0)) for n in "bcd"]
-    for t in others:
-        t.join(timeout=0.3)
-    ps.push_pull(ones, None, Caller("a", "run-1", 1))
-    for t in others:
-        t.join(timeout=5)
-        assert not t.is_alive()
-    assert ps.stats()["rounds"] == 2
-    # Adagrad's second step: lr x g / sqrt(g^2 + g^2), at the lr of a round of four.
-    np.testing.assert_allclose(ps.param.detach().numpy(), -0.01 - 0.02 / 2**0.5, rtol=1e-5)
 
 
 def test_server_skips_a_batch_applied_before_within_a_round():

@@ -9,9 +9,7 @@ optimizer over the flat vector is the same as one per parameter tensor.
 
 With ``train.dense_sync: sync | coded`` the server combines the workers' gradients in
 rounds instead (:mod:`dlrover.ps.dense_rounds`): a push waits in the server (one of its
-threads) until its round closes and then returns the parameters after it. A round of k
-gradients steps with the learning rate scaled as a batch k times larger should be
-(``round_lr``), so that a sample teaches the model about as much as it does in async.
+threads) until its round closes and then returns the parameters after it.
 """
 
 from __future__ import annotations
@@ -40,22 +38,12 @@ def make_dense_optimizer(params, spec: dict) -> torch.optim.Optimizer:
     raise ValueError(f"unknown dense optimizer {name!r}")
 
 
-def round_lr(spec: dict, k: int) -> float:
-    """The learning rate of one step with the mean of ``k`` gradients: ``k`` times the
-    configured one for SGD (Goyal et al. 2017, linear scaling), ``sqrt(k)`` times for the
-    adaptive optimizers (Malladi et al. 2022, square-root scaling). Unscaled, a round of
-    four moved the parameters about half as far per sample as async did with Adagrad,
-    and the model ended on a lower plateau (docs/FAULTS.md)."""
-    return float(spec["lr"]) * (k if spec["name"] == "sgd" else k**0.5)
-
-
 class DenseParamServer:
     def __init__(self, flat_params: np.ndarray, optimizer: dict, threads: int = 1, rule: RoundRule | None = None) -> None:
         """``rule``: how rounds close (None: every push is applied on its own, async)."""
         torch.set_num_threads(max(1, threads))
         self.param = torch.nn.Parameter(torch.as_tensor(np.array(flat_params, dtype=np.float32)))
         self.opt = make_dense_optimizer([self.param], optimizer)
-        self._optimizer = optimizer
         self.version = 0
         self.applied = AppliedLog()
         self.updates = 0  # gradients applied by this server (a rollback does not take them back)
@@ -119,15 +107,13 @@ class DenseParamServer:
 
     def _close_rounds(self) -> None:
         """(Lock held.) One optimizer step per round that may close, with the mean of its
-        gradients whose batch is new at ``round_lr``; wake the pushes waiting for them."""
+        gradients whose batch is new; wake the pushes waiting for them."""
         for payloads in self._rounds.close_ready():
             fresh = [g for g, b in payloads if b is None or self.applied.first_time(BatchId(*b))]
             self.duplicates += len(payloads) - len(fresh)
             if fresh:
                 self.rounds_closed += 1
                 self.param.grad = torch.stack(fresh).mean(dim=0)
-                for group in self.opt.param_groups:
-                    group["lr"] = round_lr(self._optimizer, len(fresh))
                 self.opt.step()
                 self.param.grad = None
                 self.version += 1
