@@ -149,17 +149,17 @@ def test_restoring_no_payloads_puts_back_the_seed_rows_under_the_new_map():
         np.testing.assert_array_equal(w, want)
 
 
-def test_nonempty_bags_are_the_rows_of_tbes_output_in_table_major_order():
+def test_nonempty_rows_pick_the_rows_of_tbes_output_in_table_major_bag_order():
     """What a PS answers: its non-empty bags, table-major, picked from TBE's [B, T*D]
     output by row (no transposed copy)."""
-    from dlrover.ps.routing import nonempty_bags
+    from dlrover.ps.routing import nonempty_rows
 
     num_tables, batch, dim = 3, 4, 2
     lengths = torch.tensor([1, 0, 2, 1, 0, 0, 1, 3, 1, 1, 0, 1])  # table-major: table t, sample j at t*B + j
     offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
     out = torch.arange(batch * num_tables * dim, dtype=torch.float32).view(batch, num_tables * dim)
     want = out.view(batch, num_tables, dim).transpose(0, 1).reshape(-1, dim)[lengths > 0]
-    torch.testing.assert_close(out.view(-1, dim).index_select(0, nonempty_bags(offsets, num_tables)), want, rtol=0, atol=0)
+    torch.testing.assert_close(out.view(-1, dim).index_select(0, nonempty_rows(offsets, num_tables)), want, rtol=0, atol=0)
 
 
 def test_bags_on_counts_exactly_the_bags_routing_sends_to_each_ps():

@@ -30,7 +30,7 @@ from dlrover.ps.dynamic import MAP_STATES
 from dlrover.ps.dynamic_tables import DynamicCounts, DynamicTables, Translated
 from dlrover.ps.migration import DirtyRows
 from dlrover.ps.moves import VShardMoves
-from dlrover.ps.routing import nonempty_bags
+from dlrover.ps.routing import nonempty_rows
 from dlrover.ps.shm import Attached, ShmSlice
 from dlrover.ps.tables import init_rows, new_tbe
 from dlrover.ps.vshard import VShardMap
@@ -162,7 +162,7 @@ class EmbeddingPS(VShardMoves):
         off = nz = None
         if offsets is not None:
             off = torch.as_tensor(offsets)
-            nz = nonempty_bags(off, len(self.vmap.table_sizes))
+            nz = nonempty_rows(off, len(self.vmap.table_sizes))
         tr = self._translate(idx, off, training) if self.dyn.maps else None
         if tr is not None:
             idx, off = tr.indices, tr.offsets
@@ -212,11 +212,10 @@ class EmbeddingPS(VShardMoves):
             out.backward(g.view(batch, num_tables * self.dim))
             bags = int(nz.numel())
         self.dyn.unpin(p.pins)  # only now: an evicted row must not take this batch's update
-        rows = (len(off) - 1) // num_tables if off is not None else batch
         if self._dirty is not None:
-            self._dirty.mark(idx, off, rows)
+            self._dirty.mark(idx, off, batch)
         if self._cut_tracker is not None:
-            self._cut_tracker.mark(self.tbe, idx, off, rows)
+            self._cut_tracker.mark(self.tbe, idx, off, batch)
         self._stats["pushes"] += 1
         self._stats["ids"] += idx.numel()
         self._stats["rows_updated"] += bags

@@ -121,7 +121,7 @@ def split_grad(routed: RoutedBatch, grad: torch.Tensor, dim: int) -> list[np.nda
     return out
 
 
-def nonempty_bags(offsets: torch.Tensor, num_tables: int) -> torch.Tensor:
+def nonempty_rows(offsets: torch.Tensor, num_tables: int) -> torch.Tensor:
     """The bags with at least one id, in table-major bag order (what a PS returns), as
     rows of TBE's output ``[B, T*D]`` viewed as ``[B*T, D]``: one gather or scatter, no
     transposed copy, moves them between the two layouts."""
