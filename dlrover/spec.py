@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from dlrover.data.criteo import NUM_SPARSE
 from dlrover.data.remote import unknown_protocol
 from dlrover.errors import SpecError, format_validation_error
+from dlrover.optimizer_spec import OptimizerSpec
 from dlrover.paths import is_url
 from dlrover.ps.dense_rounds import DenseSync
 from dlrover.table_spec import TableIndex, TableSpec, check_capacities, rows_of
@@ -155,23 +156,6 @@ class ResourceSpec(_Strict):
         if self.budget_memory_mb is not None and mem > self.budget_memory_mb:
             raise ValueError(f"budget_memory_mb: {self.budget_memory_mb} is below the requested {mem} MB")
         return self
-
-
-class SparseOptimizerSpec(_Strict):
-    name: Literal["rowwise_adagrad", "adagrad", "sgd"] = "rowwise_adagrad"
-    lr: float = Field(0.01, gt=0)
-    eps: float = Field(1e-8, gt=0)
-
-
-class DenseOptimizerSpec(_Strict):
-    name: Literal["adagrad", "sgd", "adam"] = "adagrad"
-    lr: float = Field(0.01, gt=0)
-    eps: float = Field(1e-8, gt=0)
-
-
-class OptimizerSpec(_Strict):
-    sparse: SparseOptimizerSpec = Field(default_factory=SparseOptimizerSpec)
-    dense: DenseOptimizerSpec = Field(default_factory=DenseOptimizerSpec)
 
 
 class PolicySpec(_Strict):

@@ -26,6 +26,8 @@ def test_quickstart_spec_is_valid():
         ({"data": {"paths": ["x"]}, "model": {"num_embeddings": [10, 20]}}, "model.num_embeddings"),
         ({"data": {"paths": ["x"]}, "resources": {"workers": 2, "budget_cpu": 1}}, "budget_cpu"),
         ({"data": {"paths": ["x"]}, "optimizer": {"sparse": {"name": "lamb"}}}, "optimizer.sparse.name"),
+        ({"data": {"paths": ["x"]}, "optimizer": {"dense": {"name": "sgd", "initial_accumulator_value": 0.1}}}, "sgd has no accumulator"),
+        ({"data": {"paths": ["x"]}, "optimizer": {"dense": {"initial_accumulator_value": -1}}}, "optimizer.dense.initial_accumulator_value"),
         ({}, "data: Field required"),
         ({"data": {"paths": ["x"]}, "train": {"dense_sync": "allreduce"}}, "train.dense_sync"),
         ({"data": {"paths": ["x"]}, "train": {"dense_sync": "coded", "stragglers": -1}}, "train.stragglers"),

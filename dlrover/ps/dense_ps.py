@@ -22,20 +22,21 @@ import ray
 import torch
 
 from dlrover.ids import ProcessInfo
+from dlrover.optimizer_spec import DenseOptimizerSpec
 from dlrover.ps.applied import AppliedLog, BatchId
 from dlrover.ps.dense_rounds import Caller, RoundRule, Rounds
 from dlrover.ps.shm import Attached
 
 
 def make_dense_optimizer(params, spec: dict) -> torch.optim.Optimizer:
-    name, lr, eps = spec["name"], float(spec["lr"]), float(spec.get("eps", 1e-8))
-    if name == "adagrad":
-        return torch.optim.Adagrad(params, lr=lr, eps=eps)
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=lr)
-    if name == "adam":
-        return torch.optim.Adam(params, lr=lr, eps=eps)
-    raise ValueError(f"unknown dense optimizer {name!r}")
+    """The optimizer of a ``DenseOptimizerSpec`` dump (what crosses to the actor); its
+    defaults fill what the dict leaves out."""
+    opt = DenseOptimizerSpec.model_validate(spec)
+    if opt.name == "adagrad":
+        return torch.optim.Adagrad(params, lr=opt.lr, eps=opt.eps, initial_accumulator_value=opt.initial_accumulator_value or 0.0)
+    if opt.name == "sgd":
+        return torch.optim.SGD(params, lr=opt.lr)
+    return torch.optim.Adam(params, lr=opt.lr, eps=opt.eps)
 
 
 class DenseParamServer:

@@ -1,0 +1,48 @@
+"""The job spec's ``optimizer`` section: the embedding PS's optimizer and the dense PS's."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+ADAGRAD_INITIAL_ACCUMULATOR = 0.01
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SparseOptimizerSpec(_Strict):
+    name: Literal["rowwise_adagrad", "adagrad", "sgd"] = "rowwise_adagrad"
+    lr: float = Field(0.01, gt=0)
+    eps: float = Field(1e-8, gt=0)
+
+
+class DenseOptimizerSpec(_Strict):
+    name: Literal["adagrad", "sgd", "adam"] = "adagrad"
+    lr: float = Field(0.01, gt=0)
+    eps: float = Field(1e-8, gt=0)
+    # From an empty accumulator Adagrad's first step moves every weight by the full lr,
+    # whatever its gradient: with the bench DLRM's seed that killed every unit of the
+    # bottom MLP's last ReLU layer, and the model never used the dense features again
+    # (docs/FAULTS.md, "Two plateaus"). A small start value damps the first steps.
+    initial_accumulator_value: float | None = Field(None, ge=0, description="adagrad: the accumulator's start value (default 0.01)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _adagrad_default(cls, doc: Any) -> Any:
+        if isinstance(doc, dict) and doc.get("name", "adagrad") == "adagrad" and doc.get("initial_accumulator_value") is None:
+            return {**doc, "initial_accumulator_value": ADAGRAD_INITIAL_ACCUMULATOR}
+        return doc
+
+    @model_validator(mode="after")
+    def _adagrad_only(self) -> "DenseOptimizerSpec":
+        if self.name != "adagrad" and self.initial_accumulator_value is not None:
+            raise ValueError(f"initial_accumulator_value: {self.name} has no accumulator (adagrad only)")
+        return self
+
+
+class OptimizerSpec(_Strict):
+    sparse: SparseOptimizerSpec = Field(default_factory=SparseOptimizerSpec)
+    dense: DenseOptimizerSpec = Field(default_factory=DenseOptimizerSpec)
