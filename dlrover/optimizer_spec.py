@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-ADAGRAD_INITIAL_ACCUMULATOR = 0.01
+ADAGRAD_INITIAL_ACCUMULATOR = 0.001
 
 
 class _Strict(BaseModel):
@@ -27,14 +27,19 @@ class DenseOptimizerSpec(_Strict):
     # whatever its gradient: with the bench DLRM's seed that killed every unit of the
     # bottom MLP's last ReLU layer, and the model never used the dense features again
     # (docs/FAULTS.md, "Two plateaus"). A small start value damps the first steps.
-    initial_accumulator_value: float | None = Field(None, ge=0, description="adagrad: the accumulator's start value (default 0.01)")
+    initial_accumulator_value: float | None = Field(None, ge=0, description="adagrad: the accumulator's start value (default 0.001)")
 
     @model_validator(mode="before")
     @classmethod
     def _adagrad_default(cls, doc: Any) -> Any:
-        if isinstance(doc, dict) and doc.get("name", "adagrad") == "adagrad" and doc.get("initial_accumulator_value") is None:
-            return {**doc, "initial_accumulator_value": ADAGRAD_INITIAL_ACCUMULATOR}
-        return doc
+        """Adagrad gets the default start value; another optimizer drops it (a dumped
+        spec carries it, and only the name may have been changed since)."""
+        if not isinstance(doc, dict):
+            return doc
+        value = doc.get("initial_accumulator_value")
+        if doc.get("name", "adagrad") == "adagrad":
+            return {**doc, "initial_accumulator_value": ADAGRAD_INITIAL_ACCUMULATOR if value is None else value}
+        return {**doc, "initial_accumulator_value": None} if value == ADAGRAD_INITIAL_ACCUMULATOR else doc
 
     @model_validator(mode="after")
     def _adagrad_only(self) -> "DenseOptimizerSpec":

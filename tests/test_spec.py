@@ -99,3 +99,11 @@ def test_chaos_target_a_policy_can_reach_is_accepted(target, sections):
 @pytest.mark.parametrize("name", sorted(p.name for p in (Path(__file__).resolve().parents[1] / "jobs").glob("*.yaml")))
 def test_every_shipped_job_spec_is_valid(name):
     assert load_spec(Path(__file__).resolve().parents[1] / "jobs" / name).data.paths
+
+
+def test_dense_adagrad_starts_its_accumulator_at_the_default_and_a_dumped_spec_may_switch_optimizer():
+    spec = spec_from_dict(dict(BASE))
+    assert spec.optimizer.dense.name == "adagrad" and spec.optimizer.dense.initial_accumulator_value == 0.001
+    doc = spec.model_dump()
+    doc["optimizer"]["dense"]["name"] = "sgd"  # the dump carries adagrad's default: not an error
+    assert spec_from_dict(doc).optimizer.dense.initial_accumulator_value is None

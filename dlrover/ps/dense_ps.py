@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 import ray
@@ -28,15 +30,17 @@ from dlrover.ps.dense_rounds import Caller, RoundRule, Rounds
 from dlrover.ps.shm import Attached
 
 
-def make_dense_optimizer(params, spec: dict) -> torch.optim.Optimizer:
+def make_dense_optimizer(params: Iterable[torch.nn.Parameter], spec: dict[str, Any]) -> torch.optim.Optimizer:
     """The optimizer of a ``DenseOptimizerSpec`` dump (what crosses to the actor); its
     defaults fill what the dict leaves out."""
     opt = DenseOptimizerSpec.model_validate(spec)
     if opt.name == "adagrad":
-        return torch.optim.Adagrad(params, lr=opt.lr, eps=opt.eps, initial_accumulator_value=opt.initial_accumulator_value or 0.0)
+        return torch.optim.Adagrad(params, lr=opt.lr, eps=opt.eps, initial_accumulator_value=opt.initial_accumulator_value)
     if opt.name == "sgd":
         return torch.optim.SGD(params, lr=opt.lr)
-    return torch.optim.Adam(params, lr=opt.lr, eps=opt.eps)
+    if opt.name == "adam":
+        return torch.optim.Adam(params, lr=opt.lr, eps=opt.eps)
+    raise ValueError(f"optimizer.dense.name: {opt.name!r} has no implementation")
 
 
 class DenseParamServer:
