@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -27,25 +27,19 @@ class DenseOptimizerSpec(_Strict):
     # whatever its gradient: with the bench DLRM's seed that killed every unit of the
     # bottom MLP's last ReLU layer, and the model never used the dense features again
     # (docs/FAULTS.md, "Two plateaus"). A small start value damps the first steps.
-    initial_accumulator_value: float | None = Field(None, ge=0, description="adagrad: the accumulator's start value (default 0.001)")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _adagrad_default(cls, doc: Any) -> Any:
-        """Adagrad gets the default start value; another optimizer drops it (a dumped
-        spec carries it, and only the name may have been changed since)."""
-        if not isinstance(doc, dict):
-            return doc
-        value = doc.get("initial_accumulator_value")
-        if doc.get("name", "adagrad") == "adagrad":
-            return {**doc, "initial_accumulator_value": ADAGRAD_INITIAL_ACCUMULATOR if value is None else value}
-        return {**doc, "initial_accumulator_value": None} if value == ADAGRAD_INITIAL_ACCUMULATOR else doc
+    initial_accumulator_value: float | None = Field(None, ge=0, description=f"adagrad: the accumulator's start value (unset: {ADAGRAD_INITIAL_ACCUMULATOR})")
 
     @model_validator(mode="after")
     def _adagrad_only(self) -> "DenseOptimizerSpec":
         if self.name != "adagrad" and self.initial_accumulator_value is not None:
             raise ValueError(f"initial_accumulator_value: {self.name} has no accumulator (adagrad only)")
         return self
+
+    @property
+    def accumulator_start(self) -> float:
+        """Adagrad's accumulator start: the value set, else the default (kept unset in the
+        spec, so that a dumped spec may still switch to another optimizer)."""
+        return ADAGRAD_INITIAL_ACCUMULATOR if self.initial_accumulator_value is None else self.initial_accumulator_value
 
 
 class OptimizerSpec(_Strict):

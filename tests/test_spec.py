@@ -103,7 +103,9 @@ def test_every_shipped_job_spec_is_valid(name):
 
 def test_dense_adagrad_starts_its_accumulator_at_the_default_and_a_dumped_spec_may_switch_optimizer():
     spec = spec_from_dict(dict(BASE))
-    assert spec.optimizer.dense.name == "adagrad" and spec.optimizer.dense.initial_accumulator_value == 0.001
+    assert spec.optimizer.dense.name == "adagrad" and spec.optimizer.dense.accumulator_start == 0.001
     doc = spec.model_dump()
-    doc["optimizer"]["dense"]["name"] = "sgd"  # the dump carries adagrad's default: not an error
-    assert spec_from_dict(doc).optimizer.dense.initial_accumulator_value is None
+    doc["optimizer"]["dense"]["name"] = "sgd"  # the dump leaves the start value unset: not an error
+    assert spec_from_dict(doc).optimizer.dense.name == "sgd"
+    set_ = spec_from_dict(dict(BASE), "s", parse_overrides(["optimizer.dense.initial_accumulator_value=0"]))
+    assert set_.optimizer.dense.accumulator_start == 0.0

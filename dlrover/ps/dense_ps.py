@@ -35,12 +35,10 @@ def make_dense_optimizer(params: Iterable[torch.nn.Parameter], spec: dict[str, A
     defaults fill what the dict leaves out."""
     opt = DenseOptimizerSpec.model_validate(spec)
     if opt.name == "adagrad":
-        return torch.optim.Adagrad(params, lr=opt.lr, eps=opt.eps, initial_accumulator_value=opt.initial_accumulator_value)
+        return torch.optim.Adagrad(params, lr=opt.lr, eps=opt.eps, initial_accumulator_value=opt.accumulator_start)
     if opt.name == "sgd":
         return torch.optim.SGD(params, lr=opt.lr)
-    if opt.name == "adam":
-        return torch.optim.Adam(params, lr=opt.lr, eps=opt.eps)
-    raise ValueError(f"optimizer.dense.name: {opt.name!r} has no implementation")
+    return torch.optim.Adam(params, lr=opt.lr, eps=opt.eps)
 
 
 class DenseParamServer:
