@@ -125,6 +125,7 @@ def nonempty_rows(offsets: torch.Tensor, num_tables: int) -> torch.Tensor:
     """The bags with at least one id, in table-major bag order (what a PS returns), as
     rows of TBE's output ``[B, T*D]`` viewed as ``[B*T, D]``: one gather or scatter, no
     transposed copy, moves them between the two layouts."""
-    bag = torch.nonzero(offsets[1:] > offsets[:-1]).view(-1)  # table * B + sample
-    per_table = (offsets.numel() - 1) // num_tables
-    return (bag % per_table) * num_tables + bag // per_table
+    off = offsets.numpy()  # numpy: a third of torch's time for this on one thread
+    bag = np.flatnonzero(off[1:] > off[:-1])  # table * B + sample
+    per_table = (len(off) - 1) // num_tables
+    return torch.from_numpy((bag % per_table) * num_tables + bag // per_table)
