@@ -4,22 +4,20 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from dlrover.spec_base import SpecSection
 
 ADAGRAD_INITIAL_ACCUMULATOR = 0.001
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class SparseOptimizerSpec(_Strict):
+class SparseOptimizerSpec(SpecSection):
     name: Literal["rowwise_adagrad", "adagrad", "sgd"] = "rowwise_adagrad"
     lr: float = Field(0.01, gt=0)
     eps: float = Field(1e-8, gt=0)
 
 
-class DenseOptimizerSpec(_Strict):
+class DenseOptimizerSpec(SpecSection):
     name: Literal["adagrad", "sgd", "adam"] = "adagrad"
     lr: float = Field(0.01, gt=0)
     eps: float = Field(1e-8, gt=0)
@@ -42,6 +40,6 @@ class DenseOptimizerSpec(_Strict):
         return ADAGRAD_INITIAL_ACCUMULATOR if self.initial_accumulator_value is None else self.initial_accumulator_value
 
 
-class OptimizerSpec(_Strict):
+class OptimizerSpec(SpecSection):
     sparse: SparseOptimizerSpec = Field(default_factory=SparseOptimizerSpec)
     dense: DenseOptimizerSpec = Field(default_factory=DenseOptimizerSpec)

@@ -13,22 +13,19 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from dlrover.data.criteo import NUM_SPARSE
 from dlrover.data.remote import unknown_protocol
 from dlrover.errors import SpecError, format_validation_error
 from dlrover.optimizer_spec import OptimizerSpec
 from dlrover.paths import is_url
+from dlrover.spec_base import SpecSection
 from dlrover.ps.dense_rounds import DenseSync
 from dlrover.table_spec import TableIndex, TableSpec, check_capacities, rows_of
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)  # resolved once, on the driver; never changed after
-
-
-class ModelSpec(_Strict):
+class ModelSpec(SpecSection):
     """DLRM shape. ``num_embeddings`` is one size for all 26 tables or a list of 26."""
 
     embedding_dim: int = Field(16, ge=1, le=1024)
@@ -73,7 +70,7 @@ class ModelSpec(_Strict):
         return rows_of([self.num_embeddings] * NUM_SPARSE if isinstance(self.num_embeddings, int) else list(self.num_embeddings), self.tables)
 
 
-class SynthSpec(_Strict):
+class SynthSpec(SpecSection):
     """Synthetic Criteo data generated on first use when ``data.paths`` match nothing."""
 
     out: str
@@ -82,7 +79,7 @@ class SynthSpec(_Strict):
     seed: int = 0
 
 
-class DataSpec(_Strict):
+class DataSpec(SpecSection):
     """Where the rows are and how they are cut into shards.
 
     ``paths``: local files, directories or globs, or fsspec URLs (``s3://bucket/day_*.tsv``,
@@ -119,7 +116,7 @@ class DataSpec(_Strict):
         return v
 
 
-class ResourceSpec(_Strict):
+class ResourceSpec(SpecSection):
     workers: int = Field(2, ge=1)
     ps: int = Field(2, ge=1)
     worker_cpu: float = Field(1.0, gt=0)
@@ -158,7 +155,7 @@ class ResourceSpec(_Strict):
         return self
 
 
-class PolicySpec(_Strict):
+class PolicySpec(SpecSection):
     """Allocation policy: who decides the job's resources while it runs.
 
     ``static`` keeps the request; ``dlrover_rm`` is the three-stage elastic policy;
@@ -181,7 +178,7 @@ class PolicySpec(_Strict):
     placement: Literal["default", "pal"] = Field("default", description="where new actors go: Ray's choice, or pal (fastest node class with room)")
 
 
-class CheckpointSpec(_Strict):
+class CheckpointSpec(SpecSection):
     """Checkpoints for fault recovery, and the trained model.
 
     In-memory checkpoints (every ``memory_interval_s``: a consistent cut of PS vshards with
@@ -221,7 +218,7 @@ class CheckpointSpec(_Strict):
         return self
 
 
-class RecoverySpec(_Strict):
+class RecoverySpec(SpecSection):
     """What a lost embedding PS costs (a lost dense PS always rolls the job back).
 
     ``partial``: only the dead PS's vshards go back to the newest checkpoint; the other PS,
@@ -234,7 +231,7 @@ class RecoverySpec(_Strict):
     ps: Literal["partial", "rollback"] = "partial"
 
 
-class TrainSpec(_Strict):
+class TrainSpec(SpecSection):
     """How a worker trains. ``staleness`` 1 overlaps the embedding pull of step i+1 with
     step i (bounded staleness of one step); 0 pulls only after the previous push landed."""
 
@@ -259,7 +256,7 @@ class TrainSpec(_Strict):
         return self
 
 
-class ChaosEvent(_Strict):
+class ChaosEvent(SpecSection):
     """A fault injected on purpose ``at_s`` seconds after the job's actors first started
     (master restarts do not count), to test what the platform does. ``kill``: the actor
     dies. ``slow``: it runs ``factor`` times slower. ``leak``: its memory grows by
@@ -290,7 +287,7 @@ class ChaosEvent(_Strict):
         return role, int(i or 0)
 
 
-class JobSpec(_Strict):
+class JobSpec(SpecSection):
     name: str = Field("job", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
     seed: int = 0
     model: ModelSpec = Field(default_factory=ModelSpec)
