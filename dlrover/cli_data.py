@@ -6,10 +6,11 @@ from __future__ import annotations
 import argparse
 from typing import Callable
 
+from dlrover.cli_args import positive_int
 from dlrover.errors import DLRoverError
 
 
-def add_data_parsers(add_parser: Callable[..., argparse.ArgumentParser], positive_int: Callable[[str], int]) -> None:
+def add_data_parsers(add_parser: Callable[..., argparse.ArgumentParser]) -> None:
     """Add ``data synth`` with ``add_parser`` (the CLI's ``subparsers.add_parser``)."""
     d = add_parser("data", help="data utilities")
     dsub = d.add_subparsers(dest="data_cmd", required=True, parser_class=type(d))
