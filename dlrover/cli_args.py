@@ -18,15 +18,16 @@ class Parser(argparse.ArgumentParser):
         raise SystemExit(EXIT_USER_ERROR)
 
 
-def number(cast: type, low: float, strict: bool, what: str):
-    """An argparse type: ``cast(v)``, finite, above ``low`` (``strict``) or at least it."""
+def number(cast: type, low: float, strict: bool, what: str, high: float = math.inf):
+    """An argparse type: ``cast(v)``, finite, above ``low`` (``strict``) or at least it,
+    and at most ``high``."""
 
     def parse(v: str):
         try:
             x = cast(v)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {what}, got {v!r}") from None
-        if not math.isfinite(x) or (x <= low if strict else x < low):
+        if not math.isfinite(x) or (x <= low if strict else x < low) or x > high:
             raise argparse.ArgumentTypeError(f"expected {what}, got {v!r}")
         return x
 
@@ -37,6 +38,7 @@ positive_int = number(int, 0, True, "a positive integer")
 nonneg_int = number(int, 0, False, "an integer >= 0")
 positive_float = number(float, 0.0, True, "a positive number")
 nonneg_float = number(float, 0.0, False, "a finite number >= 0")
+probability = number(float, 0.0, False, "a probability in [0, 1]", high=1.0)
 tick_s = number(float, 1.0, False, "at least 1 second")
 
 

@@ -7,7 +7,7 @@ import argparse
 import json
 from typing import Callable
 
-from dlrover.cli_args import Parser, int_list, number, positive_float, positive_int
+from dlrover.cli_args import Parser, int_list, nonneg_int, number, positive_float, positive_int, probability
 
 
 def grid(v: str) -> list[tuple[int, int]]:
@@ -74,6 +74,14 @@ def add_bench_parsers(add_parser: Callable[..., argparse.ArgumentParser]) -> Non
     ds.add_argument("--rows", type=positive_int, default=960_000)
     ds.add_argument("--workers", type=positive_int, default=4)
     ds.add_argument("--slow-factor", type=number(float, 1.0, True, "a number above 1"), default=4.0, help="how many times slower worker:0 runs (default 4)")
+    cd = bsub.add_parser("coding", help="gradient coding on the real DLRM's gradients, straggler-model clock: time to target AUC per scheme")
+    cd.add_argument("--json", action="store_true")
+    cd.add_argument("--rows", type=positive_int, default=960_000)
+    cd.add_argument("--workers", type=positive_int, default=4, help="workers = data partitions per round")
+    cd.add_argument("--stragglers", type=nonneg_int, default=1, help="stragglers tolerated, s < workers")
+    cd.add_argument("--d", type=positive_int, help="partitions per cyclic worker (default stragglers + 1)")
+    cd.add_argument("--slow-factor", type=number(float, 1.0, True, "a number above 1"), default=4.0, help="how many times slower a slow worker runs (default 4)")
+    cd.add_argument("--rate", type=probability, default=0.05, help="the Markov path's straggler rate, active -> slow per round (default 0.05)")
     pl = bsub.add_parser("pal", help="PAL placement vs Ray's default on a loopback cluster with a slow node: where workers land, samples/s")
     pl.add_argument("--json", action="store_true")
     pl.add_argument("--rows", type=positive_int, default=120_000)
@@ -99,6 +107,8 @@ BENCHES: dict[str, tuple[str, str, str, Callable[[argparse.Namespace], dict]]] =
     "embeddings": ("embeddings", "run_embeddings_bench", "print_embeddings", lambda a: {"quick": a.quick}),
     "slow-ps": ("slow_ps", "run_slow_ps_bench", "print_slow_ps", lambda a: {"rows": a.rows, "delay_ms": a.delay_ms}),
     "pal": ("pal", "run_pal_bench", "print_pal", lambda a: {"rows": a.rows, "epochs": a.epochs, "slowdown": a.slowdown}),
+    "coding": ("coding", "run_coding_bench", "print_coding", lambda a: {
+        "rows": a.rows, "workers": a.workers, "stragglers": a.stragglers, "d": a.d, "slow_factor": a.slow_factor, "rate": a.rate}),
     "dense-sync": ("dense_sync", "run_dense_sync_bench", "print_dense_sync", lambda a: {"rows": a.rows, "workers": a.workers, "slow_factor": a.slow_factor}),
 }
 
