@@ -29,12 +29,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from dlrover.errors import SpecError, format_validation_error
 from dlrover.resource.configs import Config
 from dlrover.spec import read_yaml
+from dlrover.spec_base import SpecSection
 
 POLICIES_DIR = Path(__file__).resolve().parents[2] / "policies"
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 def _range(low: float, high: float, log: bool = False) -> dict:
@@ -52,14 +49,14 @@ def _choices(*values: Any) -> dict:
 # --------------------------------------------------------------------------- static
 
 
-class StaticKnobs(_Strict):
+class StaticKnobs(SpecSection):
     """``static`` has no knobs: it keeps the resources the job spec asked for."""
 
 
 # --------------------------------------------------------------------------- scripted
 
 
-class ScriptStep(_Strict):
+class ScriptStep(SpecSection):
     """One queued decision: when it fires and what it changes (unset fields are kept)."""
 
     at_progress: float | None = Field(None, ge=0.0, le=1.0, description="fire once this fraction of the samples is done")
@@ -85,7 +82,7 @@ class ScriptStep(_Strict):
         return {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
 
 
-class ScriptedKnobs(_Strict):
+class ScriptedKnobs(SpecSection):
     """``scripted``: a fixed list of decisions for tests and benchmarks."""
 
     steps: list[ScriptStep] = Field(default_factory=list, description="decisions, fired once each, in order")
@@ -94,7 +91,7 @@ class ScriptedKnobs(_Strict):
 # --------------------------------------------------------------------------- dlrover_rm
 
 
-class ConfigKnob(_Strict):
+class ConfigKnob(SpecSection):
     """A resource configuration written in a policy file."""
 
     workers: int = Field(2, ge=1, description="workers")
@@ -108,7 +105,7 @@ class ConfigKnob(_Strict):
         return Config(**self.model_dump())
 
 
-class PriorKnob(_Strict):
+class PriorKnob(SpecSection):
     """Prior coefficients of the step-time model (``dlrover.resource.perf_model.PerfParams``):
     what the job's model predicts before its own measurements say otherwise. Fit them to
     the history of your cluster's jobs; the built-in prior suits the 2-core dev machine."""
@@ -120,7 +117,7 @@ class PriorKnob(_Strict):
     t4: float = Field(ge=0, description="shared contention: t4 * w")
     t5: float = Field(0.0, ge=0, description="host over-commit: t5 * B * max(0, w * cw + p * cp - cores)")
     t6: float = Field(0.0, ge=0, description="threads over the cores in each other's way: t6 * B * max(0, w * cw + p * cp - cores)**2")
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(allow_inf_nan=False)  # merged with SpecSection's
 
     @model_validator(mode="after")
     def _not_all_zero(self) -> "PriorKnob":
@@ -135,7 +132,7 @@ def _cpu_choices(v: list[float]) -> list[float]:
     return sorted({float(x) for x in v})
 
 
-class DLRoverRMKnobs(_Strict):
+class DLRoverRMKnobs(SpecSection):
     """``dlrover_rm``: warm start, model-driven scaling, runtime correction.
 
     Knobs with a search range are the ones ``dlrover tune`` varies: those that move JCT,
@@ -227,7 +224,7 @@ class DLRoverRMKnobs(_Strict):
 # --------------------------------------------------------------------------- optimus
 
 
-class OptimusKnobs(_Strict):
+class OptimusKnobs(SpecSection):
     """``optimus``: greedy marginal gain per dominant resource share (Optimus, EuroSys'18)."""
 
     start: Literal["minimal", "request"] = Field(
