@@ -63,10 +63,19 @@ class LocalResult:
         return self.samples / max(self.train_time_s, 1e-9)
 
 
+def batch_loss(model, loss_fn, batch: Batch, sizes: np.ndarray) -> torch.Tensor:
+    """The model's loss on ``batch`` (its backward also updates the fused embedding rows)."""
+    return loss_fn(model(torch.from_numpy(batch.dense), make_kjt(hashed(batch, sizes))).squeeze(-1), torch.from_numpy(batch.labels))
+
+
+def predict(model, batch: Batch, sizes: np.ndarray) -> np.ndarray:
+    """Click probabilities of ``batch`` (call under ``torch.no_grad()``, in eval mode)."""
+    return torch.sigmoid(model(torch.from_numpy(batch.dense), make_kjt(hashed(batch, sizes))).squeeze(-1)).numpy()
+
+
 def train_step(model, opt, loss_fn, batch: Batch, sizes: np.ndarray) -> float:
     opt.zero_grad(set_to_none=True)
-    logits = model(torch.from_numpy(batch.dense), make_kjt(hashed(batch, sizes))).squeeze(-1)
-    loss = loss_fn(logits, torch.from_numpy(batch.labels))
+    loss = batch_loss(model, loss_fn, batch, sizes)
     loss.backward()
     opt.step()
     return float(loss)
@@ -104,8 +113,7 @@ def evaluate_local(model, plan: DataPlan, reader: FileReader, spec: JobSpec) -> 
         for path, a, z in plan.eval_ranges(spec.data.shard_rows):
             for s in range(a, z, b):
                 batch, _ = reader.read(plan.files[path], s, min(z, s + b))
-                logits = model(torch.from_numpy(batch.dense), make_kjt(hashed(batch, sizes))).squeeze(-1)
-                probs.append(torch.sigmoid(logits).numpy())
+                probs.append(predict(model, batch, sizes))
                 labels.append(batch.labels)
     model.train()
     return evaluate_scores(np.concatenate(labels), np.concatenate(probs)) if labels else {}

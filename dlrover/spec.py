@@ -236,6 +236,7 @@ class TrainSpec(SpecSection):
     step i (bounded staleness of one step); 0 pulls only after the previous push landed."""
 
     staleness: Literal[0, 1] = 1
+    max_staleness: int | None = Field(None, ge=0, le=8, description="adaptive pull-ahead: pulls may run up to this many batches ahead while they keep training waiting (slow links); default: staleness (fixed)")
     vshards: int = Field(64, ge=1, le=65536)
     threads_per_worker: int | None = Field(None, ge=1)
     log_every_s: float = Field(2.0, gt=0)
@@ -253,14 +254,23 @@ class TrainSpec(SpecSection):
     def _deterministic(self) -> "TrainSpec":
         if self.deterministic and (self.staleness != 0 or self.dense_sync != "async"):
             raise ValueError("deterministic: true needs staleness: 0 and dense_sync: async")
+        if self.max_staleness not in (None, self.staleness) and (self.staleness == 0 or self.max_staleness < self.staleness):
+            raise ValueError(f"max_staleness: {self.max_staleness} needs staleness: 1 and max_staleness >= 1 (staleness 0 pulls only after the previous push landed)")
         return self
+
+    @property
+    def pull_ahead_bound(self) -> int:
+        """The most batches a worker's pulls may run ahead (``max_staleness``, else ``staleness``)."""
+        return self.staleness if self.max_staleness is None else self.max_staleness
 
 
 class ChaosEvent(SpecSection):
     """A fault injected on purpose ``at_s`` seconds after the job's actors first started
     (master restarts do not count), to test what the platform does. ``kill``: the actor
     dies. ``slow``: it runs ``factor`` times slower. ``leak``: its memory grows by
-    ``mb_per_s``. ``delay``: a PS answers each pull and push ``ms`` later (a slow link).
+    ``mb_per_s``. ``delay``: a PS answers each pull and push ``ms`` later, busy meanwhile (a
+    slow server). ``latency``: a PS's answers reach every worker ``ms`` after its pulls went
+    out, the PS free meanwhile (a slow link).
     ``target``: ``worker:i`` the i-th running worker (launch order), ``ps:i`` the i-th PS,
     ``master`` (its process exits; Ray restarts it), ``node:i`` the i-th node of the
     cluster (by node id) with the job's actors on it (not the master's node's master and
@@ -268,18 +278,18 @@ class ChaosEvent(SpecSection):
     """
 
     at_s: float = Field(ge=0)
-    action: Literal["kill", "slow", "leak", "delay"]
+    action: Literal["kill", "slow", "leak", "delay", "latency"]
     target: str = Field(pattern=r"^((worker|ps|node):[0-9]+|master)$")
     factor: float = Field(3.0, gt=1, description="slow: how many times slower")
     mb_per_s: float = Field(50.0, gt=0, description="leak: growth of RSS (MB/s)")
-    ms: float = Field(50.0, gt=0, description="delay: added to each PS pull and push (ms)")
+    ms: float = Field(50.0, gt=0, description="delay: added to each PS pull and push; latency: a pull's round trip (ms)")
 
     @model_validator(mode="after")
     def _supported(self) -> "ChaosEvent":
         if self.action != "kill" and (self.target == "master" or self.target.startswith("node:")):
             raise ValueError(f"target: {self.target} can only be killed")
-        if self.action == "delay" and not self.target.startswith("ps:"):
-            raise ValueError(f"target: {self.target}: delay applies to a PS (ps:i)")
+        if self.action in ("delay", "latency") and not self.target.startswith("ps:"):
+            raise ValueError(f"target: {self.target}: {self.action} applies to a PS (ps:i)")
         return self
 
     def role_index(self) -> tuple[str, int]:

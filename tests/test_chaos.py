@@ -19,6 +19,7 @@ def test_chaos_spec_is_validated(synth_dir):
         ({"at_s": 1, "action": "leak", "target": "node:0"}, "chaos.0"),
         ({"at_s": 1, "action": "delay", "target": "worker:0"}, "chaos.0"),
         ({"at_s": 1, "action": "delay", "target": "ps:0", "ms": 0}, "chaos.0.ms"),
+        ({"at_s": 1, "action": "latency", "target": "worker:0"}, "latency applies to a PS"),
     ]:
         with pytest.raises(SpecError, match=field):
             spec_from_dict(dict(base, chaos=[bad]), "job.yaml")
@@ -125,6 +126,30 @@ def test_slow_ps_is_detected_by_its_call_time_and_replaced_without_losing_an_upd
     (f,) = [f for f in s["failures"] if f["kind"] == "straggler"]
     assert f["actor"] == fired["actor"] and f["at_s"] <= f["detected_s"] <= f["recovered_s"]
     assert abs(s["auc"] - fault_free_auc(spec, tmp_path)) < 0.01
+
+
+def test_a_slow_link_sends_pulls_further_ahead_without_losing_an_update(ray_local, synth_dir, tmp_path):
+    """ps:1's answers reach the worker 150 ms after its pulls went out (the PS free
+    meanwhile), several steps' time: with ``train.max_staleness: 4`` the worker's pulls run
+    further ahead than one batch, and every bag update still lands exactly once."""
+    from dlrover.runner import run_job
+
+    spec = small_spec(
+        synth_dir,
+        data__epochs=3,
+        resources__workers=1,
+        train__max_staleness=4,
+        train__log_every_s=0.25,
+        chaos=[{"at_s": 0, "action": "latency", "target": "ps:1", "ms": 150}],
+    )
+    s, path = run_job(spec, runs_dir=str(tmp_path / "runs"), progress="none")
+    assert s["status"] == "succeeded" and s["samples_lost"] == 0
+    assert s["samples_trained"] == s["samples_expected"]
+    assert s["ps_bags_updated"] == 26 * s["samples_expected"]
+    (fired,) = s["chaos"]
+    assert fired["action"] == "latency" and fired["ms"] == 150
+    (exit_,) = [e for e in events_of(path) if e["kind"] == "worker_exit"]
+    assert 1 < exit_["pull_ahead_peak"] <= 4, exit_
 
 
 def test_memory_trend_acts_before_the_limit(ray_local, synth_dir_large, tmp_path):

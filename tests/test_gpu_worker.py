@@ -15,7 +15,7 @@ from conftest import small_spec
 
 def test_worker_gpu_puts_the_workers_model_on_cuda_and_asks_ray_for_the_gpus(synth_dir):
     from dlrover.spec import spec_from_dict
-    from dlrover.worker.worker import WorkerSpec
+    from dlrover.worker.worker_spec import WorkerSpec
 
     assert WorkerSpec.of(small_spec(synth_dir)).device == "cpu"
     assert WorkerSpec.of(small_spec(synth_dir, resources__worker_gpu=1)).device == "cuda"

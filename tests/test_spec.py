@@ -32,6 +32,8 @@ def test_quickstart_spec_is_valid():
         ({"data": {"paths": ["x"]}, "train": {"dense_sync": "allreduce"}}, "train.dense_sync"),
         ({"data": {"paths": ["x"]}, "train": {"dense_sync": "coded", "stragglers": -1}}, "train.stragglers"),
         ({"data": {"paths": ["x"]}, "train": {"dense_sync": "sync", "deterministic": True, "staleness": 0}}, "and dense_sync: async"),
+        ({"data": {"paths": ["x"]}, "train": {"staleness": 0, "max_staleness": 2}}, "max_staleness: 2 needs staleness: 1"),
+        ({"data": {"paths": ["x"]}, "train": {"max_staleness": 9}}, "train.max_staleness"),
         ({"data": {"paths": ["x"]}, "train": {"dense_sync": "sync"}, "resources": {"dense_ps": 2}}, "needs resources.dense_ps: 1"),
     ],
 )

@@ -31,7 +31,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 
-from dlrover.bench.progress import JobProgress
+from dlrover.bench.progress import JobProgress, bench_data
 from dlrover.checkpoint.manifest import MANIFEST
 from dlrover.checkpoint.store import CheckpointStore
 from dlrover.errors import DLRoverError
@@ -155,8 +155,7 @@ def run_checkpoint_bench(quick: bool = False) -> dict:
     from dlrover.data.synth import SynthConfig, generate
 
     rows, epochs, n = (QUICK["rows"], QUICK["epochs"], QUICK["num_embeddings"]) if quick else (ROWS, EPOCHS, NUM_EMBEDDINGS)
-    cache = os.environ.get("DLROVER_BENCH_DATA", os.path.join(tempfile.gettempdir(), "dlrover-bench-data"))
-    data_dir = os.path.join(cache, f"checkpoint-{rows}-{n}")
+    data_dir = bench_data(f"checkpoint-{rows}-{n}")
     if not os.path.exists(os.path.join(data_dir, "synth.json")):
         _log(f"generating {rows:,} synthetic rows with {n:,}-value vocabularies -> {data_dir}")
         generate(data_dir, SynthConfig(rows=rows, files=4, seed=13, vocab_sizes=[n] * 26), progress=False)

@@ -17,7 +17,7 @@ import os
 import sys
 import tempfile
 
-from dlrover.bench.progress import run_bench_job
+from dlrover.bench.progress import bench_data, run_bench_job
 from dlrover.spec import JobSpec
 
 BATCH_SIZE = 1024
@@ -49,8 +49,7 @@ def run_dense_sync_bench(rows: int = 960_000, workers: int = 4, slow_factor: flo
     """The six runs; one row each, with the target and time to it (see the module docstring)."""
     from dlrover.runner import ensure_data
 
-    cache = os.environ.get("DLROVER_BENCH_DATA", os.path.join(tempfile.gettempdir(), "dlrover-bench-data"))
-    data_dir = os.path.join(cache, f"criteo-{rows}")
+    data_dir = bench_data(f"criteo-{rows}")
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
         for mode in MODES:

@@ -21,6 +21,7 @@ import sys
 import tempfile
 
 from dlrover.spec import JobSpec, spec_from_dict
+from dlrover.bench.progress import bench_data
 
 
 MODES = {  # name: (policy.rescale, policy.standby)
@@ -87,8 +88,7 @@ def _one(spec: JobSpec, runs_dir: str) -> dict:
 
 
 def run_elastic_bench(rows: int = 1_500_000, num_embeddings: int = 400_000, at_progress: float = 0.1) -> dict:
-    cache = os.environ.get("DLROVER_BENCH_DATA", os.path.join(tempfile.gettempdir(), "dlrover-bench-data"))
-    data_dir = os.path.join(cache, f"elastic-{rows}")
+    data_dir = bench_data(f"elastic-{rows}")
     from dlrover.runner import ensure_data
 
     out: dict = {"rows": rows, "num_embeddings": num_embeddings, "table_bytes": 26 * num_embeddings * 16 * 4}

@@ -29,6 +29,7 @@ from dlrover.resource.configs import Config
 from dlrover.resource.perf_model import PerfModel
 from dlrover.runlog import read_events
 from dlrover.spec import JobSpec, spec_from_dict
+from dlrover.bench.progress import bench_data
 
 # (workers, ps, worker_cpu, ps_cpu): the sweep, in order, starting from the first. On the
 # 2-core machine every point but the first asks for more CPUs than there are cores.
@@ -160,10 +161,9 @@ def run_perf_model_bench(window_s: float = 12.0, repeats: int = 2) -> dict:
 
     if repeats < 1:
         raise ValueError(f"--repeats must be at least 1, got {repeats}")
-    cache = os.environ.get("DLROVER_BENCH_DATA", os.path.join(tempfile.gettempdir(), "dlrover-bench-data"))
     n = len(SWEEP) * repeats
     with tempfile.TemporaryDirectory() as tmp:
-        spec = sweep_spec(os.path.join(cache, "perf-model-500k"), window_s, os.path.join(tmp, "history"), repeats)
+        spec = sweep_spec(bench_data("perf-model-500k"), window_s, os.path.join(tmp, "history"), repeats)
         ensure_data(spec)
         print(f"[bench] sweeping {len(SWEEP)} configurations {repeats}x, {window_s:g}s measured each (live rescales)", file=sys.stderr)
         summary, path = run_job(spec, runs_dir=os.path.join(tmp, "runs"), progress="none", stop_when=StopAfterSweep(n, window_s))

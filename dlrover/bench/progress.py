@@ -3,7 +3,9 @@ stays clean for ``--json``), and one error line naming the bench if the job fail
 
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -27,6 +29,12 @@ class JobProgress:
             pct = 100.0 * p.get("samples_done", 0) / max(p.get("samples_expected") or 1, 1)
             print(f"[bench]   {self.name}: {now:4.0f}s elapsed, {p.get('status')}, {pct:3.0f}% trained, {p.get('config') or ''}", file=sys.stderr, flush=True)
         return False
+
+
+def bench_data(name: str) -> str:
+    """Where a bench keeps its generated data between runs: ``$DLROVER_BENCH_DATA/name``
+    (default: ``dlrover-bench-data`` in the temp directory)."""
+    return os.path.join(os.environ.get("DLROVER_BENCH_DATA", os.path.join(tempfile.gettempdir(), "dlrover-bench-data")), name)
 
 
 def run_bench_job(spec: JobSpec, runs_dir: str, label: str, bench: str) -> tuple[dict, list[dict]]:

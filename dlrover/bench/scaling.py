@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from dlrover.bench.progress import JobProgress
+from dlrover.bench.progress import JobProgress, bench_data
 from dlrover.errors import DLRoverError
 from dlrover.spec import JobSpec
 
@@ -144,8 +144,7 @@ def run_scaling_bench(grid: Grid | None = None, quick: bool = False, steps: int 
     grid = grid or default_grid(cores)
     steps = steps or (QUICK_STEPS if quick else STEPS)
     rows = steps * batch_size * max(w for w, _ in grid)
-    cache = os.environ.get("DLROVER_BENCH_DATA", os.path.join(tempfile.gettempdir(), "dlrover-bench-data"))
-    data_dir = os.path.join(cache, f"criteo-{rows}")
+    data_dir = bench_data(f"criteo-{rows}")
     ensure_data(scaling_spec(data_dir, rows, 1, 1, batch_size))
     runs_dir = tempfile.mkdtemp(prefix="dlrover-bench-scaling-")
     print(f"[bench] summaries and event logs go to {runs_dir}", file=sys.stderr)

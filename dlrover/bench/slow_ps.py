@@ -18,7 +18,7 @@ import os
 import sys
 import tempfile
 
-from dlrover.bench.progress import run_bench_job
+from dlrover.bench.progress import bench_data, run_bench_job
 from dlrover.spec import JobSpec
 
 BATCH_SIZE = 2048
@@ -61,8 +61,7 @@ def run_slow_ps_bench(rows: int = 819_200, delay_ms: float = 50.0, at_s: float =
     """Both runs; the comparison as one flat dict (see the module docstring)."""
     from dlrover.runner import ensure_data
 
-    cache = os.environ.get("DLROVER_BENCH_DATA", os.path.join(tempfile.gettempdir(), "dlrover-bench-data"))
-    data_dir = os.path.join(cache, f"criteo-{rows}")
+    data_dir = bench_data(f"criteo-{rows}")
     with tempfile.TemporaryDirectory() as tmp:
         ref_spec = slow_ps_spec(data_dir, rows, 0.0, at_s, os.path.join(tmp, "h-ref"))
         ensure_data(ref_spec)

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from dlrover.spec import JobSpec, spec_from_dict
+from dlrover.bench.progress import bench_data
 
 AUC_TOLERANCE = 0.005  # the fault tests' tolerance for "learns what the reference learns"
 EVAL_FRACTION = 0.1
@@ -123,10 +124,9 @@ def measure_dlrover(spec: JobSpec, runs_dir: str) -> Measured:
 def run_throughput_bench(rows: int = 1_000_000, batch_size: int = 2048, steps: int = 300) -> dict:
     """Baseline (1 thread, every core), each dlrover layout, the baseline again (the
     machine is noisy: the best baseline run counts)."""
-    cache = os.environ.get("DLROVER_BENCH_DATA", os.path.join(tempfile.gettempdir(), "dlrover-bench-data"))
     train_rows = min(rows, steps * batch_size)
     rows = int(np.ceil(train_rows / (1 - EVAL_FRACTION) / 2)) * 2  # 2 files, each split
-    data_dir = os.path.join(cache, f"criteo-{rows}")
+    data_dir = bench_data(f"criteo-{rows}")
     cores = os.cpu_count() or 1
 
     def spec_for(layout: Layout) -> JobSpec:

@@ -64,7 +64,12 @@ class ChaosInjector:
             self.m.events.add("chaos_skipped", action=ev.action, target=ev.target, why=f"only {len(actors)} {role}s")
             return
         name, handle = actors[i]
-        if ev.action == "kill":
+        if ev.action == "latency":  # a link: every worker, now and later, gets this PS's answers late
+            ps_id = sorted(lz.ps)[i]
+            lz.latency_ms[ps_id] = ev.ms
+            for h in lz.workers.values():
+                h.set_chaos.remote(latency_ms={ps_id: ev.ms})
+        elif ev.action == "kill":
             self.m.recovery.expect_failure(name, self.now())
             ray.kill(handle, no_restart=True)
         elif ev.action == "slow":
@@ -95,7 +100,7 @@ class ChaosInjector:
             fired["factor"] = ev.factor
         if ev.action == "leak":
             fired["mb_per_s"] = ev.mb_per_s
-        if ev.action == "delay":
+        if ev.action in ("delay", "latency"):
             fired["ms"] = ev.ms
         self.fired.append(fired)
         self.m.events.add("chaos", **fired)

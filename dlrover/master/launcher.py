@@ -42,7 +42,8 @@ from dlrover.resource.configs import Config
 from dlrover.resource.placement import StepSample, merged_speeds, node_speeds, pal_node
 from dlrover.spec import JobSpec
 from dlrover.ps.shm import shm_prefix
-from dlrover.worker.worker import Worker, WorkerSpec, worker_threads
+from dlrover.worker.worker import Worker
+from dlrover.worker.worker_spec import WorkerSpec, worker_threads
 
 MB = 2**20
 ACTOR_START_TIMEOUT_S = 180.0
@@ -74,6 +75,7 @@ class Launcher:
         self.dense: DenseShards | None = None  # the dense PS shards
         self._dense_gen = 0  # the generation in their names
         self.workers: dict[str, Any] = {}
+        self.latency_ms: dict[int, float] = {}  # PS id -> injected link latency (chaos ``latency``), for every worker
         self.resources: dict[str, tuple[float, int]] = {}  # actor name -> (CPUs, memory MB)
         self.vmap: VShardMap | None = None
         # Pre-started spare actors (``policy.standby``): created, idle, not part of the job
@@ -257,6 +259,8 @@ class Launcher:
             )
         )
         self.resources[name] = (cpu, memory_mb)
+        if self.latency_ms:
+            self.workers[name].set_chaos.remote(latency_ms=dict(self.latency_ms))
         return name
 
     def config(self, exclude: set[str] | frozenset = frozenset()) -> Config:

@@ -113,6 +113,7 @@ class Lookup:
     batch: BatchId | None = None  # the pushes carry it: each PS applies a batch at most once
     pooled: torch.Tensor | None = None
     slots: dict[int, int] = field(default_factory=dict)  # PS id -> shared-memory slot of its answer
+    issued: float = 0.0  # time.monotonic() when the pulls went out
 
 
 @dataclass
@@ -126,6 +127,7 @@ class PSClient:
     owner_name: str
     get: Callable[[list[Any]], list[Any]]
     links: LocalLinks | None = None  # shared memory with the PS on this node (``set_routing``)
+    latency_s: dict[int, float] = field(default_factory=dict)  # PS id -> injected link latency (chaos)
     _seq: Any = field(default_factory=itertools.count)
 
     def __post_init__(self) -> None:
@@ -173,7 +175,7 @@ class PSClient:
             routed = self.route(kjt)
         t0 = time.perf_counter()
         key = (self.owner_name, next(self._seq))
-        lookup = Lookup(key, routed, [], train, batch)
+        lookup = Lookup(key, routed, [], train, batch, issued=time.monotonic())
         for r in routed.requests:
             ring = self.links.ring(r.ps) if self.links is not None else None
             if ring is None:
@@ -190,6 +192,9 @@ class PSClient:
     def wait(self, lookup: Lookup) -> torch.Tensor:
         if lookup.pooled is None:
             t0 = time.perf_counter()
+            late = max((self.latency_s.get(r.ps, 0.0) for r in lookup.routed.requests), default=0.0)
+            if late > 0:  # a slow link: the answers arrive ``late`` after the pulls went out
+                time.sleep(max(0.0, lookup.issued + late - time.monotonic()))
             parts = self.get(lookup.refs)
             for i, r in enumerate(lookup.routed.requests):
                 if isinstance(parts[i], ShmSlice):  # the answer is in our slot: no copy

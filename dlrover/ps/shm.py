@@ -195,8 +195,9 @@ class LocalLinks:
     """A worker's slot rings, one per PS on its node (made on first use); the PS elsewhere
     get none and are sent Ray objects."""
 
-    def __init__(self, owner: str, local: set[int], capacity: int, wait: Callable[[list[Any]], Any], ids_capacity: int = 0) -> None:
-        self.owner, self.local, self.capacity, self.ids_capacity, self._wait = owner, set(local), capacity, ids_capacity, wait
+    def __init__(self, owner: str, local: set[int], capacity: int, wait: Callable[[list[Any]], Any], ids_capacity: int = 0, slots: int = 4) -> None:
+        """``slots`` per ring: more than the lookups a worker keeps in flight, plus one."""
+        self.owner, self.local, self.capacity, self.ids_capacity, self._wait, self.slots = owner, set(local), capacity, ids_capacity, wait, slots
         self.rings: dict[int, SlotRing] = {}
 
     def takes_ids(self, ps_id: int, indices: np.ndarray, offsets: np.ndarray | None) -> bool:
@@ -208,7 +209,7 @@ class LocalLinks:
             return None
         ring = self.rings.get(ps_id)
         if ring is None:
-            ring = self.rings[ps_id] = SlotRing(self.owner, ps_id, self.capacity, self._wait, self.ids_capacity)
+            ring = self.rings[ps_id] = SlotRing(self.owner, ps_id, self.capacity, self._wait, self.ids_capacity, self.slots)
         return ring
 
     def close(self) -> dict[int, str]:

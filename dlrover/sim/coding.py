@@ -130,3 +130,12 @@ def stop_times(a: Assignment, finish: np.ndarray) -> np.ndarray:
     if a.scheme is Scheme.FRC:
         return np.max([finish[:, g].min(axis=1) for g in a.groups], axis=0)
     return np.sort(finish, axis=1)[:, a.workers - a.stragglers - 1]
+
+
+def arrivals(a: Assignment, speeds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Given each worker's speed per step (steps x workers, 1 = an active node): when the
+    PS stops waiting, in units of one partition on an active node, and who arrived by then
+    (steps x workers)."""
+    finish = a.load / speeds
+    stop = stop_times(a, finish)
+    return stop, finish <= stop[:, None]

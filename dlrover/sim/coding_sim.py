@@ -20,7 +20,7 @@ import numpy as np
 
 from dlrover.errors import DLRoverError
 from dlrover.sim.cluster import ClusterSpec
-from dlrover.sim.coding import EXACT_TOL, Scheme, assignment, check_sizes, decode, stop_times
+from dlrover.sim.coding import EXACT_TOL, Scheme, arrivals, assignment, check_sizes, decode
 
 DEFAULT_RATES = (0.01, 0.05, 0.1, 0.2)
 
@@ -38,6 +38,12 @@ class StragglerModel:
         """The stationary share of slow nodes, p_slow / (p_slow + 1 - p_stay)."""
         leave = self.p_slow + 1.0 - self.p_stay
         return self.p_slow / leave if leave > 0 else 1.0
+
+
+def straggler_speeds(model: StragglerModel, workers: int, steps: int, rng: np.random.Generator) -> np.ndarray:
+    """Each worker's speed per step (steps x workers): ``model.slow_factor`` while its node
+    is slow, else 1."""
+    return np.where(slow_states(model, workers, steps, rng), model.slow_factor, 1.0)
 
 
 def slow_states(model: StragglerModel, workers: int, steps: int, rng: np.random.Generator) -> np.ndarray:
@@ -73,9 +79,8 @@ def run_scheme(
     ``grads`` (steps x partitions x dim); each distinct arrival pattern is decoded once.
     Times are in units of one partition's compute on an active node."""
     a = assignment(scheme, speeds.shape[1], stragglers, d)
-    finish = a.load / speeds
-    stop = stop_times(a, finish)
-    patterns, which = np.unique(finish <= stop[:, None], axis=0, return_inverse=True)
+    stop, arrived = arrivals(a, speeds)
+    patterns, which = np.unique(arrived, axis=0, return_inverse=True)
     decoded = [decode(a, p) for p in patterns]
     which = which.ravel()
     coef = np.array([x.coefficients for x in decoded])[which]
@@ -113,7 +118,7 @@ def sweep(
     out = []
     for rate in rates:
         m = replace(model, p_slow=rate)
-        speeds = np.where(slow_states(m, workers, steps, rng), m.slow_factor, 1.0)
+        speeds = straggler_speeds(m, workers, steps, rng)
         grads = rng.standard_normal((steps, 1, dim)) + rng.standard_normal((steps, workers, dim))
         out += [run_scheme(s, stragglers, speeds, grads, rate, d) for s in Scheme]
     return out

@@ -1,9 +1,9 @@
 """Worker actor: fetch shard -> read rows -> pull pooled embeddings -> dense fwd/bwd -> push.
 
 A background thread (``inputs.ShardInput``) asks the master for shards and parses their
-rows into batches, so file reading overlaps training. The main loop keeps one lookup in
-flight: the pull for step i+1 is issued before step i's forward (``train.staleness: 1``),
-so the PS work of the next batch overlaps this batch's MLP compute. A shard is reported
+rows into batches, so file reading overlaps training. The main loop keeps lookups in
+flight: the pull for step i+1 is issued before step i's forward (``train.staleness: 1``;
+further ahead behind a slow link, ``train.max_staleness``, see ``lookahead``). A shard is reported
 done only after every PS has acknowledged the pushes of its last batch: "done" means
 "applied". Every update carries its batch's id, and the worker tells the master how far
 each held shard is applied (with each metrics report, and whenever it parks): a
@@ -41,41 +41,16 @@ from dlrover.preemption import on_sigterm
 from dlrover.ps.dense_shards import DenseShards
 from dlrover.ps.shm import LocalLinks
 from dlrover.ps.vshard import VShardMap
-from dlrover.spec import JobSpec, ModelSpec
 from dlrover.worker.batches import ShardProgress, Step
 from dlrover.worker.dense_client import DenseClient
 from dlrover.worker.evaluation import Evaluator
 from dlrover.worker.gate import Aborted, PauseGate
 from dlrover.worker.inputs import PAUSE_POLL_S, ShardInput
+from dlrover.worker.lookahead import Lookahead, PullAhead
 from dlrover.worker.window import MetricsWindow
+from dlrover.worker.worker_spec import WorkerSpec
 
 RECENT_STEPS = 32  # the steps whose median time each report carries (PAL's node speeds)
-
-
-@dataclass(frozen=True)
-class WorkerSpec:
-    """The part of the job spec a worker uses (it gets nothing else)."""
-
-    model: ModelSpec
-    seed: int
-    batch_size: int
-    on_bad_line: str
-    staleness: int
-    deterministic: bool
-    log_every_s: float
-    device: str = "cpu"  # where the DLRM runs: "cuda" with resources.worker_gpu
-    dense_rounds: bool = False  # train.dense_sync is sync or coded
-
-    @classmethod
-    def of(cls, spec: JobSpec) -> "WorkerSpec":
-        d, t = spec.data, spec.train
-        device = "cuda" if spec.resources.worker_gpu else "cpu"
-        return cls(spec.model, spec.seed, d.batch_size, d.on_bad_line, t.staleness, t.deterministic, t.log_every_s, device, t.dense_sync != "async")
-
-
-def worker_threads(cpu: float, override: int | None) -> int:
-    """Torch threads of an actor given ``cpu`` CPUs: ``override``, else one per CPU begun."""
-    return override or max(1, math.ceil(cpu))
 
 
 class Worker:
@@ -121,12 +96,15 @@ class Worker:
         self._finished: list[ShardProgress] = []  # trained, not reported done yet
         self._dense_refs: list[Any] = []  # the last dense push (one per shard), until its reply is loaded
         self._shard_id: int | None = None  # the previous step's shard (deterministic mode)
+        self._ahead: Lookahead | None = None  # the batches whose pulls are in flight
         self._stats: dict[str, float] = {}
         self._window = MetricsWindow(self.client.timings, time.monotonic())
 
-    def set_chaos(self, slowdown: float | None = None, leak_mb_per_s: float | None = None) -> None:
-        """Fault injection (the spec's ``chaos:``): run slower, or leak memory."""
+    def set_chaos(self, slowdown: float | None = None, leak_mb_per_s: float | None = None, latency_ms: dict[int, float] | None = None) -> None:
+        """Fault injection (the spec's ``chaos:``): run slower, leak memory, or get the
+        answers of these PS ids ``ms`` late (a slow link; the PS stays free)."""
         self.chaos.set(slowdown, leak_mb_per_s)
+        self.client.latency_s.update({k: ms / 1000.0 for k, ms in (latency_ms or {}).items()})
 
     # -- elastic control (called by the master on another thread of this actor) -----------
     def pause(self, timeout_s: float = 60.0) -> bool:
@@ -158,7 +136,10 @@ class Worker:
         bags = self.spec.batch_size * len(m.table_sizes())
         local = {k for k, st in zip(ps, nodes) if st["node_id"] == here}
         # Room for an answer of a whole batch, and for its ids and offsets when single-hot.
-        return LocalLinks(self.name, local, bags * m.embedding_dim, wait=ray.wait, ids_capacity=2 * bags + 1)
+        # A slot comes back ``slots`` lookups later: after the batch that used it, and every
+        # pull ahead of the one being trained, are done with it.
+        slots = max(4, self.spec.max_staleness + 3)
+        return LocalLinks(self.name, local, bags * m.embedding_dim, wait=ray.wait, ids_capacity=2 * bags + 1, slots=slots)
 
     def resume(self) -> None:
         """Let a paused loop go on (a checkpoint was taken meanwhile)."""
@@ -234,38 +215,37 @@ class Worker:
             self.dense.close()
 
     def _train(self) -> dict:
-        """One step per batch until input ends, each issuing the next batch's pull first."""
+        """One step per batch until input ends, each issuing later batches' pulls first."""
         self._input.start()
         self.dense.pull()
         self.model.train()
         self._stats = {"steps": 0, "samples": 0, "loss_sum": 0.0, "wait_dense_s": 0.0, "compute_s": 0.0, "wait_data_s": 0.0}
         self._window = MetricsWindow(self.client.timings, time.monotonic())
         self._dense_refs, self._shard_id = [], None
-        cur: Step | None = None
-        ended = False
+        ahead = self._ahead = Lookahead(self._input.poll, self._prefetch, PullAhead.of(self.spec.staleness, self.spec.max_staleness))
         while True:
             self._gate.check()
-            if cur is None:
-                cur = None if ended else self._wait_step()
-                if cur is None:
+            if not ahead:
+                step = None if ahead.ended else self._wait_step()
+                if step is None:
                     break
-                self._prefetch(cur)
-            t_step, cpu_step = time.perf_counter(), time.thread_time()
-            # Read once per step: a pause skips the lookahead pull, so that at the end of
-            # this step no lookup is in flight and the loop can park.
+                ahead.push(step)
+            t_step, cpu_step, waited = time.perf_counter(), time.thread_time(), self.client.timings["wait_pull_s"]
+            # Read once per step: a pause issues no more pulls, so that once the batches
+            # already pulled are trained no lookup is in flight and the loop can park.
             pausing = self._gate.pause_requested
-            nxt = None
-            if self.spec.staleness == 1 and not ended and not pausing:
-                nxt, ended = self._input.poll()
-                self._prefetch(nxt)
+            if not pausing:
+                ahead.fill()
+            cur = ahead.pop()
             push_refs = self._train_step(cur)
             self._book(cur, push_refs)
             self._end_step(t_step, cpu_step)
+            ahead.control.observe(self.client.timings["wait_pull_s"] - waited, time.perf_counter() - t_step)
             if self.spec.staleness == 0:
                 ray.get(push_refs)
-            cur = nxt
-            if pausing:
+            if pausing and not ahead:
                 self._park()
+        self._stats["pull_ahead_peak"] = ahead.control.peak
         return self._finish()
 
     def _wait_step(self) -> Step | None:
@@ -288,9 +268,9 @@ class Worker:
         self._stats["wait_data_s"] += time.perf_counter() - t0
         return step
 
-    def _prefetch(self, step: Step | None) -> None:
+    def _prefetch(self, step: Step) -> None:
         """Issue a batch's embedding pull now, so that it runs beside other work."""
-        if step is not None and step.kjt is not None:
+        if step.kjt is not None:
             self.ebc.prefetch(step.kjt, step.routed, step.batch_id)
 
     def _train_step(self, step: Step) -> list[Any]:
@@ -381,7 +361,7 @@ class Worker:
         """Send the metrics window to the master and open the next one."""
         metrics = self._window.metrics(now, self.client.timings, self._input.depth(), self._proc)
         recent = median(self._recent_steps) if self._recent_steps else 0.0  # a window's mean is one stall away from noise
-        self.master.report.remote(self.name, {**metrics, "node_id": self._node, "step_median_s": recent})
+        self.master.report.remote(self.name, {**metrics, "node_id": self._node, "step_median_s": recent, "pull_ahead": self._ahead.control.depth})
         self._send_progress(block=False)
         self._window = MetricsWindow(self.client.timings, now)
 

@@ -1,0 +1,111 @@
+"""Adaptive pull-ahead (``dlrover/worker/lookahead.py``): pure logic, no Ray."""
+
+from dataclasses import dataclass
+
+from dlrover.worker.lookahead import GROW_SHARE, QUIET_WINDOWS, WINDOW_STEPS, Lookahead, PullAhead
+
+
+def window(control: PullAhead, wait_share: float, step_s: float = 0.1) -> None:
+    for _ in range(WINDOW_STEPS):
+        control.observe(wait_share * step_s, step_s)
+
+
+def test_a_window_waiting_for_pulls_lets_them_run_one_batch_further_ahead():
+    control = PullAhead.of(staleness=1, bound=4)
+    window(control, 2 * GROW_SHARE)
+    assert control.depth == 2
+
+
+def test_the_depth_stops_at_max_staleness():
+    control = PullAhead.of(staleness=1, bound=3)
+    for _ in range(10):
+        window(control, 0.5)
+    assert control.depth == 3 and control.peak == 3
+
+
+def test_the_depth_changes_only_at_the_end_of_a_window():
+    control = PullAhead.of(staleness=1, bound=4)
+    for _ in range(WINDOW_STEPS - 1):
+        control.observe(0.09, 0.1)
+    assert control.depth == 1
+    control.observe(0.09, 0.1)
+    assert control.depth == 2
+
+
+def test_pulls_come_one_batch_back_only_after_a_run_of_quiet_windows():
+    control = PullAhead.of(staleness=1, bound=4)
+    window(control, 0.5)
+    window(control, 0.5)
+    for _ in range(QUIET_WINDOWS - 1):
+        window(control, 0.0)
+    assert control.depth == 3
+    window(control, 0.0)
+    assert control.depth == 2 and control.peak == 3
+
+
+def test_a_window_between_quiet_and_waiting_restarts_the_quiet_count():
+    control = PullAhead.of(staleness=1, bound=4)
+    window(control, 0.5)
+    for _ in range(QUIET_WINDOWS - 1):
+        window(control, 0.0)
+    window(control, GROW_SHARE / 2)  # neither quiet nor waiting long enough to grow
+    window(control, 0.0)
+    assert control.depth == 2
+
+
+def test_the_depth_never_goes_under_the_staleness():
+    control = PullAhead.of(staleness=1, bound=4)
+    for _ in range(3 * QUIET_WINDOWS):
+        window(control, 0.0)
+    assert control.depth == 1
+
+
+def test_a_fixed_staleness_never_adapts():
+    control = PullAhead.of(staleness=1, bound=1)
+    for _ in range(5):
+        window(control, 0.9)
+    assert control.depth == 1 and control.peak == 1
+
+
+@dataclass
+class FakeInput:
+    """Batches 0..n-1, then the end; ``ready`` of them can be had without waiting."""
+
+    n: int
+    ready: int
+    next: int = 0
+
+    def poll(self):
+        if self.next >= self.n:
+            return None, True
+        if self.next >= self.ready:
+            return None, False
+        self.next += 1
+        return self.next - 1, False
+
+
+def test_lookahead_issues_pulls_up_to_the_depth_behind_the_next_batch():
+    pulled = []
+    source = FakeInput(n=10, ready=10)
+    ahead = Lookahead(source.poll, pulled.append, PullAhead.of(1, 4))
+    ahead.fill()
+    assert pulled == [0, 1] and ahead.pop() == 0
+    ahead.control.depth = 3
+    ahead.fill()
+    assert pulled == [0, 1, 2, 3, 4] and len(ahead) == 4
+
+
+def test_lookahead_takes_only_the_batches_input_has_ready():
+    pulled = []
+    source = FakeInput(n=10, ready=1)
+    ahead = Lookahead(source.poll, pulled.append, PullAhead.of(1, 4))
+    ahead.fill()
+    assert pulled == [0] and not ahead.ended
+
+
+def test_lookahead_notes_the_end_of_input():
+    source = FakeInput(n=1, ready=1)
+    ahead = Lookahead(source.poll, lambda step: None, PullAhead.of(1, 4))
+    ahead.fill()
+    ahead.fill()
+    assert ahead.ended and len(ahead) == 1
