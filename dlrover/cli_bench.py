@@ -69,6 +69,11 @@ def add_bench_parsers(add_parser: Callable[..., argparse.ArgumentParser]) -> Non
     sp.add_argument("--json", action="store_true")
     sp.add_argument("--rows", type=positive_int, default=819_200)
     sp.add_argument("--delay-ms", type=positive_float, default=50.0, help="added to each pull and push of ps:1 (default 50)")
+    sl = bsub.add_parser("slow-link", help="a PS behind a slow link (chaos latency): samples/s and AUC at staleness 1 vs adaptive pull-ahead")
+    sl.add_argument("--json", action="store_true")
+    sl.add_argument("--rows", type=positive_int, default=819_200)
+    sl.add_argument("--latency-ms", type=positive_float, default=200.0, help="ps:1's answers this long after each pull (default 200)")
+    sl.add_argument("--max-staleness", type=number(int, 1, True, "an integer from 2 to 8", high=8), default=4, help="the adaptive run's bound (default 4)")
     ds = bsub.add_parser("dense-sync", help="async vs sync vs coded dense rounds, fault-free and with a slow worker: time, AUC, time to target AUC")
     ds.add_argument("--json", action="store_true")
     ds.add_argument("--rows", type=positive_int, default=960_000)
@@ -93,7 +98,7 @@ def add_bench_parsers(add_parser: Callable[..., argparse.ArgumentParser]) -> Non
 
 
 # ``dlrover bench NAME``: (module in dlrover.bench, its runner, its printer, the runner's
-# keyword arguments from the command line's). sim-calibration and throughput are below.
+# keyword arguments from the command line's). sim-calibration is below.
 BENCHES: dict[str, tuple[str, str, str, Callable[[argparse.Namespace], dict]]] = {
     "throughput": ("throughput", "run_throughput_bench", "print_throughput", lambda a: {"rows": a.rows, "batch_size": a.batch_size, "steps": a.steps}),
     "elastic": ("elastic", "run_elastic_bench", "print_elastic", lambda a: {"rows": a.rows, "num_embeddings": a.num_embeddings}),
@@ -109,6 +114,7 @@ BENCHES: dict[str, tuple[str, str, str, Callable[[argparse.Namespace], dict]]] =
     "pal": ("pal", "run_pal_bench", "print_pal", lambda a: {"rows": a.rows, "epochs": a.epochs, "slowdown": a.slowdown}),
     "coding": ("coding", "run_coding_bench", "print_coding", lambda a: {
         "rows": a.rows, "workers": a.workers, "stragglers": a.stragglers, "d": a.d, "slow_factor": a.slow_factor, "rate": a.rate}),
+    "slow-link": ("slow_link", "run_slow_link_bench", "print_slow_link", lambda a: {"rows": a.rows, "latency_ms": a.latency_ms, "max_staleness": a.max_staleness}),
     "dense-sync": ("dense_sync", "run_dense_sync_bench", "print_dense_sync", lambda a: {"rows": a.rows, "workers": a.workers, "slow_factor": a.slow_factor}),
 }
 
