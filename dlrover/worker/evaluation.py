@@ -34,7 +34,8 @@ class Evaluator:
         files: dict[str, FileIndex],
         device: torch.device = torch.device("cpu"),
     ) -> None:
-        eval_client = PSClient(client.ps, client.vmap, client.dim, f"{name}/eval", get=ray.get)
+        # An injected link latency (chaos) holds for evaluation pulls too (one dict, shared).
+        eval_client = PSClient(client.ps, client.vmap, client.dim, f"{name}/eval", get=ray.get, latency_s=client.latency_s)
         self.device = device
         self.model = build_dense_dlrm(model, PSEmbeddingBagCollection(table_configs(model), eval_client), seed).to(device).eval()
         self.params = dense_parameters(self.model)
