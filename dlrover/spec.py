@@ -254,8 +254,10 @@ class TrainSpec(SpecSection):
     def _deterministic(self) -> "TrainSpec":
         if self.deterministic and (self.staleness != 0 or self.dense_sync != "async"):
             raise ValueError("deterministic: true needs staleness: 0 and dense_sync: async")
-        if self.max_staleness not in (None, self.staleness) and (self.staleness == 0 or self.max_staleness < self.staleness):
-            raise ValueError(f"max_staleness: {self.max_staleness} needs staleness: 1 and max_staleness >= 1 (staleness 0 pulls only after the previous push landed)")
+        if self.max_staleness is not None and self.max_staleness < self.staleness:
+            raise ValueError(f"max_staleness: {self.max_staleness} is below staleness: {self.staleness}")
+        if self.max_staleness and self.staleness == 0:
+            raise ValueError(f"max_staleness: {self.max_staleness} needs staleness: 1 (staleness 0 pulls only after the previous push landed)")
         return self
 
     @property

@@ -131,7 +131,8 @@ def test_slow_ps_is_detected_by_its_call_time_and_replaced_without_losing_an_upd
 def test_a_slow_link_sends_pulls_further_ahead_without_losing_an_update(ray_local, synth_dir, tmp_path):
     """ps:1's answers reach the worker 150 ms after its pulls went out (the PS free
     meanwhile), several steps' time: with ``train.max_staleness: 4`` the worker's pulls run
-    further ahead than one batch, and every bag update still lands exactly once."""
+    further ahead than one batch, and every bag update still lands exactly once, through
+    checkpoints that pause the worker with pulls in flight (it trains them, then parks)."""
     from dlrover.runner import run_job
 
     spec = small_spec(
@@ -140,6 +141,7 @@ def test_a_slow_link_sends_pulls_further_ahead_without_losing_an_update(ray_loca
         resources__workers=1,
         train__max_staleness=4,
         train__log_every_s=0.25,
+        checkpoint__memory_interval_s=1.0,
         chaos=[{"at_s": 0, "action": "latency", "target": "ps:1", "ms": 150}],
     )
     s, path = run_job(spec, runs_dir=str(tmp_path / "runs"), progress="none")
@@ -148,8 +150,12 @@ def test_a_slow_link_sends_pulls_further_ahead_without_losing_an_update(ray_loca
     assert s["ps_bags_updated"] == 26 * s["samples_expected"]
     (fired,) = s["chaos"]
     assert fired["action"] == "latency" and fired["ms"] == 150
-    (exit_,) = [e for e in events_of(path) if e["kind"] == "worker_exit"]
+    events = events_of(path)
+    (exit_,) = [e for e in events if e["kind"] == "worker_exit"]
     assert 1 < exit_["pull_ahead_peak"] <= 4, exit_
+    deep = [e["at_s"] for e in events if e["kind"] == "metrics" and e.get("pull_ahead", 1) > 1]
+    assert deep and any(e["kind"] == "checkpoint" and e["at_s"] > deep[0] for e in events)
+    assert abs(s["auc"] - fault_free_auc(spec, tmp_path)) < 0.01  # the answers read were the right ones
 
 
 def test_memory_trend_acts_before_the_limit(ray_local, synth_dir_large, tmp_path):

@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass
 
-from dlrover.worker.lookahead import GROW_SHARE, QUIET_WINDOWS, WINDOW_STEPS, Lookahead, PullAhead
+from dlrover.worker.lookahead import GROW_SHARE, QUIET_WINDOWS, WINDOW_STEPS, Lookahead, PullAhead, ring_slots
 
 
 def window(control: PullAhead, wait_share: float, step_s: float = 0.1) -> None:
@@ -65,6 +65,13 @@ def test_a_fixed_staleness_never_adapts():
     for _ in range(5):
         window(control, 0.9)
     assert control.depth == 1 and control.peak == 1
+
+
+def test_shared_memory_slots_outnumber_the_lookups_a_worker_may_not_have_read():
+    # Unread: the batch in training and up to ``bound`` ahead; one more for the push
+    # still reading a gradient. A slot taken again any sooner would overwrite an answer.
+    for bound in range(9):
+        assert ring_slots(bound) >= bound + 3
 
 
 @dataclass

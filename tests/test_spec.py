@@ -34,6 +34,7 @@ def test_quickstart_spec_is_valid():
         ({"data": {"paths": ["x"]}, "train": {"dense_sync": "sync", "deterministic": True, "staleness": 0}}, "and dense_sync: async"),
         ({"data": {"paths": ["x"]}, "train": {"staleness": 0, "max_staleness": 2}}, "max_staleness: 2 needs staleness: 1"),
         ({"data": {"paths": ["x"]}, "train": {"max_staleness": 9}}, "train.max_staleness"),
+        ({"data": {"paths": ["x"]}, "train": {"max_staleness": 0}}, "max_staleness: 0 is below staleness: 1"),
         ({"data": {"paths": ["x"]}, "train": {"dense_sync": "sync"}, "resources": {"dense_ps": 2}}, "needs resources.dense_ps: 1"),
     ],
 )
@@ -42,6 +43,12 @@ def test_bad_spec_names_the_field(doc, needle):
         spec_from_dict(doc, "job.yaml")
     msg = str(e.value)
     assert needle in msg and msg.startswith("job.yaml: ") and "\n" not in msg
+
+
+def test_pulls_run_as_far_ahead_as_the_staleness_unless_max_staleness_says_more():
+    assert spec_from_dict(dict(BASE), "s").train.pull_ahead_bound == 1
+    assert spec_from_dict(dict(BASE, train={"staleness": 0}), "s").train.pull_ahead_bound == 0
+    assert spec_from_dict(dict(BASE, train={"max_staleness": 4}), "s").train.pull_ahead_bound == 4
 
 
 def test_overrides_set_nested_fields_with_yaml_values():

@@ -34,7 +34,6 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
-from torchrec.sparse.jagged_tensor import KeyedTensor
 
 from dlrover.bench.dense_sync import AUC_SLACK, first_reach
 from dlrover.bench.progress import bench_data
@@ -110,8 +109,11 @@ def load_data(rows: int, workers: int) -> Data:
     return Data(spec, plan, reader, train, eval_slice, np.array(spec.model.table_sizes(), dtype=np.int64))
 
 
-def _detached(module: torch.nn.Module, inputs: tuple, out: KeyedTensor) -> KeyedTensor:
-    """A forward hook: the pooled embeddings without their backward (no row update)."""
+def _detached(module: torch.nn.Module, inputs: tuple, out):
+    """A forward hook: the pooled embeddings (a ``KeyedTensor``) without their backward, so
+    no row update."""
+    from torchrec.sparse.jagged_tensor import KeyedTensor  # not at import: a bad argument fails fast
+
     return KeyedTensor(keys=out.keys(), length_per_key=out.length_per_key(), values=out.values().detach(), key_dim=out.key_dim())
 
 

@@ -33,7 +33,7 @@ import tempfile
 import time
 from typing import NamedTuple
 
-from dlrover.bench.progress import JobProgress
+from dlrover.bench.progress import JobProgress, bench_data
 from dlrover.errors import DLRoverError
 from dlrover.spec import JobSpec, spec_from_dict
 
@@ -152,8 +152,7 @@ def _one(name: str, spec: JobSpec, runs_dir: str, planned: int) -> dict:
 def run_recovery_bench(quick: bool = False) -> dict:
     from dlrover.runner import ensure_data
 
-    cache = os.environ.get("DLROVER_BENCH_DATA", os.path.join(tempfile.gettempdir(), "dlrover-bench-data"))
-    data_dir = os.path.join(cache, f"recovery-{ROWS}")
+    data_dir = bench_data(f"recovery-{ROWS}")
     epochs, schedule = (QUICK_EPOCHS, QUICK_SCHEDULE) if quick else (EPOCHS, SCHEDULE)
     faults = ", ".join(f"{t} at {at:g}s" for at, t in schedule)
     out: dict = {

@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from dlrover.bench.progress import bench_data
 from dlrover.resource.configs import Config
 from dlrover.sim.profile import PROFILES_DIR, Profile, load_profile, profile_from_runs, save_profile
 
@@ -55,9 +56,8 @@ def measure_profile(configs: list[tuple[int, int, float, float]], window_s: floa
     from dlrover.runner import ensure_data, run_job
     from dlrover.spec import spec_from_dict
 
-    cache = os.environ.get("DLROVER_BENCH_DATA", os.path.join(tempfile.gettempdir(), "dlrover-bench-data"))
     with tempfile.TemporaryDirectory() as tmp:
-        doc = sweep_spec(os.path.join(cache, "perf-model-500k"), window_s, os.path.join(tmp, "history")).model_dump()
+        doc = sweep_spec(bench_data("perf-model-500k"), window_s, os.path.join(tmp, "history")).model_dump()
         w0, p0, cw0, cp0 = configs[0]
         doc["resources"].update(workers=w0, ps=p0, worker_cpu=cw0, ps_cpu=cp0)
         doc["policy"]["knobs"]["steps"] = [

@@ -41,15 +41,16 @@ def run_slow_link_bench(rows: int = 819_200, latency_ms: float = 200.0, max_stal
             ensure_data(spec)
             print(f"[bench] {label}: 1 worker + 2 PS, {rows:,} rows", file=sys.stderr, flush=True)
             done.append((label, latency, bound, *run_bench_job(spec, os.path.join(tmp, f"run{len(done)}"), label, "slow-link")))
-    # From the fault's job time on (chaos time counts from the first launch), for the
-    # fault-free run too: steady state on every side.
-    start = next((c["job_s"] for *_, s, _ in done for c in s.get("chaos") or []), at_s)
+    # From each run's fault on (chaos time counts from the first launch, so its job time
+    # varies with start-up), the fault-free run from the first faulted run's: steady state.
+    first = next((c["job_s"] for *_, s, _ in done for c in s.get("chaos") or []), at_s)
     runs = []
     for label, latency, bound, s, events in done:
+        start = next((c["job_s"] for c in s.get("chaos") or []), first) + SETTLE_S
         windows = [e for e in events if e.get("kind") == "metrics" and "samples" in e]
         end = max((e["at_s"] for e in windows), default=0.0)
         runs.append({
-            "run": label, "latency_ms": latency, "max_staleness": bound, "samples_per_s": window_rate(events, start + SETTLE_S, end),
+            "run": label, "latency_ms": latency, "max_staleness": bound, "samples_per_s": window_rate(events, start, end),
             "pull_ahead_peak": max((e.get("pull_ahead_peak", 1) for e in events if e.get("kind") == "worker_exit"), default=None),
             "wait_ps_ms": 1000 * sum(e["wait_ps_s"] for e in windows if e["at_s"] > start) / max(1, sum(1 for e in windows if e["at_s"] > start)),
             "auc": s["auc"], "samples_lost": s["samples_lost"], "bags_updated_per_sample": s["ps_bags_updated"] / max(s["samples_trained"], 1),

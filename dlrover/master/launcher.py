@@ -322,6 +322,8 @@ class Launcher:
         for name in self.spare_workers:
             if self.resources.get(name) == (cpu, memory_mb):
                 self.workers[name] = self.spare_workers.pop(name)
+                if self.latency_ms:  # started before a link latency was injected
+                    self.workers[name].set_chaos.remote(latency_ms=dict(self.latency_ms))
                 return name
         return None
 

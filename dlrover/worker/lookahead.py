@@ -21,6 +21,7 @@ from typing import Callable
 
 from dlrover.worker.batches import Step
 
+RING_SLOTS = 4  # shared-memory slots per PS link at the fixed staleness
 WINDOW_STEPS = 8
 GROW_SHARE = 0.10  # a window waiting longer than this share of its time for pulls: one batch deeper
 QUIET_SHARE = 0.02  # ... shorter than this for QUIET_WINDOWS windows in a row: one batch back
@@ -68,6 +69,14 @@ class PullAhead:
                 self.depth = max(self.floor, self.depth - 1)
         else:
             self._quiet = 0
+
+
+def ring_slots(bound: int) -> int:
+    """Shared-memory slots a worker needs per local PS (``dlrover.ps.shm.SlotRing``) with
+    up to ``bound`` pulls ahead: a slot comes back ``slots`` lookups later, so it must
+    outnumber the lookups not yet read (the batch in training and those ahead of it),
+    with a spare for the push that reads its gradient."""
+    return max(RING_SLOTS, bound + 3)
 
 
 class Lookahead:

@@ -19,11 +19,9 @@ when their turn comes.
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from collections import deque
-from dataclasses import dataclass
 from statistics import median
 from typing import Any
 
@@ -46,7 +44,7 @@ from dlrover.worker.dense_client import DenseClient
 from dlrover.worker.evaluation import Evaluator
 from dlrover.worker.gate import Aborted, PauseGate
 from dlrover.worker.inputs import PAUSE_POLL_S, ShardInput
-from dlrover.worker.lookahead import Lookahead, PullAhead
+from dlrover.worker.lookahead import Lookahead, PullAhead, ring_slots
 from dlrover.worker.window import MetricsWindow
 from dlrover.worker.worker_spec import WorkerSpec
 
@@ -136,9 +134,7 @@ class Worker:
         bags = self.spec.batch_size * len(m.table_sizes())
         local = {k for k, st in zip(ps, nodes) if st["node_id"] == here}
         # Room for an answer of a whole batch, and for its ids and offsets when single-hot.
-        # A slot comes back ``slots`` lookups later: after the batch that used it, and every
-        # pull ahead of the one being trained, are done with it.
-        slots = max(4, self.spec.max_staleness + 3)
+        slots = ring_slots(self.spec.max_staleness)
         return LocalLinks(self.name, local, bags * m.embedding_dim, wait=ray.wait, ids_capacity=2 * bags + 1, slots=slots)
 
     def resume(self) -> None:
