@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass
 
-from dlrover.worker.lookahead import GROW_SHARE, QUIET_WINDOWS, WINDOW_STEPS, Lookahead, PullAhead, ring_slots
+from dlrover.worker.lookahead import GROW_SHARE, HELPS, HOLD_WINDOWS, QUIET_WINDOWS, WINDOW_STEPS, Lookahead, PullAhead, ring_slots
 
 
 def window(control: PullAhead, wait_share: float, step_s: float = 0.1) -> None:
@@ -10,17 +10,17 @@ def window(control: PullAhead, wait_share: float, step_s: float = 0.1) -> None:
         control.observe(wait_share * step_s, step_s)
 
 
+def link(control: PullAhead, latency_s: float = 0.2, compute_s: float = 0.07) -> None:
+    """One window behind a link: each step waits for what ``depth`` batches of steps
+    ahead did not hide, w = (L - d*S) / (d + 1) (steady state)."""
+    wait = max(0.0, (latency_s - control.depth * compute_s) / (control.depth + 1))
+    window(control, wait / (compute_s + wait), compute_s + wait)
+
+
 def test_a_window_waiting_for_pulls_lets_them_run_one_batch_further_ahead():
     control = PullAhead.of(staleness=1, bound=4)
     window(control, 2 * GROW_SHARE)
     assert control.depth == 2
-
-
-def test_the_depth_stops_at_max_staleness():
-    control = PullAhead.of(staleness=1, bound=3)
-    for _ in range(10):
-        window(control, 0.5)
-    assert control.depth == 3 and control.peak == 3
 
 
 def test_the_depth_changes_only_at_the_end_of_a_window():
@@ -32,11 +32,41 @@ def test_the_depth_changes_only_at_the_end_of_a_window():
     assert control.depth == 2
 
 
+def test_behind_a_slow_link_pulls_go_as_deep_as_hides_it_and_no_deeper():
+    control = PullAhead.of(staleness=1, bound=8)
+    for _ in range(12):
+        link(control)  # 200 ms, 70 ms of compute: three batches ahead hide it
+    assert control.depth == 3 and control.peak == 3
+
+
+def test_the_depth_stops_at_max_staleness():
+    control = PullAhead.of(staleness=1, bound=2)
+    for _ in range(12):
+        link(control)
+    assert control.depth == 2 and control.peak == 2
+
+
+def test_a_step_deeper_that_does_not_shorten_the_steps_is_taken_back_and_not_retried_for_a_while():
+    control = PullAhead.of(staleness=1, bound=4)
+    window(control, 0.5)  # a busy PS: waiting, whatever the depth
+    assert control.depth == 2
+    window(control, 0.5)  # settling: batches pulled before the step deeper
+    assert control.depth == 2
+    window(control, 0.5, step_s=0.1 * HELPS * 1.01)  # not shorter enough
+    assert control.depth == 1 and control.peak == 2
+    for _ in range(HOLD_WINDOWS - 1):
+        window(control, 0.5)
+    assert control.depth == 1
+    window(control, 0.5)
+    assert control.depth == 2
+
+
 def test_pulls_come_one_batch_back_only_after_a_run_of_quiet_windows():
     control = PullAhead.of(staleness=1, bound=4)
-    window(control, 0.5)
-    window(control, 0.5)
-    for _ in range(QUIET_WINDOWS - 1):
+    for _ in range(5):  # deeper, settle, compare and deeper, settle, compare
+        link(control, latency_s=0.1, compute_s=0.04)  # three ahead hide it
+    assert control.depth == 3  # and its last window waited no more: the first quiet one
+    for _ in range(QUIET_WINDOWS - 2):
         window(control, 0.0)
     assert control.depth == 3
     window(control, 0.0)
@@ -46,7 +76,9 @@ def test_pulls_come_one_batch_back_only_after_a_run_of_quiet_windows():
 def test_a_window_between_quiet_and_waiting_restarts_the_quiet_count():
     control = PullAhead.of(staleness=1, bound=4)
     window(control, 0.5)
-    for _ in range(QUIET_WINDOWS - 1):
+    window(control, 0.0)  # settling
+    window(control, 0.0, step_s=0.05)  # the step deeper helped
+    for _ in range(QUIET_WINDOWS - 2):
         window(control, 0.0)
     window(control, GROW_SHARE / 2)  # neither quiet nor waiting long enough to grow
     window(control, 0.0)

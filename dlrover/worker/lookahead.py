@@ -10,7 +10,11 @@ instead. :class:`PullAhead` then lets pulls run one batch further ahead, up to
 the pushes of at most ``depth`` earlier batches of this worker: the staleness grows with
 the measured delay, up to the bound, and shrinks again when the link recovers. (The
 shrink may find the delay still there; it then costs one window of waiting before the
-depth grows back.)
+depth grows back.) A wait that pulling further ahead does not shorten is not a link's
+latency but a PS too busy to answer sooner: when the second window after a step deeper
+(the first still has batches pulled before it) does not take ``HELPS`` of the time per
+step or less, the step is taken back and none is tried for
+``HOLD_WINDOWS`` windows, so a busy PS does not drive the staleness to the bound.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ WINDOW_STEPS = 8
 GROW_SHARE = 0.10  # a window waiting longer than this share of its time for pulls: one batch deeper
 QUIET_SHARE = 0.02  # ... shorter than this for QUIET_WINDOWS windows in a row: one batch back
 QUIET_WINDOWS = 16
+HELPS = 0.9  # a step deeper stays if the next window's steps take at most this share of the time
+HOLD_WINDOWS = 16  # ... else it is taken back, and none is tried for this many windows
 
 
 @dataclass
@@ -41,6 +47,9 @@ class PullAhead:
     _step_s: float = 0.0
     _steps: int = 0
     _quiet: int = 0
+    _before_s: float | None = None  # time per step of the window that made the last step deeper
+    _hold: int = 0  # windows before another step deeper may be tried
+    _settling: bool = False  # the window after a step deeper: not compared
 
     @classmethod
     def of(cls, staleness: int, bound: int) -> "PullAhead":
@@ -56,12 +65,24 @@ class PullAhead:
         if self._steps < WINDOW_STEPS:
             return
         share = self._wait_s / self._step_s if self._step_s > 0 else 0.0
+        per_step = self._step_s / self._steps
         self._wait_s = self._step_s = 0.0
         self._steps = 0
+        if self._settling:  # the extra pull pays only from the batch it was issued for on
+            self._settling = False
+            return
+        before, self._before_s = self._before_s, None
+        if before is not None and per_step > HELPS * before:  # deeper did not help: a busy PS
+            self.depth -= 1
+            self._hold, self._quiet = HOLD_WINDOWS, 0
+            return
+        self._hold = max(0, self._hold - 1)
         if share > GROW_SHARE:
             self._quiet = 0
-            self.depth = min(self.bound, self.depth + 1)
-            self.peak = max(self.peak, self.depth)
+            if self.depth < self.bound and not self._hold:
+                self._before_s, self._settling = per_step, True
+                self.depth += 1
+                self.peak = max(self.peak, self.depth)
         elif share < QUIET_SHARE:
             self._quiet += 1
             if self._quiet >= QUIET_WINDOWS:
