@@ -1,5 +1,5 @@
 """The command line's argument types and parser class, shared by ``dlrover.cli`` and the
-modules that add its subcommands (``cli_bench``)."""
+modules that add its subcommands (``cli_bench``, ``cli_data``)."""
 
 from __future__ import annotations
 

@@ -58,6 +58,7 @@ class Data:
     reader: FileReader
     train: list
     eval_slice: list
+    eval_labels: np.ndarray  # the slice's labels, in order
     sizes: np.ndarray
 
 
@@ -106,7 +107,8 @@ def load_data(rows: int, workers: int) -> Data:
     eval_slice = [reader.read(plan.files[p], a, z)[0] for p, a, z in held[:EVAL_BATCHES]]
     if len(train) < workers:
         raise DLRoverError(f"--rows {rows}: {len(train)} training batches of {b}, fewer than --workers {workers}")
-    return Data(spec, plan, reader, train, eval_slice, np.array(spec.model.table_sizes(), dtype=np.int64))
+    labels = np.concatenate([b.labels for b in eval_slice])
+    return Data(spec, plan, reader, train, eval_slice, labels, np.array(spec.model.table_sizes(), dtype=np.int64))
 
 
 def _detached(module: torch.nn.Module, inputs: tuple, out):
@@ -153,7 +155,7 @@ def train(data: Data, coefficients: np.ndarray, computed: np.ndarray) -> Trained
                 probs = np.concatenate([predict(model, b, data.sizes) for b in data.eval_slice])
             model.train()
             out.eval_rounds.append(r)
-            out.eval_auc.append(float(evaluate_scores(np.concatenate([b.labels for b in data.eval_slice]), probs)["auc"]))
+            out.eval_auc.append(float(evaluate_scores(data.eval_labels, probs)["auc"]))
     out.auc = float(evaluate_local(model, data.plan, data.reader, data.spec)["auc"])
     return out
 
