@@ -80,60 +80,108 @@ def _push_some(ps: EmbeddingPS, step: int, dim: int = 4) -> None:
     owned = v.owned(ps.index)
     if not len(owned):
         return
-    rpv = v.rows_per_vshard()
     idx = []
     for t, n in enumerate(SIZES):
         rows = [int(owned[(step + j) % len(owned)]) + v.num_vshards * (j % max(1, n // v.num_vshards)) for j in range(3)]
-        rows = [r if r < n else int(owned[0]) for r in rows]
-        slot = np.searchsorted(owned, np.array(rows) % v.num_vshards)
-        idx.append(slot * rpv[t] + np.array(rows) // v.num_vshards)
+        rows = np.array([r if r < n else int(owned[0]) for r in rows])
+        idx.append(v.route(rows, np.full(len(rows), t))[1])
     key = ("test", step)
     ps.pull(key, np.concatenate(idx).astype(np.int64), None)
     ps.push(key, np.full((3, len(SIZES) * dim), 0.5, dtype=np.float32))
 
 
-@pytest.mark.parametrize("opt", ["rowwise_adagrad", "sgd"])
-def test_two_round_migration_carries_updates_made_during_the_precopy(opt):
-    """Round 1 copies blocks while pushes go on; round 2 must carry exactly the rows those
-    pushes changed, on moving and on kept vshards alike."""
-    v1 = VShardMap.round_robin(SIZES, 8, 2)
-    ps = {k: EmbeddingPS(k, v1, 4, {"name": opt, "lr": 0.1}, seed=5) for k in range(2)}
-    ps[2] = EmbeddingPS(2, v1, 4, {"name": opt, "lr": 0.1}, seed=5)
-    v2 = v1.reassigned([0, 2])  # PS 1 retires, PS 2 joins
-    moves = v1.moves(v2)
+def _two_round_move(ps: dict, old: VShardMap, new: VShardMap) -> None:
+    """A live move ``old`` -> ``new`` with pushes during round 1 and after it, checked
+    row for row: round 2 must carry exactly the rows those pushes changed."""
+    moves, trained = old.moves(new), old.ps_ids
     for p in ps.values():
         p.track()
     full = {s: ps[s].export_vshards([v for v, src, _ in moves if src == s]) for s in {m[1] for m in moves}}
-    for k in (0, 2):
-        ps[k].prepare(v2, [full[s] for s in full if any(src == s and d == k for _, src, d in moves)])
+    for k in new.ps_ids:
+        ps[k].prepare(new, [full[s] for s in full if any(src == s and d == k for _, src, d in moves)])
     for step in range(6):  # training goes on during round 1
-        for k in (0, 1):
+        for k in trained:
             _push_some(ps[k], step)
-    for k in (0, 2):
+    for k in new.ps_ids:
         while not ps[k].prepared():
             pass
     for step in range(6, 9):
-        for k in (0, 1):
+        for k in trained:
             _push_some(ps[k], step)
-    expected = [np.concatenate([ps[k].table_rows(t)[1] for k in (0, 1)]) for t in range(len(SIZES))]
-    expected_rows = [np.concatenate([ps[k].table_rows(t)[0] for k in (0, 1)]) for t in range(len(SIZES))]
+    expected = [np.concatenate([ps[k].table_rows(t)[1] for k in trained]) for t in range(len(SIZES))]
+    expected_rows = [np.concatenate([ps[k].table_rows(t)[0] for k in trained]) for t in range(len(SIZES))]
     delta = {s: ps[s].export_vshards([v for v, src, _ in moves if src == s], dirty_only=True) for s in full}
-    for k in (0, 2):
-        reply = ps[k].reconfigure(v2, [delta[s] for s in delta if any(src == s and d == k for _, src, d in moves)])
-        assert reply["bytes_precopied"] >= 0
+    for k in new.ps_ids:
+        ps[k].reconfigure(new, [delta[s] for s in delta if any(src == s and d == k for _, src, d in moves)])
+    for k in set(ps) - set(new.ps_ids):
+        ps[k].vmap = new
     assert sum(len(d["dirty"][1][0]) for d in delta.values()) > 0  # some moving rows changed during round 1
     for t in range(len(SIZES)):
         got = np.zeros((SIZES[t], 4), np.float32)
-        for k in (0, 2):
+        for k in new.ps_ids:
             rows, w = ps[k].table_rows(t)
             got[rows] = w
         want = np.zeros((SIZES[t], 4), np.float32)
         want[expected_rows[t]] = expected[t]
         np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("opt", ["rowwise_adagrad", "sgd"])
+def test_two_round_migration_carries_updates_made_during_the_precopy(opt):
+    """On moving and on kept vshards alike, into new tables."""
+    v1 = VShardMap.round_robin(SIZES, 8, 2)
+    ps = {k: EmbeddingPS(k, v1, 4, {"name": opt, "lr": 0.1}, seed=5) for k in range(3)}
+    _two_round_move(ps, v1, v1.reassigned([0, 2]))  # PS 1 retires, PS 2 joins
     # Optimizer state moved too: one more identical push gives identical rows.
     before = ps[2].table_rows(1)[1].copy()
     _push_some(ps[2], 0)
     assert not np.array_equal(before, ps[2].table_rows(1)[1])
+
+
+@pytest.mark.parametrize("opt", ["rowwise_adagrad", "sgd"])
+def test_a_scale_out_and_back_moves_vshards_in_place_in_the_tables_that_stay(opt):
+    """PS 0 and 1 give vshards to PS 2 and keep their tables with the freed slots, then
+    take the vshards back into those slots while training goes on: neither move
+    reallocates their tables, and every update is carried."""
+    v1 = VShardMap.round_robin(SIZES, 12, 2)
+    ps = {k: EmbeddingPS(k, v1, 4, {"name": opt, "lr": 0.1}, seed=5) for k in range(3)}
+    tables = {k: ps[k].tbe for k in (0, 1)}
+    out = v1.reassigned([0, 1, 2])
+    _two_round_move(ps, v1, out)
+    back = out.reassigned([0, 1])
+    assert all(v1.keeps_tables(k, out) and out.keeps_tables(k, back) for k in (0, 1))
+    _two_round_move(ps, out, back)
+    assert all(ps[k].tbe is tables[k] for k in (0, 1))
+
+
+def test_slots_stay_put_and_freed_slots_are_filled_before_tables_grow():
+    v1 = VShardMap.round_robin(SIZES, 12, 2)
+    out = v1.reassigned([0, 1, 2])
+    for k in (0, 1):  # gave away the end of its slot order: holes at the end, same capacity
+        assert out.capacity[k] == 6 and out.at_slots(k).tolist()[:4] == v1.at_slots(k).tolist()[:4]
+        assert out.at_slots(k).tolist()[4:] == [-1, -1]
+    assert out.capacity[2] == 4 and sorted(out.slot[out.owner == 2].tolist()) == [0, 1, 2, 3]
+    back = out.reassigned([0, 1])
+    assert all(back.capacity[k] == 6 and -1 not in back.at_slots(k).tolist() for k in (0, 1))
+    for vmap in (out, back):  # every row in exactly one place, and routing finds it there
+        for t, n in enumerate(SIZES):
+            found = []
+            for k in vmap.ps_ids:
+                rows = vmap.global_rows(k, t)
+                local = np.flatnonzero(rows >= 0)
+                owner, routed = vmap.route(rows[local], np.full(len(local), t))
+                assert np.all(owner == k) and np.array_equal(routed, local)
+                found += rows[local].tolist()
+            assert sorted(found) == list(range(n))
+
+
+def test_a_ps_left_under_half_full_or_with_dynamic_tables_gets_compact_tables():
+    one = VShardMap.round_robin(SIZES, 12, 1)
+    spread = one.reassigned([0, 1, 2, 3])  # PS 0 keeps 3 of its 12 slots
+    assert spread.capacity[0] == 3 and not one.keeps_tables(0, spread)
+    dyn = VShardMap.round_robin(SIZES, 12, 2, dynamic=(1,))
+    out = dyn.reassigned([0, 1, 2])
+    assert all(out.capacity[k] == 4 and not dyn.keeps_tables(k, out) for k in (0, 1))
 
 
 def test_scale_plan_diff():

@@ -22,6 +22,7 @@ class Job(Protocol):
     t0: float  # clock value at the job's start: job time = clock() - t0
     events: EventLog
     launcher: Launcher
+    runs: Any  # RunGroup: the training runs the loop waits on
     books: ShardBooks  # the shard queue and what workers reported, behind its own lock
     failures: list[Failure]
     scale_events: list[ScaleEvent]

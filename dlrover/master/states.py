@@ -100,6 +100,12 @@ class RunGroup:
 
     def __init__(self) -> None:
         self.pending: dict[Any, str] = {}
+        self._soon_s: float | None = None
+
+    def soon(self, timeout_s: float) -> None:
+        """Make the next poll wait at most ``timeout_s`` (something else is being watched
+        closely: a pre-copy that may end any moment)."""
+        self._soon_s = timeout_s if self._soon_s is None else min(self._soon_s, timeout_s)
 
     def add(self, runs: dict[Any, str]) -> None:
         self.pending.update(runs)
@@ -109,6 +115,8 @@ class RunGroup:
 
     def poll(self, timeout_s: float) -> list[Event]:
         """Wait up to ``timeout_s`` for one run to end; its event (if any), then a tick."""
+        if self._soon_s is not None:
+            timeout_s, self._soon_s = min(timeout_s, self._soon_s), None
         ready, _ = ray.wait(list(self.pending), num_returns=1, timeout=timeout_s) if self.pending else ([], [])
         events: list[Event] = []
         for ref in ready:

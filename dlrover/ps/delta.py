@@ -31,7 +31,7 @@ class CutTracker:
     def __init__(self, vmap: VShardMap, ps_index: int, tbe: Any) -> None:
         self.rows = DirtyRows(vmap.local_table_sizes(ps_index))
         self.vmap, self.ps_index = vmap, ps_index
-        self.owned = vmap.owned(ps_index).copy()
+        self.at_slots = vmap.at_slots(ps_index)
         self._tbe = weakref.ref(tbe)  # no strong reference: a replaced TBE is freed
 
     def mark(self, tbe: Any, indices: torch.Tensor, offsets: torch.Tensor | None, batch: int) -> None:
@@ -54,9 +54,10 @@ class CutTracker:
         """Per table, the sorted global ids of the rows marked (padding rows left out)."""
         v, out = self.vmap.num_vshards, []
         for t, (n, rpv) in enumerate(zip(self.vmap.table_sizes, self.vmap.rows_per_vshard())):
-            local = np.flatnonzero(self.rows.table(t)[: len(self.owned) * rpv])
-            rows = (local % rpv) * v + self.owned[local // rpv]
-            out.append(np.sort(rows[rows < n]).astype(np.int64))
+            local = np.flatnonzero(self.rows.table(t)[: len(self.at_slots) * rpv])
+            vs = self.at_slots[local // rpv]
+            rows = (local % rpv) * v + vs
+            out.append(np.sort(rows[(vs >= 0) & (rows < n)]).astype(np.int64))
         return out
 
 

@@ -81,7 +81,7 @@ class DynamicTables:
         self.default = {t: default_row(seed, t, vmap.table_sizes[t], dim) for t in self.maps}
         self._slot = np.full(vmap.num_vshards, -1, dtype=np.int64)
         owned = vmap.owned(ps_index)
-        self._slot[owned] = np.arange(len(owned))
+        self._slot[owned] = vmap.slot[owned]
         self._lock = threading.Lock()
 
     def states(self, t: int) -> list[torch.Tensor]:

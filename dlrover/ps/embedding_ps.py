@@ -254,8 +254,7 @@ class EmbeddingPS(VShardMoves):
         owner = self.vmap.owner[global_rows % v]
         if np.any(owner != self.index):
             raise ValueError(f"ps-{self.index} does not own all of these rows of table {table}")
-        slot = np.searchsorted(self.vmap.owned(self.index), global_rows % v)
-        local = slot * rpv + global_rows // v
+        local = self.vmap.slot[global_rows % v] * rpv + global_rows // v
         with torch.no_grad():
             self.tbe.split_embedding_weights()[table][torch.from_numpy(local)] = torch.as_tensor(weights)
 

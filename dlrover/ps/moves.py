@@ -30,10 +30,13 @@ class VShardMoves:
     # and reconfigure() copy only the rows pushed since track().
     def _table_arrays(self, tbe, dyn: DynamicTables) -> list[list[torch.Tensor]]:
         """Per table: [weights, *optimizer states, *map states of a dynamic table] as
-        writable views into ``tbe`` and ``dyn``."""
+        writable views into ``tbe`` and ``dyn``. The TBE's are ``.data`` views: a block
+        moving into a free slot of the live tables while pulls are pending must not bump
+        the version autograd checks on the pulls' saved weights and optimizer state (the
+        rows those pulls read are others)."""
         weights = tbe.split_embedding_weights()
         states = [] if self._optimizer["name"] == "sgd" else tbe.split_optimizer_states()
-        return [[w.detach(), *(states[t] if states else []), *dyn.states(t)] for t, w in enumerate(weights)]
+        return [[w.data, *(s.data for s in (states[t] if states else [])), *dyn.states(t)] for t, w in enumerate(weights)]
 
     def track(self) -> None:
         """Start recording which local rows pushes update."""
@@ -45,7 +48,8 @@ class VShardMoves:
         vs = np.asarray(sorted(vshards), dtype=np.int64)
         if len(vs) and np.any(self.vmap.owner[vs] != self.index):
             raise ValueError(f"ps-{self.index} does not own all of vshards {vs.tolist()}")
-        slots = np.searchsorted(self.vmap.owned(self.index), vs)
+        vs = vs[np.argsort(self.vmap.slot[vs], kind="stable")]  # slot order: a run of slots leaves as views
+        slots = self.vmap.slot[vs]
         arrays, rpv = self._table_arrays(self.tbe, self.dyn), self.vmap.rows_per_vshard()
         if dirty_only:
             if self._dirty is None:
@@ -53,15 +57,21 @@ class VShardMoves:
             return {"vshards": vs, "dirty": self.dyn.as_ages(export_dirty(arrays, self._dirty, slots, rpv), dirty=True), "clock": self.dyn.clock}
         return {"vshards": vs, "tables": self.dyn.as_ages(export_blocks(arrays, slots, rpv)), "clock": self.dyn.clock}
 
+    def _tables_for(self, vmap: VShardMap) -> tuple[Any, DynamicTables]:
+        """The tables to fill for ``vmap``: the live ones when this PS keeps its slots (the
+        blocks moving in go to free slots, which nothing routes to yet), else new ones."""
+        tbe = self.tbe if self.vmap.keeps_tables(self.index, vmap) else self._new_tbe(vmap.local_table_sizes(self.index))
+        return tbe, self._new_dyn(vmap, self.dyn.clock)
+
     def prepare(self, vmap: VShardMap, incoming: list[Any]) -> None:
-        """Round 1: build the tables of ``vmap`` on a background thread (pulls and pushes
+        """Round 1: fill the tables of ``vmap`` on a background thread (pulls and pushes
         go on meanwhile) from this PS's kept blocks and the full ``incoming`` payloads."""
         import ray
 
         def build() -> None:
             try:
                 payloads = [p if isinstance(p, dict) else ray.get(p) for p in incoming]
-                tbe, dyn = self._new_tbe(vmap.local_table_sizes(self.index)), self._new_dyn(vmap, self.dyn.clock)
+                tbe, dyn = self._tables_for(vmap)
                 box["bytes"] = self._fill(tbe, dyn, vmap, payloads)
                 box["sent_at"] = {int(v): p["clock"] for p in payloads for v in p["vshards"]}  # sender clocks of the ages
                 box["tbe"], box["dyn"] = tbe, dyn
@@ -69,7 +79,7 @@ class VShardMoves:
                 box["error"] = f"{type(e).__name__}: {e}"
 
         box: dict = {}
-        if np.array_equal(vmap.owned(self.index), self.vmap.owned(self.index)):
+        if self.vmap.same_layout(self.index, vmap):
             self._prepared = None  # nothing moves in or out of this PS
             return
         thread = threading.Thread(target=build, name="vshard-precopy", daemon=True)
@@ -91,21 +101,21 @@ class VShardMoves:
         self._prepared, self._dirty = None, None
 
     def _fill(self, tbe, dyn: DynamicTables, vmap: VShardMap, payloads: list[dict], keep: bool = True) -> int:
-        """Copy into ``tbe`` and ``dyn`` (laid out for ``vmap``) the kept blocks (``keep``)
-        and the payloads' blocks."""
+        """Copy into ``tbe`` and ``dyn`` (laid out for ``vmap``) the kept blocks (``keep``;
+        already in place when ``tbe`` is the live one) and the payloads' blocks."""
         rpv = vmap.rows_per_vshard()
-        new_owned = list(vmap.owned(self.index))
-        new_slot = {int(v): i for i, v in enumerate(new_owned)}
+        mine = vmap.owned(self.index)
         dst = self._table_arrays(tbe, dyn)
-        old_slot = {int(v): i for i, v in enumerate(self.vmap.owned(self.index))}
-        kept = [v for v in new_slot if v in old_slot] if keep else []
-        copy_blocks(dst, np.array([new_slot[v] for v in kept]), self._table_arrays(self.tbe, self.dyn), np.array([old_slot[v] for v in kept]), rpv)
-        nbytes, have = 0, set(kept)
+        kept = np.intersect1d(mine, self.vmap.owned(self.index)) if keep else np.zeros(0, dtype=np.int64)
+        if tbe is not self.tbe:
+            copy_blocks(dst, vmap.slot[kept], self._table_arrays(self.tbe, self.dyn), self.vmap.slot[kept], rpv)
+        nbytes, have = 0, set(kept.tolist())
         for p in payloads:  # a payload may also hold vshards going to other PS
-            mine = [(i, int(v)) for i, v in enumerate(p["vshards"]) if int(v) in new_slot]
-            nbytes += copy_blocks(dst, np.array([new_slot[v] for _, v in mine]), dyn.as_ages(p["tables"]), np.array([i for i, _ in mine]), rpv)
-            have.update(v for _, v in mine)
-        missing = sorted(set(new_slot) - have)
+            held = np.asarray(p["vshards"], dtype=np.int64)
+            pos = np.flatnonzero(vmap.owner[held] == self.index)
+            nbytes += copy_blocks(dst, vmap.slot[held[pos]], dyn.as_ages(p["tables"]), pos, rpv)
+            have.update(held[pos].tolist())
+        missing = sorted(set(mine.tolist()) - have)
         if missing:
             raise RuntimeError(f"ps-{self.index}: no data for vshards {missing}")
         dyn.reindex()
@@ -128,7 +138,7 @@ class VShardMoves:
             orphans = len(self._pending)
             self._pending.clear()
         self.dyn.clear_pins()
-        if np.array_equal(vmap.owned(self.index), self.vmap.owned(self.index)):
+        if self.vmap.same_layout(self.index, vmap):
             self.vmap, self._prepared, self._dirty = vmap, None, None  # same slots: only the version moves
             return {"bytes_in": 0, "bytes_precopied": 0, "recv_s": 0.0, "copy_s": 0.0, "orphan_pulls": orphans}
         payloads = [p if isinstance(p, dict) else ray.get(p) for p in incoming]
@@ -140,10 +150,11 @@ class VShardMoves:
                 raise RuntimeError(f"ps-{self.index}: preparing the new tables failed")
             tbe, dyn, precopied = prepared[2]["tbe"], prepared[2]["dyn"], prepared[2]["bytes"]
             rpv = vmap.rows_per_vshard()
-            new_slot = {int(v): i for i, v in enumerate(vmap.owned(self.index))}
-            old_to_new = {i: new_slot[int(v)] for i, v in enumerate(self.vmap.owned(self.index)) if int(v) in new_slot}
+            new_slot = {int(v): int(vmap.slot[v]) for v in vmap.owned(self.index)}
             dst = self._table_arrays(tbe, dyn)
-            copy_dirty_local(dst, self._table_arrays(self.tbe, self.dyn), self._dirty, old_to_new, rpv)
+            if tbe is not self.tbe:  # kept vshards in new tables: the rows pushed since round 1
+                old_to_new = {int(self.vmap.slot[v]): new_slot[int(v)] for v in self.vmap.owned(self.index) if int(v) in new_slot}
+                copy_dirty_local(dst, self._table_arrays(self.tbe, self.dyn), self._dirty, old_to_new, rpv)
             # Training went on since prepare(): the precopied ids not looked up since have
             # aged by as many lookups as their sender's clock ran on, whatever this one's did.
             for p in payloads:
@@ -155,7 +166,7 @@ class VShardMoves:
             nbytes = sum(apply_dirty(dst, new_slot, p["vshards"], dyn.as_ages(p["dirty"], dirty=True), rpv) for p in payloads)
             dyn.reindex()
         else:
-            tbe, dyn = self._new_tbe(vmap.local_table_sizes(self.index)), self._new_dyn(vmap, self.dyn.clock)
+            tbe, dyn = self._tables_for(vmap)
             precopied, nbytes = 0, self._fill(tbe, dyn, vmap, payloads)
         self.tbe, self.dyn, self.vmap, self._dirty = tbe, dyn, vmap, None
         done = time.perf_counter()
@@ -169,8 +180,8 @@ class VShardMoves:
         (owned by the caller) before the call completes, so a consistent cut costs one
         copy and this PS never holds its tables twice."""
         with self._lock:
-            owned = self.vmap.owned(self.index)
-            tables = self.dyn.as_ages(export_blocks(self._table_arrays(self.tbe, self.dyn), np.arange(len(owned)), self.vmap.rows_per_vshard()))
+            owned = self.vmap.owned(self.index)  # slot order: one run of views unless a hole precedes a slot
+            tables = self.dyn.as_ages(export_blocks(self._table_arrays(self.tbe, self.dyn), self.vmap.slot[owned], self.vmap.rows_per_vshard()))
         return int(sum(a.nbytes for t in tables for a in t)), {"vshards": owned.astype(np.int64), "tables": tables}
 
     def restore(self, vmap: VShardMap, payloads: list[Any] | None) -> int:

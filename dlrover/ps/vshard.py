@@ -7,9 +7,13 @@ with their optimizer state, and routing stays a table lookup (no per-id hashing 
 hot path beyond one modulo). PS ids are stable names (``ps-<id>``), not positions: after
 PS 1 of 0..2 retires, the owners are {0, 2}.
 
-On a PS the owned vshards are laid out back to back: table ``t`` on PS ``k`` has
-``len(owned_k) * rows_per_vshard[t]`` rows and global row ``r`` sits at local row
-``slot_k(r % V) * rows_per_vshard[t] + r // V``.
+On a PS each owned vshard has a slot: table ``t`` on PS ``k`` has ``capacity[k] *
+rows_per_vshard[t]`` rows and global row ``r`` sits at local row ``slot[r % V] *
+rows_per_vshard[t] + r // V``. Slots are explicit so that a rescale need not rebuild
+every PS's tables: a PS that gives vshards away keeps its tables and the freed slots
+(holes), and vshards moving in fill free slots while training goes on (nothing routes to
+them yet). A PS whose vshards would not fit, or would fill under half its slots, gets a
+new compact layout (slots in vshard order) and rebuilds its tables.
 
 A dynamic table (``dynamic``, :mod:`dlrover.ps.dynamic`) is laid out the same way, but an
 id is not a row: it goes to vshard ``vshard_of(id)`` and its owner maps it to a row.
@@ -33,16 +37,24 @@ class VShardMap:
     owner: np.ndarray  # int32 [V]: PS index owning each vshard
     version: int = 0
     dynamic: tuple[int, ...] = ()  # dynamic tables: routed by a hash of the raw id
-    _slot: np.ndarray = field(init=False, repr=False)
+    slot: np.ndarray | None = None  # int64 [V]: each vshard's slot on its owner (default: compact)
+    capacity: dict[int, int] = field(default_factory=dict)  # slots of each PS's tables (default: what it owns)
 
     def __post_init__(self) -> None:
         self.owner = np.asarray(self.owner, dtype=np.int32)
         if self.owner.shape != (self.num_vshards,):
             raise ValueError("owner must have one entry per vshard")
-        self._slot = np.zeros(self.num_vshards, dtype=np.int64)
-        for k in np.unique(self.owner):
-            vs = np.flatnonzero(self.owner == k)
-            self._slot[vs] = np.arange(len(vs))
+        if self.slot is None:
+            self.slot = np.zeros(self.num_vshards, dtype=np.int64)
+            for k in np.unique(self.owner):
+                vs = np.flatnonzero(self.owner == k)
+                self.slot[vs] = np.arange(len(vs))
+        self.slot = np.asarray(self.slot, dtype=np.int64)
+        self.capacity = {int(k): int(self.capacity.get(int(k), np.sum(self.owner == k))) for k in np.unique(self.owner)}
+        for k, cap in self.capacity.items():
+            used = self.slot[self.owner == k]
+            if len(np.unique(used)) != len(used) or used.min() < 0 or used.max() >= cap:
+                raise ValueError(f"ps-{k}: slots {sorted(used.tolist())} are not distinct slots below its capacity {cap}")
 
     @classmethod
     def round_robin(cls, table_sizes: list[int], num_vshards: int, num_ps: int, dynamic: tuple[int, ...] = ()) -> "VShardMap":
@@ -51,8 +63,31 @@ class VShardMap:
         return cls(list(table_sizes), num_vshards, np.arange(num_vshards) % num_ps, dynamic=tuple(dynamic))
 
     def with_owner(self, owner: np.ndarray) -> "VShardMap":
-        """The next version, with vshard ``v`` on PS ``owner[v]``."""
-        return VShardMap(list(self.table_sizes), self.num_vshards, owner, self.version + 1, self.dynamic)
+        """The next version, with vshard ``v`` on PS ``owner[v]``. A PS keeps its slots
+        and tables when what it will own fits in them and fills at least half (never with
+        dynamic tables, whose id maps are rebuilt); otherwise it gets a compact layout."""
+        owner = np.asarray(owner, dtype=np.int32)
+        slot, capacity = np.zeros(self.num_vshards, dtype=np.int64), {}
+        for k in (int(k) for k in np.unique(owner)):
+            mine, before = owner == k, self.owner == k
+            stay, incoming = np.flatnonzero(mine & before), np.flatnonzero(mine & ~before)
+            cap = self.capacity.get(k, 0)
+            free = np.setdiff1d(np.arange(cap), self.slot[stay])
+            if not self.dynamic and cap and len(incoming) <= len(free) and 2 * int(mine.sum()) >= cap:
+                slot[stay], slot[incoming], capacity[k] = self.slot[stay], free[: len(incoming)], cap
+            else:
+                slot[mine], capacity[k] = np.arange(int(mine.sum())), int(mine.sum())
+        return VShardMap(list(self.table_sizes), self.num_vshards, owner, self.version + 1, self.dynamic, slot, capacity)
+
+    def same_layout(self, ps: int, new: "VShardMap") -> bool:
+        """Whether PS ``ps`` holds the same vshards in the same slots under ``new``."""
+        return np.array_equal(self.at_slots(ps), new.at_slots(ps))
+
+    def keeps_tables(self, ps: int, new: "VShardMap") -> bool:
+        """Whether PS ``ps`` keeps its tables under ``new``: same capacity, and every vshard
+        it owns in both maps in the same slot."""
+        both = np.flatnonzero((self.owner == ps) & (new.owner == ps))
+        return ps in self.capacity and self.capacity[ps] == new.capacity.get(ps) and bool(np.all(self.slot[both] == new.slot[both]))
 
     @property
     def ps_ids(self) -> list[int]:
@@ -96,11 +131,13 @@ class VShardMap:
             held[k] += weight[v]
         while True:  # move the lightest vshard of the heaviest PS while that narrows the gap
             hi, lo = max(ids, key=lambda i: held[i]), min(ids, key=lambda i: held[i])
-            cand = np.flatnonzero(owner == hi)[::-1]
+            cand = np.flatnonzero(owner == hi)
+            cand = cand[np.argsort(-self.slot[cand], kind="stable")] if hi in self.capacity else cand[::-1]
             if hi == lo or len(cand) <= 1:
                 break
-            # Of equal weights the highest vshard: a PS gives away the end of its slot order,
-            # one consecutive run of blocks that it exports without a copy.
+            # Of equal weights the highest slot: a PS gives away the end of its slot order,
+            # one consecutive run of blocks that it exports without a copy, and its holes
+            # stay at the end of its tables.
             v = cand[np.argmin(weight[cand])]
             if held[hi] - weight[v] < held[lo] + weight[v] - 1e-9:
                 break
@@ -119,18 +156,27 @@ class VShardMap:
 
     def owned(self, ps: int) -> np.ndarray:
         """Vshards owned by PS ``ps`` in slot order."""
-        return np.flatnonzero(self.owner == ps)
+        vs = np.flatnonzero(self.owner == ps)
+        return vs[np.argsort(self.slot[vs], kind="stable")]
+
+    def at_slots(self, ps: int) -> np.ndarray:
+        """The vshard in each slot of PS ``ps`` (-1: a free slot)."""
+        out = np.full(self.capacity.get(ps, 0), -1, dtype=np.int64)
+        vs = np.flatnonzero(self.owner == ps)
+        out[self.slot[vs]] = vs
+        return out
 
     def local_table_sizes(self, ps: int) -> list[int]:
-        n = len(self.owned(ps))
+        n = self.capacity.get(ps, 0)
         return [max(1, n * r) for r in self.rows_per_vshard()]
 
     def global_rows(self, ps: int, table: int) -> np.ndarray:
-        """Global row id of each local row of ``table`` on ``ps`` (-1 for padding rows)."""
+        """Global row id of each local row of ``table`` on ``ps`` (-1 for padding rows and
+        free slots)."""
         v, rpv = self.num_vshards, self.rows_per_vshard()[table]
-        owned = self.owned(ps)
-        rows = (np.arange(rpv)[None, :] * v + owned[:, None]).reshape(-1)
-        rows[rows >= self.table_sizes[table]] = -1
+        at = self.at_slots(ps)
+        rows = (np.arange(rpv)[None, :] * v + at[:, None]).reshape(-1)
+        rows[(rows >= self.table_sizes[table]) | np.repeat(at < 0, rpv)] = -1
         return rows
 
     def route(self, rows: np.ndarray, tables: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -143,7 +189,7 @@ class VShardMap:
         if raw is not None:
             vs[raw] = vshard_of(rows[raw], v)
         owner = self.owner[vs]
-        local = self._slot[vs] * np.asarray(self.rows_per_vshard(), dtype=np.int64)[tables] + rows // v
+        local = self.slot[vs] * np.asarray(self.rows_per_vshard(), dtype=np.int64)[tables] + rows // v
         if raw is not None:
             local[raw] = rows[raw]
         return owner, local
