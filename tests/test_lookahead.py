@@ -1,6 +1,9 @@
-"""Adaptive pull-ahead (``dlrover/worker/lookahead.py``): pure logic, no Ray."""
+"""Adaptive pull-ahead (``dlrover/worker/lookahead.py``): pure logic, no Ray; and the
+arguments of the bench that measures it (``dlrover bench slow-link``)."""
 
 from dataclasses import dataclass
+
+import pytest
 
 from dlrover.worker.lookahead import GROW_SHARE, HELPS, HOLD_WINDOWS, QUIET_WINDOWS, WINDOW_STEPS, Lookahead, PullAhead, ring_slots
 
@@ -148,3 +151,17 @@ def test_lookahead_notes_the_end_of_input():
     ahead.fill()
     ahead.fill()
     assert ahead.ended and len(ahead) == 1
+
+
+@pytest.mark.parametrize(
+    "args, field",
+    [(["--max-staleness", "1"], "--max-staleness"), (["--max-staleness", "9"], "--max-staleness"), (["--latency-ms", "0"], "--latency-ms"), (["--rows", "-5"], "--rows")],
+)
+def test_bad_slow_link_bench_arguments_are_one_line_naming_the_flag(args, field, capsys):
+    from dlrover.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "slow-link", *args])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and field in err[0]

@@ -12,6 +12,7 @@ from dlrover.ps.embedding_ps import EmbeddingPS
 from dlrover.ps.shm import LocalLinks
 from dlrover.ps.vshard import VShardMap
 from dlrover.spec import ModelSpec
+from dlrover.worker.lookahead import ring_slots
 
 SIZES = [3, 17, 100, 1000] + [257] * 22
 MODEL = ModelSpec(embedding_dim=8, num_embeddings=SIZES, dense_arch=[8], over_arch=[1])
@@ -30,7 +31,7 @@ def _ps_setup(ray, num_ps: int, vshards: int, lr: float = 0.1, shm: bool = False
     client = PSClient(ps, vmap, 8, "test-worker", get=ray.get)
     if shm:  # this process and the PS share the node: ids, answers and gradients in shared memory
         bags = 512 * len(SIZES)
-        client.set_routing(client.ps, vmap, LocalLinks("test-worker", set(range(num_ps)), bags * 8, wait=ray.wait, ids_capacity=2 * bags + 1))
+        client.set_routing(client.ps, vmap, LocalLinks("test-worker", set(range(num_ps)), bags * 8, wait=ray.wait, slots=ring_slots(1), ids_capacity=2 * bags + 1))
     return vmap, ps, weights, PSEmbeddingBagCollection(table_configs(MODEL), client)
 
 

@@ -132,7 +132,7 @@ class SlotRing:
     push that read its gradient must be done (an aborted run's pull may still be queued
     at the PS). The PS copies the ids out during the pull."""
 
-    def __init__(self, owner: str, ps_id: int, capacity: int, wait: Callable[[list[Any]], Any], ids_capacity: int = 0, slots: int = 4) -> None:
+    def __init__(self, owner: str, ps_id: int, capacity: int, wait: Callable[[list[Any]], Any], slots: int, ids_capacity: int = 0) -> None:
         capacity += capacity % 2  # every room starts at an even word: int64 ids are aligned
         self.stride = 2 * capacity + 2 * ids_capacity
         self.shm = ShmArray(f"{shm_prefix(owner)}ps{ps_id}_{uuid.uuid4().hex[:8]}", slots * self.stride, create=True)
@@ -195,8 +195,9 @@ class LocalLinks:
     """A worker's slot rings, one per PS on its node (made on first use); the PS elsewhere
     get none and are sent Ray objects."""
 
-    def __init__(self, owner: str, local: set[int], capacity: int, wait: Callable[[list[Any]], Any], ids_capacity: int = 0, slots: int = 4) -> None:
-        """``slots`` per ring: more than the lookups a worker keeps in flight, plus one."""
+    def __init__(self, owner: str, local: set[int], capacity: int, wait: Callable[[list[Any]], Any], slots: int, ids_capacity: int = 0) -> None:
+        """``slots`` per ring: more than the lookups a worker keeps in flight, plus one
+        (the worker's ``lookahead.ring_slots``)."""
         self.owner, self.local, self.capacity, self.ids_capacity, self._wait, self.slots = owner, set(local), capacity, ids_capacity, wait, slots
         self.rings: dict[int, SlotRing] = {}
 
@@ -209,7 +210,7 @@ class LocalLinks:
             return None
         ring = self.rings.get(ps_id)
         if ring is None:
-            ring = self.rings[ps_id] = SlotRing(self.owner, ps_id, self.capacity, self._wait, self.ids_capacity, self.slots)
+            ring = self.rings[ps_id] = SlotRing(self.owner, ps_id, self.capacity, self._wait, self.slots, self.ids_capacity)
         return ring
 
     def close(self) -> dict[int, str]:
