@@ -154,6 +154,23 @@ def test_a_scale_out_and_back_moves_vshards_in_place_in_the_tables_that_stay(opt
     assert all(ps[k].tbe is tables[k] for k in (0, 1))
 
 
+@pytest.mark.parametrize("opt", ["rowwise_adagrad", "sgd"])
+def test_a_ps_added_with_reserved_slots_takes_its_first_vshards_into_the_tables_it_started_with(opt):
+    v1 = VShardMap.round_robin(SIZES, 12, 2)
+    ps = {k: EmbeddingPS(k, v1, 4, {"name": opt, "lr": 0.1}, seed=5) for k in range(2)}
+    reserved = v1.with_reserved(2, 4)
+    assert reserved.version == v1.version and not len(reserved.owned(2))
+    ps[2] = EmbeddingPS(2, reserved, 4, {"name": opt, "lr": 0.1}, seed=5)
+    started_with = ps[2].tbe
+    assert started_with.split_embedding_weights()[1].shape[0] == 4 * reserved.rows_per_vshard()[1]
+    out = reserved.reassigned([0, 1, 2])
+    assert out.capacity[2] == 4 and reserved.keeps_tables(2, out)
+    _two_round_move(ps, reserved, out)
+    assert ps[2].tbe is started_with
+    with pytest.raises(ValueError, match="owns vshards"):
+        v1.with_reserved(0, 4)
+
+
 def test_slots_stay_put_and_freed_slots_are_filled_before_tables_grow():
     v1 = VShardMap.round_robin(SIZES, 12, 2)
     out = v1.reassigned([0, 1, 2])

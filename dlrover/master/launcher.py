@@ -194,10 +194,13 @@ class Launcher:
     def ps_name(self, ps_id: int) -> str:
         return ActorId(Role.PS, ps_id).ray_name(self.job_id)
 
-    def add_ps(self, cpu: float, memory_mb: int) -> int:
+    def add_ps(self, cpu: float, memory_mb: int, reserve_slots: int = 0) -> int:
         """Create one PS actor; it owns the vshards ``self.vmap`` gives its id (none for a
-        PS added to a running job, until a migration hands it some)."""
+        PS added to a running job, until a migration hands it some, into the
+        ``reserve_slots`` it allocates while it starts)."""
         ps_id = next(self._ps_ids)
+        if reserve_slots and not self.vmap.dynamic:
+            self.vmap = self.vmap.with_reserved(ps_id, reserve_slots)
         name = self._name(ActorId(Role.PS, ps_id))
         self.ps[ps_id] = (
             ray.remote(EmbeddingPS)

@@ -167,7 +167,10 @@ class Scaler:
         lz = self.launcher
         # A pre-started spare of the right size is taken first: it answers at once.
         spares = len(lz.spare_ps) + len(lz.spare_workers)
-        new_ps = [_first(lz.take_spare_ps(cpu, mem), lambda: lz.add_ps(cpu, mem)) for cpu, mem in sp.add_ps]
+        # A new PS allocates the slots it is about to fill while it starts (a spare, started
+        # earlier, allocates during the pre-copy).
+        reserve = -(-lz.vmap.num_vshards // max(1, len(lz.ps) - len(sp.retire_ps) + len(sp.add_ps)))
+        new_ps = [_first(lz.take_spare_ps(cpu, mem), lambda: lz.add_ps(cpu, mem, reserve)) for cpu, mem in sp.add_ps]
         new_workers = [_first(lz.take_spare_worker(cpu, mem), lambda: lz.add_worker(cpu, mem)) for cpu, mem in sp.add_workers]
         probes = [lz.ps[k].stats.remote() for k in new_ps] + [lz.workers[w].ping.remote() for w in new_workers]
         now = self.clock()

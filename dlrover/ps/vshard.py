@@ -38,7 +38,9 @@ class VShardMap:
     version: int = 0
     dynamic: tuple[int, ...] = ()  # dynamic tables: routed by a hash of the raw id
     slot: np.ndarray | None = None  # int64 [V]: each vshard's slot on its owner (default: compact)
-    capacity: dict[int, int] = field(default_factory=dict)  # slots of each PS's tables (default: what it owns)
+    # Slots of each PS's tables (default: what it owns). A PS owning nothing may have some
+    # reserved: one added by a rescale allocates them while it starts (``with_reserved``).
+    capacity: dict[int, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.owner = np.asarray(self.owner, dtype=np.int32)
@@ -50,10 +52,11 @@ class VShardMap:
                 vs = np.flatnonzero(self.owner == k)
                 self.slot[vs] = np.arange(len(vs))
         self.slot = np.asarray(self.slot, dtype=np.int64)
-        self.capacity = {int(k): int(self.capacity.get(int(k), np.sum(self.owner == k))) for k in np.unique(self.owner)}
+        reserved = {int(k): int(c) for k, c in self.capacity.items() if not np.any(self.owner == k)}
+        self.capacity = reserved | {int(k): int(self.capacity.get(int(k), np.sum(self.owner == k))) for k in np.unique(self.owner)}
         for k, cap in self.capacity.items():
             used = self.slot[self.owner == k]
-            if len(np.unique(used)) != len(used) or used.min() < 0 or used.max() >= cap:
+            if len(used) and (len(np.unique(used)) != len(used) or used.min() < 0 or used.max() >= cap):
                 raise ValueError(f"ps-{k}: slots {sorted(used.tolist())} are not distinct slots below its capacity {cap}")
 
     @classmethod
@@ -78,6 +81,14 @@ class VShardMap:
             else:
                 slot[mine], capacity[k] = np.arange(int(mine.sum())), int(mine.sum())
         return VShardMap(list(self.table_sizes), self.num_vshards, owner, self.version + 1, self.dynamic, slot, capacity)
+
+    def with_reserved(self, ps: int, slots: int) -> "VShardMap":
+        """The same map (same version: routing does not change) with ``slots`` reserved for
+        PS ``ps``, which owns nothing yet: it builds tables of that many slots when it
+        starts, and takes its first vshards into them without allocating."""
+        if np.any(self.owner == ps):
+            raise ValueError(f"ps-{ps} owns vshards: only a PS owning nothing can reserve slots")
+        return VShardMap(list(self.table_sizes), self.num_vshards, self.owner, self.version, self.dynamic, self.slot, {**self.capacity, ps: slots})
 
     def same_layout(self, ps: int, new: "VShardMap") -> bool:
         """Whether PS ``ps`` holds the same vshards in the same slots under ``new``."""
