@@ -87,9 +87,10 @@ def test_a_dynamic_table_ps_killed_is_recovered_from_a_durable_delta_with_its_lo
     once."""
     from dlrover.runner import run_job
 
-    cut = 2.0  # the job trains for several of them: the kill lands after the second cut, mid-training
+    cut = 4.0  # the job trains for several of them: the kill lands after the second cut, mid-training,
+    # before the third (the second's durable write takes 1-3 s on a busy 2-core host)
     spec = fault_spec(
-        synth_dir, tmp_path, [], model__tables=TABLES, train__vshards=8, data__epochs=4, checkpoint__keep_in_memory=False, checkpoint__full_every=100,
+        synth_dir, tmp_path, [], model__tables=TABLES, train__vshards=8, data__epochs=8, checkpoint__keep_in_memory=False, checkpoint__full_every=100,
         checkpoint__memory_interval_s=cut, checkpoint__interval_s=cut, checkpoint__min_interval_s=cut,
     )  # fmt: skip
     assert spec.recovery.ps == "partial"

@@ -38,8 +38,8 @@ PS_FROM, PS_PEAK = 4, 6
 # Every cut is written to disk and then leaves the object store (keep_in_memory: false):
 # a 4.4 GB copy left there is spilled to disk when a rescale's moving vshards need room.
 CHECKPOINT_EVERY_S = 30.0
-# PS memory: its share of the model (1.09 GB at 4 PS) twice while a rescale builds its new
-# tables beside the old ones, + ~0.4 GB of process.
+# PS memory: its share of the model (1.09 GB at 4 PS) + ~0.45 GB of process; room for
+# twice the share, for a PS whose tables are rebuilt (a compact layout, a rollback).
 FULL = {"cap": CAP, "rows": 600_000, "epochs": 1, "batch_size": 4096, "ps_memory_mb": 2600}
 QUICK = {"cap": CAP // 100, "rows": 120_000, "epochs": 4, "batch_size": 1024, "ps_memory_mb": 1024}
 
