@@ -90,9 +90,26 @@ def _push_some(ps: EmbeddingPS, step: int, dim: int = 4) -> None:
     ps.push(key, np.full((3, len(SIZES) * dim), 0.5, dtype=np.float32))
 
 
+def _full_tables(servers: dict, vmap: VShardMap) -> list[np.ndarray]:
+    """Every table's weights, gathered from the PS that own its rows under ``vmap``."""
+    out = []
+    for t, n in enumerate(SIZES):
+        full = np.full((n, 4), np.nan, np.float32)
+        for k in vmap.ps_ids:
+            rows, w = servers[k].table_rows(t)
+            full[rows] = w
+        out.append(full)
+    return out
+
+
 def _two_round_move(ps: dict, old: VShardMap, new: VShardMap) -> None:
-    """A live move ``old`` -> ``new`` with pushes during round 1 and after it, checked
-    row for row: round 2 must carry exactly the rows those pushes changed."""
+    """A live move ``old`` -> ``new`` with pushes during round 1 and after it, checked row
+    for row against the same pushes on copies of the PS that do not move."""
+    opt = ps[old.ps_ids[0]]._optimizer
+    ref = {k: EmbeddingPS(k, old, 4, opt, seed=5) for k in old.ps_ids}
+    payloads = [ps[k].snapshot()[1] for k in old.ps_ids]
+    for r in ref.values():
+        r.restore(old, payloads)
     moves, trained = old.moves(new), old.ps_ids
     for p in ps.values():
         p.track()
@@ -102,27 +119,22 @@ def _two_round_move(ps: dict, old: VShardMap, new: VShardMap) -> None:
     for step in range(6):  # training goes on during round 1
         for k in trained:
             _push_some(ps[k], step)
+            _push_some(ref[k], step)
     for k in new.ps_ids:
         while not ps[k].prepared():
             pass
     for step in range(6, 9):
         for k in trained:
             _push_some(ps[k], step)
-    expected = [np.concatenate([ps[k].table_rows(t)[1] for k in trained]) for t in range(len(SIZES))]
-    expected_rows = [np.concatenate([ps[k].table_rows(t)[0] for k in trained]) for t in range(len(SIZES))]
+            _push_some(ref[k], step)
     delta = {s: ps[s].export_vshards([v for v, src, _ in moves if src == s], dirty_only=True) for s in full}
     for k in new.ps_ids:
         ps[k].reconfigure(new, [delta[s] for s in delta if any(src == s and d == k for _, src, d in moves)])
     for k in set(ps) - set(new.ps_ids):
         ps[k].vmap = new
     assert sum(len(d["dirty"][1][0]) for d in delta.values()) > 0  # some moving rows changed during round 1
-    for t in range(len(SIZES)):
-        got = np.zeros((SIZES[t], 4), np.float32)
-        for k in new.ps_ids:
-            rows, w = ps[k].table_rows(t)
-            got[rows] = w
-        want = np.zeros((SIZES[t], 4), np.float32)
-        want[expected_rows[t]] = expected[t]
+    for got, want in zip(_full_tables(ps, new), _full_tables(ref, old)):
+        assert not np.isnan(want).any()
         np.testing.assert_array_equal(got, want)
 
 
@@ -169,6 +181,46 @@ def test_a_ps_added_with_reserved_slots_takes_its_first_vshards_into_the_tables_
     assert ps[2].tbe is started_with
     with pytest.raises(ValueError, match="owns vshards"):
         v1.with_reserved(0, 4)
+
+
+@pytest.mark.parametrize("opt", ["rowwise_adagrad", "sgd"])
+def test_a_ps_that_gives_and_takes_in_one_move_never_fills_a_slot_still_trained(opt):
+    """PS 0 gives vshard 6 away and takes 7 (a load-weighted plan can do this): 7 must not
+    go into 6's slot, which pushes still update until the switch."""
+    v1 = VShardMap.round_robin(SIZES, 8, 2)
+    owner = v1.owner.copy()
+    owner[6], owner[7] = 1, 0
+    swap = v1.with_owner(owner)
+    assert swap.slot[7] != v1.slot[6] or not v1.keeps_tables(0, swap)
+    ps = {k: EmbeddingPS(k, v1, 4, {"name": opt, "lr": 0.1}, seed=5) for k in range(2)}
+    _two_round_move(ps, v1, swap)
+
+
+def test_a_dynamic_table_ps_that_gives_and_takes_keeps_its_admitted_ids():
+    from dlrover.ps.dynamic import vshard_of
+    from dlrover.table_spec import TableSpec, rows_of
+
+    tables = {0: TableSpec(kind="dynamic", capacity_rows=64, admit_after=1, eviction="lru")}
+    v1 = VShardMap.round_robin(rows_of([50] * 26, tables), 8, 2, (0,))
+    ps = {k: EmbeddingPS(k, v1, 4, {"name": "sgd", "lr": 0.1}, 3, tables=tables) for k in range(2)}
+    ids = np.arange(1, 4000, dtype=np.int64)
+    for k in (0, 1):
+        mine = ids[v1.owner[vshard_of(ids, 8)] == k][:40]
+        for step in range(2):  # seen twice: admitted
+            idx = np.zeros(26 * len(mine), dtype=np.int64)
+            idx[: len(mine)] = mine
+            ps[k].push(("w", step), np.ones_like(ps[k].pull(("w", step), idx, None)))
+    owner = v1.owner.copy()
+    owner[6], owner[7] = 1, 0
+    v2 = v1.with_owner(owner)
+    assert not any(v1.keeps_tables(k, v2) for k in (0, 1))
+    admitted = {k: set(ps[k].dynamic_ids(0).tolist()) for k in (0, 1)}
+    ex = {0: ps[0].export_vshards([6]), 1: ps[1].export_vshards([7])}
+    ps[0].reconfigure(v2, [ex[1]])
+    ps[1].reconfigure(v2, [ex[0]])
+    for k in (0, 1):
+        kept = {i for i in admitted[k] if v2.owner[vshard_of(np.array([i]), 8)[0]] == k}
+        assert kept and kept <= set(ps[k].dynamic_ids(0).tolist())
 
 
 def test_slots_stay_put_and_freed_slots_are_filled_before_tables_grow():

@@ -138,14 +138,15 @@ class VShardMoves:
             orphans = len(self._pending)
             self._pending.clear()
         self.dyn.clear_pins()
+        prepared, self._prepared = self._prepared, None
+        if prepared is not None:
+            prepared[1].join()  # no fill, of this version or a stray one, writes on past the switch
         if self.vmap.same_layout(self.index, vmap):
-            self.vmap, self._prepared, self._dirty = vmap, None, None  # same slots: only the version moves
+            self.vmap, self._dirty = vmap, None  # same slots: only the version moves
             return {"bytes_in": 0, "bytes_precopied": 0, "recv_s": 0.0, "copy_s": 0.0, "orphan_pulls": orphans}
         payloads = [p if isinstance(p, dict) else ray.get(p) for p in incoming]
         t_recv = time.perf_counter()
-        prepared, self._prepared = self._prepared, None
         if prepared is not None and prepared[0] == vmap.version:
-            prepared[1].join()
             if "tbe" not in prepared[2]:
                 raise RuntimeError(f"ps-{self.index}: preparing the new tables failed")
             tbe, dyn, precopied = prepared[2]["tbe"], prepared[2]["dyn"], prepared[2]["bytes"]
@@ -191,6 +192,7 @@ class VShardMoves:
         workers that made them restart from the checkpoint too."""
         import ray
 
+        self.cancel_migration()  # a pre-copy's fill must not write into the live tables any more
         if payloads is None:
             (tbe, dyn), nbytes = self._initial_tables(vmap, self.dyn.clock), 0
         else:

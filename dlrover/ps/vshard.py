@@ -52,6 +52,8 @@ class VShardMap:
                 vs = np.flatnonzero(self.owner == k)
                 self.slot[vs] = np.arange(len(vs))
         self.slot = np.asarray(self.slot, dtype=np.int64)
+        if self.slot.shape != (self.num_vshards,) or any(c < 0 for c in self.capacity.values()):
+            raise ValueError("slot must have one entry per vshard, and capacities must be >= 0")
         reserved = {int(k): int(c) for k, c in self.capacity.items() if not np.any(self.owner == k)}
         self.capacity = reserved | {int(k): int(self.capacity.get(int(k), np.sum(self.owner == k))) for k in np.unique(self.owner)}
         for k, cap in self.capacity.items():
@@ -75,7 +77,8 @@ class VShardMap:
             mine, before = owner == k, self.owner == k
             stay, incoming = np.flatnonzero(mine & before), np.flatnonzero(mine & ~before)
             cap = self.capacity.get(k, 0)
-            free = np.setdiff1d(np.arange(cap), self.slot[stay])
+            # Free under the old map: a slot given away in this move is still trained until the switch.
+            free = np.setdiff1d(np.arange(cap), self.slot[before])
             if not self.dynamic and cap and len(incoming) <= len(free) and 2 * int(mine.sum()) >= cap:
                 slot[stay], slot[incoming], capacity[k] = self.slot[stay], free[: len(incoming)], cap
             else:
@@ -95,10 +98,15 @@ class VShardMap:
         return np.array_equal(self.at_slots(ps), new.at_slots(ps))
 
     def keeps_tables(self, ps: int, new: "VShardMap") -> bool:
-        """Whether PS ``ps`` keeps its tables under ``new``: same capacity, and every vshard
-        it owns in both maps in the same slot."""
+        """Whether PS ``ps`` keeps its tables under ``new``: no dynamic tables (their id maps
+        are rebuilt), same capacity, every vshard it owns in both maps in the same slot,
+        and every vshard moving in to a slot free under this map."""
         both = np.flatnonzero((self.owner == ps) & (new.owner == ps))
-        return ps in self.capacity and self.capacity[ps] == new.capacity.get(ps) and bool(np.all(self.slot[both] == new.slot[both]))
+        incoming = np.flatnonzero((self.owner != ps) & (new.owner == ps))
+        return (
+            not self.dynamic and ps in self.capacity and self.capacity[ps] == new.capacity.get(ps)
+            and bool(np.all(self.slot[both] == new.slot[both])) and bool(np.all(self.at_slots(ps)[new.slot[incoming]] < 0))
+        )  # fmt: skip
 
     @property
     def ps_ids(self) -> list[int]:
