@@ -87,10 +87,11 @@ def test_a_dynamic_table_ps_killed_is_recovered_from_a_durable_delta_with_its_lo
     once."""
     from dlrover.runner import run_job
 
-    cut = 4.0  # the job trains for several of them: the kill lands after the second cut, mid-training,
-    # before the third (the second's durable write takes 1-3 s on a busy 2-core host)
+    # The kill lands after the second cut's durable write (3 s here, more under load) and
+    # before the third cut, mid-training: the job trains for about four of them.
+    cut = 8.0
     spec = fault_spec(
-        synth_dir, tmp_path, [], model__tables=TABLES, train__vshards=8, data__epochs=8, checkpoint__keep_in_memory=False, checkpoint__full_every=100,
+        synth_dir, tmp_path, [], model__tables=TABLES, train__vshards=8, data__epochs=16, checkpoint__keep_in_memory=False, checkpoint__full_every=100,
         checkpoint__memory_interval_s=cut, checkpoint__interval_s=cut, checkpoint__min_interval_s=cut,
     )  # fmt: skip
     assert spec.recovery.ps == "partial"
