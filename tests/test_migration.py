@@ -12,6 +12,24 @@ from dlrover.ps.vshard import VShardMap
 
 SIZES = [10, 1000, 7]
 
+
+def _full_tables(servers: dict, vmap: VShardMap) -> list[np.ndarray]:
+    """Every table's weights and optimizer state, column by column, gathered from the PS
+    that own its rows under ``vmap`` (NaN where none does)."""
+    out = []
+    for t, n in enumerate(SIZES):
+        full = None
+        for k in vmap.ps_ids:
+            rows = vmap.global_rows(k, t)
+            valid = rows >= 0
+            arrays = servers[k]._table_arrays(servers[k].tbe, servers[k].dyn)[t]
+            if full is None:
+                full = [np.full((n,) + tuple(a.shape[1:]), np.nan) for a in arrays]
+            for c, a in enumerate(arrays):
+                full[c][rows[valid]] = a.numpy()[valid]
+        out += full
+    return out
+
 @pytest.mark.parametrize("opt", ["rowwise_adagrad", "adagrad", "sgd"])
 def test_migration_keeps_weights_and_optimizer_state(opt):
     v1 = VShardMap.round_robin(SIZES, 8, 2)
@@ -23,20 +41,7 @@ def test_migration_keeps_weights_and_optimizer_state(opt):
                 with torch.no_grad():
                     a.copy_(torch.rand(a.shape, generator=gen))
 
-    def snapshot(servers: dict, vmap: VShardMap) -> list[np.ndarray]:
-        out = []
-        for t, n in enumerate(SIZES):
-            cols = len(servers[vmap.ps_ids[0]]._table_arrays(servers[vmap.ps_ids[0]].tbe, servers[vmap.ps_ids[0]].dyn)[t])
-            full = [np.full((n,) + tuple(servers[vmap.ps_ids[0]]._table_arrays(servers[vmap.ps_ids[0]].tbe, servers[vmap.ps_ids[0]].dyn)[t][c].shape[1:]), np.nan) for c in range(cols)]
-            for k in vmap.ps_ids:
-                rows = vmap.global_rows(k, t)
-                valid = rows >= 0
-                for c, a in enumerate(servers[k]._table_arrays(servers[k].tbe, servers[k].dyn)[t]):
-                    full[c][rows[valid]] = a.numpy()[valid]
-            out += full
-        return out
-
-    before = snapshot(ps, v1)
+    before = _full_tables(ps, v1)
     ps[2] = EmbeddingPS(2, v1, 4, {"name": opt, "lr": 0.1}, seed=5)  # joins owning nothing
     for target in ([0, 1, 2], [2]):
         v2 = ps[0].vmap.reassigned(target) if 0 in ps[0].vmap.ps_ids else ps[2].vmap.reassigned(target)
@@ -47,7 +52,7 @@ def test_migration_keeps_weights_and_optimizer_state(opt):
             ps[k].reconfigure(v2, [exports[s] for s in exports if any(src == s and d == k for _, src, d in moves)])
         for k in set(ps) - set(target):
             ps[k].vmap = v2
-        after = snapshot({k: ps[k] for k in target}, v2)
+        after = _full_tables({k: ps[k] for k in target}, v2)
         assert len(after) == len(before)
         for a, b in zip(before, after):
             np.testing.assert_array_equal(a, b)
@@ -69,21 +74,12 @@ def _push_some(ps: EmbeddingPS, step: int, dim: int = 4) -> None:
     ps.push(key, np.full((3, len(SIZES) * dim), 0.5, dtype=np.float32))
 
 
-def _full_tables(servers: dict, vmap: VShardMap) -> list[np.ndarray]:
-    """Every table's weights, gathered from the PS that own its rows under ``vmap``."""
-    out = []
-    for t, n in enumerate(SIZES):
-        full = np.full((n, 4), np.nan, np.float32)
-        for k in vmap.ps_ids:
-            rows, w = servers[k].table_rows(t)
-            full[rows] = w
-        out.append(full)
-    return out
 
 
 def _two_round_move(ps: dict, old: VShardMap, new: VShardMap) -> None:
     """A live move ``old`` -> ``new`` with pushes during round 1 and after it, checked row
-    for row against the same pushes on copies of the PS that do not move."""
+    for row (weights and optimizer state) against the same pushes on copies of the PS
+    that do not move."""
     opt = ps[old.ps_ids[0]]._optimizer
     ref = {k: EmbeddingPS(k, old, 4, opt, seed=5) for k in old.ps_ids}
     payloads = [ps[k].snapshot()[1] for k in old.ps_ids]
@@ -173,6 +169,22 @@ def test_a_ps_that_gives_and_takes_in_one_move_never_fills_a_slot_still_trained(
     assert swap.slot[7] != v1.slot[6] or not v1.keeps_tables(0, swap)
     ps = {k: EmbeddingPS(k, v1, 4, {"name": opt, "lr": 0.1}, seed=5) for k in range(2)}
     _two_round_move(ps, v1, swap)
+
+
+@pytest.mark.parametrize("opt", ["rowwise_adagrad", "sgd"])
+def test_a_ps_with_free_slots_that_gives_and_takes_fills_only_slots_free_before(opt):
+    v1 = VShardMap.round_robin(SIZES, 12, 2)
+    ps = {k: EmbeddingPS(k, v1, 4, {"name": opt, "lr": 0.1}, seed=5) for k in range(3)}
+    out = v1.reassigned([0, 1, 2])
+    _two_round_move(ps, v1, out)  # PS 0 and 1 now have two free slots each
+    owner = out.owner.copy()
+    give, take = int(out.owned(0)[0]), int(out.owned(1)[0])
+    owner[give], owner[take] = 1, 0
+    swap = out.with_owner(owner)
+    assert out.keeps_tables(0, swap) and swap.slot[take] not in out.slot[out.owner == 0]
+    tables = ps[0].tbe
+    _two_round_move(ps, out, swap)
+    assert ps[0].tbe is tables
 
 
 def test_a_dynamic_table_ps_that_gives_and_takes_keeps_its_admitted_ids():

@@ -79,6 +79,8 @@ class VShardMoves:
                 box["error"] = f"{type(e).__name__}: {e}"
 
         box: dict = {}
+        if self._prepared is not None:
+            self._prepared[1].join()  # an earlier fill (of a move never switched to) ends first
         if self.vmap.same_layout(self.index, vmap):
             self._prepared = None  # nothing moves in or out of this PS
             return
