@@ -352,6 +352,7 @@ class FakeMaster:
         self.books = FakeBooks(self.launcher, total)
         self.evaluator = SimpleNamespace(busy=lambda: False)
         self.recovery = SimpleNamespace(corrected=lambda *a: None)
+        self.runs = SimpleNamespace(soon=lambda timeout_s: None)
 
     def clock(self) -> float:
         return self.now

@@ -33,9 +33,6 @@ if TYPE_CHECKING:
     from dlrover.data.plan import DataPlan
 
 DRAIN_STAGE = "drain"  # the stage of a plan that moves actors off a drained node
-# While vshards are pre-copied the loop asks the PS this often whether they are done (a
-# PS call; the switch waited for the next 1 s tick before, 1.1-1.5 s of a 10 s move).
-PRECOPY_PROBE_S = 0.1
 
 
 @dataclass
@@ -74,7 +71,7 @@ class Controller:
         )
         self.model = self.driver.model
         self.retired_ps_stats: list[dict] = []
-        self.scaler = Scaler(master.launcher, running=lambda: self._running, clock=lambda: self.now())
+        self.scaler = Scaler(master.launcher, running=lambda: self._running, clock=lambda: self.now(), soon=master.runs.soon)
         self._running: list[str] = []
         self._lock = threading.Lock()
         self._next_tick = 0.0
@@ -225,10 +222,7 @@ class Controller:
         if r.op.phase is ScalePhase.LAUNCHING:
             return self._launching(r)
         try:
-            if r.op.phase is ScalePhase.PRECOPYING and not self.scaler.precopied(r.op):
-                self.m.runs.soon(PRECOPY_PROBE_S)
-                return {}
-            if r.op.phase is ScalePhase.PRECOPYING and (self.m.evaluator.busy() or not self.m.books.settled()):
+            if r.op.phase is ScalePhase.PRECOPYING and (not self.scaler.precopied(r.op) or self.m.evaluator.busy() or not self.m.books.settled()):
                 return {}  # no switch under a periodic evaluation, nor while a dead worker's batches are uncertain
             res = self.scaler.finish(r.op)
         except MigrationAborted as e:

@@ -33,6 +33,9 @@ from dlrover.resource.plan import ResourcePlan
 
 PAUSE_TIMEOUT_S = 120.0
 LAUNCH_TIMEOUT_S = 120.0  # new actors not running by then: the plan is given up (cluster full?)
+# While vshards are pre-copied the loop asks the PS this often whether they are done (a
+# PS call; the switch waited for the next 1 s tick before, 1.1-1.5 s of a 10 s move).
+PRECOPY_PROBE_S = 0.1
 
 
 @dataclass
@@ -157,10 +160,13 @@ class Scaler:
     round 1; once ``precopied``, ``finish`` parks the workers and switches routing.
     ``abort`` gives the new actors back. Times come from the master's clock."""
 
-    def __init__(self, launcher: Launcher, running: Callable[[], list[str]], clock: Callable[[], float], launch_timeout_s: float = LAUNCH_TIMEOUT_S) -> None:
+    def __init__(
+        self, launcher: Launcher, running: Callable[[], list[str]], clock: Callable[[], float], soon: Callable[[float], None], launch_timeout_s: float = LAUNCH_TIMEOUT_S
+    ) -> None:
         self.launcher = launcher
         self.running = running  # names of workers whose ``run`` is going on
         self.clock = clock
+        self.soon = soon  # the control loop's next wait at most this long (``RunGroup.soon``)
         self.launch_timeout_s = launch_timeout_s
 
     def begin(self, sp: ScalePlan) -> ScaleOp:
@@ -249,6 +255,7 @@ class Scaler:
             raise MigrationAborted(f"PS did not prepare the new vshard map within {PAUSE_TIMEOUT_S:.0f}s")
         if not mig.probes:
             mig.probes = [lz.ps[k].prepared.remote() for k in mig.keep]
+        self.soon(PRECOPY_PROBE_S)
         return False
 
     def finish(self, op: ScaleOp) -> ScaleResult:
