@@ -188,3 +188,25 @@ def test_stop_checkpoint_restart_baseline_loses_nothing(ray_local, synth_dir, tm
     (ev,) = s["scale_events"]
     assert ev["ops"] == ["stop", "checkpoint", "relaunch", "restore"] and ev["pause_s"] > 0
     assert s["final_config"]["workers"] == 2 and s["final_config"]["ps"] == 2
+
+
+def test_a_precopy_cancelled_while_two_ps_feed_each_other_ends_and_changes_nothing(ray_local):
+    """Each PS's pre-copy asks the other for vshards as both are told to cancel: the
+    exports queued behind the cancels must keep neither waiting on the other."""
+    from dlrover.ps.embedding_ps import EmbeddingPS
+
+    v1 = VShardMap.round_robin([60_000, 40_000], 32, 2)
+    v2 = v1.with_owner(1 - v1.owner)  # every vshard changes hands
+    actor = ray_local.remote(EmbeddingPS)
+    ps = [actor.remote(k, v1, 16, {"name": "rowwise_adagrad", "lr": 0.1}, seed=3) for k in range(2)]
+    before = ray_local.get([p.snapshot.remote() for p in ps])
+    ray_local.get([p.track.remote() for p in ps])
+    ray_local.get([ps[k].prepare.remote(v2, [(ps[1 - k], v1.owned(1 - k).tolist())]) for k in range(2)])
+    ray_local.get([p.cancel_migration.remote() for p in ps], timeout=60)
+    assert ray_local.get([p.prepared.remote() for p in ps]) == [True, True]
+    after = ray_local.get([p.snapshot.remote() for p in ps])
+    for (_, b), (_, a) in zip(before, after):
+        np.testing.assert_array_equal(a["vshards"], b["vshards"])
+        for tb, ta in zip(b["tables"], a["tables"]):
+            for xb, xa in zip(tb, ta):
+                np.testing.assert_array_equal(xa, xb)

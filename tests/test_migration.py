@@ -3,6 +3,8 @@ two migration rounds, every move checked row for row against PS that do not move
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -11,6 +13,17 @@ from dlrover.ps.embedding_ps import EmbeddingPS
 from dlrover.ps.vshard import VShardMap
 
 SIZES = [10, 1000, 7]
+
+
+class Called:
+    """A PS object called as its actor is (``.export_vshards.remote(vs)`` runs it now, on
+    the caller's thread: a pre-copy's, while the test's thread pushes)."""
+
+    def __init__(self, ps: EmbeddingPS) -> None:
+        self._ps = ps
+
+    def __getattr__(self, name: str) -> SimpleNamespace:
+        return SimpleNamespace(remote=getattr(self._ps, name))
 
 
 def _full_tables(servers: dict, vmap: VShardMap) -> list[np.ndarray]:
@@ -88,9 +101,9 @@ def _two_round_move(ps: dict, old: VShardMap, new: VShardMap) -> None:
     moves, trained = old.moves(new), old.ps_ids
     for p in ps.values():
         p.track()
-    full = {s: ps[s].export_vshards([v for v, src, _ in moves if src == s]) for s in {m[1] for m in moves}}
+    senders = sorted({m[1] for m in moves})
     for k in new.ps_ids:
-        ps[k].prepare(new, [full[s] for s in full if any(src == s and d == k for _, src, d in moves)])
+        ps[k].prepare(new, [(Called(ps[s]), vs) for s in senders if (vs := [v for v, src, d in moves if src == s and d == k])])
     for step in range(6):  # training goes on during round 1
         for k in trained:
             _push_some(ps[k], step)
@@ -102,7 +115,7 @@ def _two_round_move(ps: dict, old: VShardMap, new: VShardMap) -> None:
         for k in trained:
             _push_some(ps[k], step)
             _push_some(ref[k], step)
-    delta = {s: ps[s].export_vshards([v for v, src, _ in moves if src == s], dirty_only=True) for s in full}
+    delta = {s: ps[s].export_vshards([v for v, src, _ in moves if src == s], dirty_only=True) for s in senders}
     for k in new.ps_ids:
         ps[k].reconfigure(new, [delta[s] for s in delta if any(src == s and d == k for _, src, d in moves)])
     for k in set(ps) - set(new.ps_ids):

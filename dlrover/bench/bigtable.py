@@ -110,12 +110,15 @@ def _start_ray(spec: JobSpec, model: int) -> bool:
     """An embedded Ray whose logical memory is what the job's actors ask for at the peak of
     a rescale (old and new PS at once), not Ray's default share of this machine (memory
     requests are a scheduling budget; the bench reports what the PS really use), and
-    whose object store holds one checkpoint being written and a rescale's moving vshards
-    (``model`` bytes and 2 GB) rather than 30% of the machine: the rest is the PS's."""
+    whose object store holds one checkpoint being written and a rescale's vshards in
+    flight (``model`` bytes and 2 GB: a checkpoint alone fills it past 80%, where Ray
+    starts spilling objects to disk, with 1 GB) rather than 30% of the machine: the
+    rest is the PS's. The store is populated at start (see ``init_ray``)."""
     from dlrover.runner import init_ray
 
     r = spec.resources
-    return init_ray(spec, None, memory_mb=r.workers * r.worker_memory_mb + (PS_FROM + PS_PEAK) * r.ps_memory_mb, object_store_mb=model // 2**20 + 2048)
+    memory_mb = r.workers * r.worker_memory_mb + (PS_FROM + PS_PEAK) * r.ps_memory_mb
+    return init_ray(spec, None, memory_mb=memory_mb, object_store_mb=model // 2**20 + 2048, populate_store=True)
 
 
 def run_bigtable_bench(quick: bool = False, work_dir: str | None = None) -> dict:

@@ -8,8 +8,9 @@ executes it while training goes on:
    goes on until they run (``begin`` / ``ready``); then start the new workers;
 2. if the PS set changes or a rebalance is asked, move vshards in two rounds
    (``dlrover.ps.migration``): while training goes on, the PS start tracking updated
-   rows and the moving blocks (weights and optimizer state) are copied into the new
-   owners' new tables (``start_migration``, checked on later ticks by ``precopied``);
+   rows and the new owners ask the old ones for the moving blocks (weights and optimizer
+   state), a vshard at a time, and copy them into their tables (``start_migration``,
+   checked on later ticks by ``precopied``);
    then every worker is paused at a step boundary (all of its pushes applied), only the
    rows updated since are copied, every PS switches to the new map at once and the
    workers resume with the new routing (``finish``); retired PS go away only after
@@ -135,6 +136,10 @@ class Migration:
         """The payloads (``refs`` by source PS) PS ``k`` receives."""
         return [refs[src] for src in sorted(self.outgoing) if any(s == src and d == k for _, s, d in self.moves)]
 
+    def sources(self, k: int, ps: dict[int, Any]) -> list[tuple[Any, list[int]]]:
+        """(PS actor, vshards) for each PS that sends vshards to PS ``k``."""
+        return [(ps[src], vs) for src in sorted(self.outgoing) if (vs := [v for v, s, d in self.moves if s == src and d == k])]
+
 
 @dataclass
 class ScaleOp:
@@ -229,8 +234,7 @@ class Scaler:
         op.migration, op.phase = mig, ScalePhase.PRECOPYING
         try:
             ray.get([h.track.remote() for h in lz.ps.values()])
-            full = {src: lz.ps[src].export_vshards.remote(vs) for src, vs in outgoing.items()}
-            ray.get([lz.ps[k].prepare.remote(new_vmap, mig.incoming(k, full)) for k in keep])
+            ray.get([lz.ps[k].prepare.remote(new_vmap, mig.sources(k, lz.ps)) for k in keep])
         except ray.exceptions.RayError as e:
             raise MigrationAborted(f"starting the pre-copy failed: {str(e).strip().splitlines()[0]}") from None
 

@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from itertools import chain, zip_longest
 from typing import Any
 
 import numpy as np
@@ -17,6 +21,52 @@ import torch
 from dlrover.ps.dynamic_tables import DynamicTables
 from dlrover.ps.migration import DirtyRows, apply_dirty, copy_blocks, copy_dirty_local, export_blocks, export_dirty
 from dlrover.ps.vshard import VShardMap
+
+# Vshards a pre-copy asks for ahead of the one it copies: a source exports the next while
+# this PS copies the last. So the object store holds a few vshards per new owner, not all
+# the moving bytes at once (a big-table scale-in's 1.37 GB on top of a checkpoint filled
+# the bench's store past 80%, where Ray starts spilling to disk), and a source serves its
+# training calls between two exports rather than behind one long one.
+PRECOPY_AHEAD = 2
+CANCEL_POLL_S = 0.1
+
+
+def fetched(sources: list[tuple[Any, list[int]]], sent_at: dict[int, int], cancel: threading.Event) -> Iterator[dict]:
+    """The export payloads of ``sources`` ((PS actor, vshards)), one vshard each, asked of
+    the sources in turn, ``PRECOPY_AHEAD`` in flight; each sender's clock into ``sent_at``.
+    Stops (RuntimeError) once ``cancel`` is set."""
+    import ray
+
+    asks = deque(a for a in chain.from_iterable(zip_longest(*[[(ps, v) for v in vs] for ps, vs in sources])) if a is not None)
+    flying: deque = deque()
+    while asks or flying:
+        while asks and len(flying) < PRECOPY_AHEAD:
+            ps, v = asks.popleft()
+            flying.append(ps.export_vshards.remote([v]))
+        ref = flying.popleft()
+        while not isinstance(ref, dict) and not ray.wait([ref], timeout=CANCEL_POLL_S)[0]:
+            if cancel.is_set():
+                break
+        if cancel.is_set():
+            raise RuntimeError("pre-copy cancelled")
+        payload = ref if isinstance(ref, dict) else ray.get(ref)
+        sent_at.update({int(v): payload["clock"] for v in payload["vshards"]})
+        yield payload
+
+
+@dataclass
+class PreCopy:
+    """Round 1 of a move to map ``version``: the tables being filled on ``thread``."""
+
+    version: int
+    sources: list[tuple[Any, list[int]]]
+    cancel: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+    tbe: Any = None  # set once filled
+    dyn: DynamicTables | None = None
+    nbytes: int = 0
+    sent_at: dict[int, int] = field(default_factory=dict)  # sender clocks of the ages, by vshard
+    error: str | None = None
 
 
 class VShardMoves:
@@ -63,46 +113,51 @@ class VShardMoves:
         tbe = self.tbe if self.vmap.keeps_tables(self.index, vmap) else self._new_tbe(vmap.local_table_sizes(self.index))
         return tbe, self._new_dyn(vmap, self.dyn.clock)
 
-    def prepare(self, vmap: VShardMap, incoming: list[Any]) -> None:
+    def prepare(self, vmap: VShardMap, sources: list[tuple[Any, list[int]]]) -> None:
         """Round 1: fill the tables of ``vmap`` on a background thread (pulls and pushes
-        go on meanwhile) from this PS's kept blocks and the full ``incoming`` payloads."""
-        import ray
-
-        def build() -> None:
-            try:
-                payloads = [p if isinstance(p, dict) else ray.get(p) for p in incoming]
-                tbe, dyn = self._tables_for(vmap)
-                box["bytes"] = self._fill(tbe, dyn, vmap, payloads)
-                box["sent_at"] = {int(v): p["clock"] for p in payloads for v in p["vshards"]}  # sender clocks of the ages
-                box["tbe"], box["dyn"] = tbe, dyn
-            except Exception as e:  # reported by prepared()
-                box["error"] = f"{type(e).__name__}: {e}"
-
-        box: dict = {}
-        if self._prepared is not None:
-            self._prepared[1].join()  # an earlier fill (of a move never switched to) ends first
+        go on meanwhile) from this PS's kept blocks and the vshards moving in, asked of
+        their old owners (``sources``: (PS actor, vshards)) one vshard per call."""
+        self._drop_prepared(vmap.version)  # an earlier fill (of a move never switched to)
         if self.vmap.same_layout(self.index, vmap):
-            self._prepared = None  # nothing moves in or out of this PS
-            return
-        thread = threading.Thread(target=build, name="vshard-precopy", daemon=True)
-        thread.start()
-        self._prepared = (vmap.version, thread, box)
+            return  # nothing moves in or out of this PS
+        pc = PreCopy(vmap.version, sources)
+        pc.thread = threading.Thread(target=self._build, args=(vmap, pc), name="vshard-precopy", daemon=True)
+        pc.thread.start()
+        self._prepared = pc
+
+    def _build(self, vmap: VShardMap, pc: PreCopy) -> None:
+        try:
+            tbe, dyn = self._tables_for(vmap)
+            pc.nbytes = self._fill(tbe, dyn, vmap, fetched(pc.sources, pc.sent_at, pc.cancel))
+            pc.tbe, pc.dyn = tbe, dyn
+        except Exception as e:  # reported by prepared()
+            pc.error = f"{type(e).__name__}: {e}"
 
     def prepared(self) -> bool | str:
         """True once the new tables are built; an error message if building them failed."""
-        if self._prepared is None:
+        pc = self._prepared
+        if pc is None:
             return True
-        if self._prepared[1].is_alive():
+        if pc.thread.is_alive():
             return False
-        return self._prepared[2].get("error", True)
+        return pc.error or True
 
     def cancel_migration(self) -> None:
         """Drop the tables prepared for a migration that will not happen, stop tracking."""
-        if self._prepared is not None:
-            self._prepared[1].join()
-        self._prepared, self._dirty = None, None
+        self._drop_prepared()
+        self._dirty = None
 
-    def _fill(self, tbe, dyn: DynamicTables, vmap: VShardMap, payloads: list[dict], keep: bool = True) -> int:
+    def _drop_prepared(self, keep_version: int | None = None) -> None:
+        """End the pre-copy under way: a fill of ``keep_version`` runs to its end, any
+        other stops at its next vshard (its source may be waiting on this PS's own
+        calls, queued behind this one). Nothing writes past this into the tables."""
+        pc, self._prepared = self._prepared, None
+        if pc is not None:
+            if pc.version != keep_version:
+                pc.cancel.set()
+            pc.thread.join()
+
+    def _fill(self, tbe, dyn: DynamicTables, vmap: VShardMap, payloads: Iterable[dict], keep: bool = True) -> int:
         """Copy into ``tbe`` and ``dyn`` (laid out for ``vmap``) the kept blocks (``keep``;
         already in place when ``tbe`` is the live one) and the payloads' blocks."""
         rpv = vmap.rows_per_vshard()
@@ -140,18 +195,17 @@ class VShardMoves:
             orphans = len(self._pending)
             self._pending.clear()
         self.dyn.clear_pins()
-        prepared, self._prepared = self._prepared, None
-        if prepared is not None:
-            prepared[1].join()  # no fill, of this version or a stray one, writes on past the switch
+        pc = self._prepared
+        self._drop_prepared(vmap.version)  # no fill, of this version or a stray one, writes on past the switch
         if self.vmap.same_layout(self.index, vmap):
             self.vmap, self._dirty = vmap, None  # same slots: only the version moves
             return {"bytes_in": 0, "bytes_precopied": 0, "recv_s": 0.0, "copy_s": 0.0, "orphan_pulls": orphans}
         payloads = [p if isinstance(p, dict) else ray.get(p) for p in incoming]
         t_recv = time.perf_counter()
-        if prepared is not None and prepared[0] == vmap.version:
-            if "tbe" not in prepared[2]:
-                raise RuntimeError(f"ps-{self.index}: preparing the new tables failed")
-            tbe, dyn, precopied = prepared[2]["tbe"], prepared[2]["dyn"], prepared[2]["bytes"]
+        if pc is not None and pc.version == vmap.version:
+            if pc.tbe is None:
+                raise RuntimeError(f"ps-{self.index}: preparing the new tables failed ({pc.error})")
+            tbe, dyn, precopied = pc.tbe, pc.dyn, pc.nbytes
             rpv = vmap.rows_per_vshard()
             new_slot = {int(v): int(vmap.slot[v]) for v in vmap.owned(self.index)}
             dst = self._table_arrays(tbe, dyn)
@@ -161,10 +215,9 @@ class VShardMoves:
             # Training went on since prepare(): the precopied ids not looked up since have
             # aged by as many lookups as their sender's clock ran on, whatever this one's did.
             for p in payloads:
-                mine = [int(v) for v in p["vshards"] if int(v) in new_slot]
-                if mine:
-                    ran = p["clock"] - prepared[2]["sent_at"][mine[0]]
-                    dyn.shift_times(np.array([new_slot[v] for v in mine]), self.dyn.clock - dyn.clock - ran)
+                for v in (int(v) for v in p["vshards"] if int(v) in new_slot):
+                    ran = p["clock"] - pc.sent_at[v]
+                    dyn.shift_times(np.array([new_slot[v]]), self.dyn.clock - dyn.clock - ran)
             dyn.clock = self.dyn.clock
             nbytes = sum(apply_dirty(dst, new_slot, p["vshards"], dyn.as_ages(p["dirty"], dirty=True), rpv) for p in payloads)
             dyn.reindex()
