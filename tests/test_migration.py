@@ -255,3 +255,14 @@ def test_a_ps_left_under_half_full_or_with_dynamic_tables_gets_compact_tables():
     dyn = VShardMap.round_robin(SIZES, 12, 2, dynamic=(1,))
     out = dyn.reassigned([0, 1, 2])
     assert all(out.capacity[k] == 4 and not dyn.keeps_tables(k, out) for k in (0, 1))
+
+
+def test_a_precopy_asks_each_source_in_turn_for_a_few_vshards_per_call():
+    from dlrover.ps.moves import PRECOPY_CALL_BYTES, calls
+
+    a, b = object(), object()
+    small = PRECOPY_CALL_BYTES // 3  # three vshards to a call
+    assert calls([(a, [1, 2, 3, 4, 5]), (b, [9])], small) == [(a, [1, 2, 3]), (b, [9]), (a, [4, 5])]
+    big = PRECOPY_CALL_BYTES * 2  # bigger than a call: one vshard each
+    assert calls([(a, [1, 2]), (b, [8, 9])], big) == [(a, [1]), (b, [8]), (a, [2]), (b, [9])]
+    assert calls([], big) == []

@@ -22,27 +22,38 @@ from dlrover.ps.dynamic_tables import DynamicTables
 from dlrover.ps.migration import DirtyRows, apply_dirty, copy_blocks, copy_dirty_local, export_blocks, export_dirty
 from dlrover.ps.vshard import VShardMap
 
-# Vshards a pre-copy asks for ahead of the one it copies: a source exports the next while
-# this PS copies the last. So the object store holds a few vshards per new owner, not all
-# the moving bytes at once (a big-table scale-in's 1.37 GB on top of a checkpoint filled
-# the bench's store past 80%, where Ray starts spilling to disk), and a source serves its
-# training calls between two exports rather than behind one long one.
+# A pre-copy asks the old owners for the vshards moving in a few at a time: up to
+# PRECOPY_CALL_BYTES per call (at least one vshard), PRECOPY_AHEAD calls in flight, so that
+# a source exports the next while this PS copies the last. The object store then holds a
+# few calls' worth per new owner, not all the moving bytes at once (a big-table
+# scale-in's 1.37 GB on top of a checkpoint filled the bench's store past 80%, where Ray
+# starts spilling to disk), and a source serves its training calls between two exports
+# rather than behind one long one. Calls of one small vshard each, queued behind those
+# training calls, halved the pre-copy rate of `dlrover bench elastic`.
+PRECOPY_CALL_BYTES = 64 * 2**20
 PRECOPY_AHEAD = 2
 CANCEL_POLL_S = 0.1
 
 
-def fetched(sources: list[tuple[Any, list[int]]], sent_at: dict[int, int], cancel: threading.Event) -> Iterator[dict]:
-    """The export payloads of ``sources`` ((PS actor, vshards)), one vshard each, asked of
-    the sources in turn, ``PRECOPY_AHEAD`` in flight; each sender's clock into ``sent_at``.
-    Stops (RuntimeError) once ``cancel`` is set."""
+def calls(sources: list[tuple[Any, list[int]]], vshard_bytes: int) -> list[tuple[Any, list[int]]]:
+    """``sources`` ((PS actor, vshards)) cut into export calls of up to
+    ``PRECOPY_CALL_BYTES``, taken from the sources in turn."""
+    per_call = max(1, PRECOPY_CALL_BYTES // max(1, vshard_bytes))
+    cut = [[(ps, vs[i : i + per_call]) for i in range(0, len(vs), per_call)] for ps, vs in sources]
+    return [c for c in chain.from_iterable(zip_longest(*cut)) if c is not None]
+
+
+def fetched(asks: list[tuple[Any, list[int]]], sent_at: dict[int, int], cancel: threading.Event) -> Iterator[dict]:
+    """The export payloads of ``asks`` ((PS actor, vshards) per call), ``PRECOPY_AHEAD``
+    in flight; each sender's clock into ``sent_at``. Stops (RuntimeError) once ``cancel``
+    is set."""
     import ray
 
-    asks = deque(a for a in chain.from_iterable(zip_longest(*[[(ps, v) for v in vs] for ps, vs in sources])) if a is not None)
-    flying: deque = deque()
+    asks, flying = deque(asks), deque()
     while asks or flying:
         while asks and len(flying) < PRECOPY_AHEAD:
-            ps, v = asks.popleft()
-            flying.append(ps.export_vshards.remote([v]))
+            ps, vs = asks.popleft()
+            flying.append(ps.export_vshards.remote(vs))
         ref = flying.popleft()
         while not isinstance(ref, dict) and not ray.wait([ref], timeout=CANCEL_POLL_S)[0]:
             if cancel.is_set():
@@ -52,6 +63,11 @@ def fetched(sources: list[tuple[Any, list[int]]], sent_at: dict[int, int], cance
         payload = ref if isinstance(ref, dict) else ray.get(ref)
         sent_at.update({int(v): payload["clock"] for v in payload["vshards"]})
         yield payload
+
+
+def _row_bytes(a: Any) -> int:
+    """Bytes of one row of a table state (a tensor or a numpy array, empty or not)."""
+    return np.asarray(a).itemsize * int(np.prod(a.shape[1:]))
 
 
 @dataclass
@@ -116,7 +132,7 @@ class VShardMoves:
     def prepare(self, vmap: VShardMap, sources: list[tuple[Any, list[int]]]) -> None:
         """Round 1: fill the tables of ``vmap`` on a background thread (pulls and pushes
         go on meanwhile) from this PS's kept blocks and the vshards moving in, asked of
-        their old owners (``sources``: (PS actor, vshards)) one vshard per call."""
+        their old owners (``sources``: (PS actor, vshards)) a few vshards per call."""
         self._drop_prepared(vmap.version)  # an earlier fill (of a move never switched to)
         if self.vmap.same_layout(self.index, vmap):
             return  # nothing moves in or out of this PS
@@ -128,7 +144,8 @@ class VShardMoves:
     def _build(self, vmap: VShardMap, pc: PreCopy) -> None:
         try:
             tbe, dyn = self._tables_for(vmap)
-            pc.nbytes = self._fill(tbe, dyn, vmap, fetched(pc.sources, pc.sent_at, pc.cancel))
+            per_vshard = sum(r * _row_bytes(a) for r, arrays in zip(vmap.rows_per_vshard(), self._table_arrays(tbe, dyn)) for a in arrays)
+            pc.nbytes = self._fill(tbe, dyn, vmap, fetched(calls(pc.sources, per_vshard), pc.sent_at, pc.cancel))
             pc.tbe, pc.dyn = tbe, dyn
         except Exception as e:  # reported by prepared()
             pc.error = f"{type(e).__name__}: {e}"
@@ -149,7 +166,7 @@ class VShardMoves:
 
     def _drop_prepared(self, keep_version: int | None = None) -> None:
         """End the pre-copy under way: a fill of ``keep_version`` runs to its end, any
-        other stops at its next vshard (its source may be waiting on this PS's own
+        other stops at its next call (its source may be waiting on this PS's own
         calls, queued behind this one). Nothing writes past this into the tables."""
         pc, self._prepared = self._prepared, None
         if pc is not None:
