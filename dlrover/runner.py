@@ -113,7 +113,9 @@ def init_ray(
     ``preallocate_plasma_memory``) rather than page by page as objects first use it. On
     our VMs a page freed back to the host costs ~12 us to touch again: 3 s of kernel
     time per GB a PS exports or a checkpoint cuts into new pages of the store. For jobs
-    whose checkpoints and vshard moves fill a store sized for them (6.5 GB: 1.8 s at start).
+    whose checkpoints and vshard moves fill a store sized for them (6.5 GB: 1.8 s at start);
+    without ``object_store_mb`` it is Ray's default size that is allocated. Both are
+    ignored when joining a running cluster (its nodes' ``ray start`` set them).
     """
     if ray.is_initialized():
         return False

@@ -179,7 +179,8 @@ def test_a_two_round_move_keeps_the_ages_of_the_ids_untouched_during_the_precopy
     outgoing = {s: [v for v, src, _ in moves if src == s] for s in {src for _, src, _ in moves}}
     incoming = lambda k, payloads: [payloads[s] for s in payloads if any(src == s and d == k for _, src, d in moves)]  # noqa: E731
     ray_local.get([p.track.remote() for p in ps.values()])
-    sources = lambda k: [(ps[s], vs) for s in sorted(outgoing) if (vs := [v for v, src, d in moves if src == s and d == k])]  # noqa: E731
+    # One vshard per export call (a source listed once per vshard), each with its own clock.
+    sources = lambda k: [(ps[s], [v]) for v, s, d in moves if d == k]  # noqa: E731
     ray_local.get([ps[k].prepare.remote(v2, sources(k)) for k in ps])
     steps(5, bags_per_step=3)  # round 1: training goes on
     while not all(ray_local.get([p.prepared.remote() for p in ps.values()])):

@@ -9,7 +9,7 @@ executes it while training goes on:
 2. if the PS set changes or a rebalance is asked, move vshards in two rounds
    (``dlrover.ps.migration``): while training goes on, the PS start tracking updated
    rows and the new owners ask the old ones for the moving blocks (weights and optimizer
-   state), a vshard at a time, and copy them into their tables (``start_migration``,
+   state), a few vshards per call, and copy them into their tables (``start_migration``,
    checked on later ticks by ``precopied``);
    then every worker is paused at a step boundary (all of its pushes applied), only the
    rows updated since are copied, every PS switches to the new map at once and the

@@ -90,10 +90,10 @@ class VShardMoves:
     :mod:`dlrover.ps.migration`), ``snapshot`` / ``restore`` (checkpoints)."""
 
     # -- migration (see dlrover.ps.migration) -------------------------------------------
-    # Round 1, training goes on: track() on every PS, export_vshards() on the old owners,
-    # prepare() on every PS of the new map (new tables filled from its own kept blocks and
-    # the exports), prepared() polled. Round 2, workers paused: export_vshards(dirty_only)
-    # and reconfigure() copy only the rows pushed since track().
+    # Round 1, training goes on: track() on every PS, then prepare() on every PS of the
+    # new map (new tables filled from its own kept blocks and the vshards it asks the old
+    # owners for, export_vshards() calls), prepared() polled. Round 2, workers paused:
+    # export_vshards(dirty_only) and reconfigure() copy only the rows pushed since track().
     def _table_arrays(self, tbe, dyn: DynamicTables) -> list[list[torch.Tensor]]:
         """Per table: [weights, *optimizer states, *map states of a dynamic table] as
         writable views into ``tbe`` and ``dyn``. The TBE's are ``.data`` views: a block
@@ -133,7 +133,7 @@ class VShardMoves:
         """Round 1: fill the tables of ``vmap`` on a background thread (pulls and pushes
         go on meanwhile) from this PS's kept blocks and the vshards moving in, asked of
         their old owners (``sources``: (PS actor, vshards)) a few vshards per call."""
-        self._drop_prepared(vmap.version)  # an earlier fill (of a move never switched to)
+        self._drop_prepared()  # an earlier fill (of a move never switched to)
         if self.vmap.same_layout(self.index, vmap):
             return  # nothing moves in or out of this PS
         pc = PreCopy(vmap.version, sources)
@@ -198,8 +198,10 @@ class VShardMoves:
     def reconfigure(self, vmap: VShardMap, incoming: list[Any]) -> dict:
         """Switch to ``vmap`` (workers paused: nothing pulled-but-not-pushed).
 
-        After ``prepare(vmap)``: ``incoming`` are dirty payloads, and the rows of kept
-        vshards updated since ``track()`` are copied over too. Without: ``incoming`` are
+        After ``prepare(vmap)``, once ``prepared()`` holds on every PS (a fill still
+        running may be waiting on another PS's export, queued behind that PS's own
+        ``reconfigure``): ``incoming`` are dirty payloads, and the rows of kept vshards
+        updated since ``track()`` are copied over too. Without: ``incoming`` are
         full payloads and the whole switch happens now. The fused optimizer's state moves
         with the weights, so training goes on exactly where it stopped.
         """
@@ -231,10 +233,12 @@ class VShardMoves:
                 copy_dirty_local(dst, self._table_arrays(self.tbe, self.dyn), self._dirty, old_to_new, rpv)
             # Training went on since prepare(): the precopied ids not looked up since have
             # aged by as many lookups as their sender's clock ran on, whatever this one's did.
+            ran: dict[int, list[int]] = {}  # sender clock ticks since its export -> new slots
             for p in payloads:
                 for v in (int(v) for v in p["vshards"] if int(v) in new_slot):
-                    ran = p["clock"] - pc.sent_at[v]
-                    dyn.shift_times(np.array([new_slot[v]]), self.dyn.clock - dyn.clock - ran)
+                    ran.setdefault(p["clock"] - pc.sent_at[v], []).append(new_slot[v])
+            for ticks, slots in ran.items():
+                dyn.shift_times(np.array(slots), self.dyn.clock - dyn.clock - ticks)
             dyn.clock = self.dyn.clock
             nbytes = sum(apply_dirty(dst, new_slot, p["vshards"], dyn.as_ages(p["dirty"], dirty=True), rpv) for p in payloads)
             dyn.reindex()
