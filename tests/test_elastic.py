@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import time
+
 import numpy as np
+import pytest
 import torch
 
 from conftest import small_spec
@@ -210,3 +215,49 @@ def test_a_precopy_cancelled_while_two_ps_feed_each_other_ends_and_changes_nothi
         for tb, ta in zip(b["tables"], a["tables"]):
             for xb, xa in zip(tb, ta):
                 np.testing.assert_array_equal(xa, xb)
+
+
+class PsOnly:
+    """What a Scaler asks of its launcher, for PS actors alone (no workers to park)."""
+
+    def __init__(self, ps: dict, vmap: VShardMap) -> None:
+        self.ps, self.vmap, self.workers = ps, vmap, {}
+
+    def remove_ps(self, k: int) -> None:
+        self.ps.pop(k)
+
+
+@pytest.mark.parametrize("kill", ["during_precopy", "before_switch"])
+def test_a_ps_killed_during_a_move_leaves_every_survivor_on_the_old_map_and_tables(ray_local, kill):
+    """PS 1 is SIGKILLed while 2 -> 3 PS pre-copies, or once it is done: PS 0 has nothing
+    to receive and could switch alone, PS 2 cannot (PS 1's rows are gone). The move must
+    be aborted everywhere, so that PS 1 is lost under the map every survivor still serves."""
+    from dlrover.master.scaler import MigrationAborted, ScaleOp, ScalePlan, Scaler
+    from dlrover.ps.embedding_ps import EmbeddingPS
+
+    v1 = VShardMap.round_robin([2_000_000, 40_000], 32, 2)  # 0.3 GB: a pre-copy of 0.1 GB
+    actor = ray_local.remote(EmbeddingPS)
+    ps = {k: actor.remote(k, v1, 16, {"name": "rowwise_adagrad", "lr": 0.1}, seed=3) for k in range(3)}  # PS 2: the new one
+    before = ray_local.get(ps[0].snapshot.remote())[1]
+    scaler = Scaler(PsOnly(ps, v1), running=list, clock=time.monotonic, soon=lambda s: None)
+    op = ScaleOp(ScalePlan(add_ps=[(1.0, 512)]), new_ps=[2], new_workers=[], probes=[], started=0.0, deadline=float("inf"))
+    pid = ray_local.get(ps[1].stats.remote())["pid"]
+    scaler.start_migration(op)
+    mig = op.migration
+    assert {d for _, s, d in mig.moves if s == 0} == {2} and not any(d == 0 for _, _, d in mig.moves)
+    if kill == "during_precopy":
+        os.kill(pid, signal.SIGKILL)
+    with pytest.raises(MigrationAborted) as aborted:
+        while not scaler.precopied(op):
+            time.sleep(0.05)
+        if kill == "before_switch":
+            os.kill(pid, signal.SIGKILL)
+        scaler.finish(op)
+    assert ("pre-copy" in str(aborted.value)) == (kill == "during_precopy")
+    scaler.abort(op, workers=False)
+    assert scaler.launcher.vmap is v1 and sorted(ps) == [0, 1]
+    after = ray_local.get(ps[0].snapshot.remote())[1]
+    np.testing.assert_array_equal(after["vshards"], v1.owned(0))  # still PS 0's vshards under v1
+    for tb, ta in zip(before["tables"], after["tables"]):
+        for xb, xa in zip(tb, ta):
+            np.testing.assert_array_equal(xa, xb)

@@ -89,6 +89,18 @@ def _push_some(ps: EmbeddingPS, step: int, dim: int = 4) -> None:
 
 
 
+def _round_one(ps: dict, old: VShardMap, new: VShardMap) -> list[int]:
+    """Start a move ``old`` -> ``new``: every PS tracks, the new owners pre-copy (from
+    their own thread). Returns the PS that send vshards."""
+    moves = old.moves(new)
+    for p in ps.values():
+        p.track()
+    senders = sorted({m[1] for m in moves})
+    for k in new.ps_ids:
+        ps[k].prepare(new, [(Called(ps[s]), vs) for s in senders if (vs := [v for v, src, d in moves if src == s and d == k])])
+    return senders
+
+
 def _two_round_move(ps: dict, old: VShardMap, new: VShardMap) -> None:
     """A live move ``old`` -> ``new`` with pushes during round 1 and after it, checked row
     for row (weights and optimizer state) against the same pushes on copies of the PS
@@ -99,11 +111,7 @@ def _two_round_move(ps: dict, old: VShardMap, new: VShardMap) -> None:
     for r in ref.values():
         r.restore(old, payloads)
     moves, trained = old.moves(new), old.ps_ids
-    for p in ps.values():
-        p.track()
-    senders = sorted({m[1] for m in moves})
-    for k in new.ps_ids:
-        ps[k].prepare(new, [(Called(ps[s]), vs) for s in senders if (vs := [v for v, src, d in moves if src == s and d == k])])
+    senders = _round_one(ps, old, new)
     for step in range(6):  # training goes on during round 1
         for k in trained:
             _push_some(ps[k], step)
@@ -152,6 +160,32 @@ def test_a_scale_out_and_back_moves_vshards_in_place_in_the_tables_that_stay(opt
     assert all(v1.keeps_tables(k, out) and out.keeps_tables(k, back) for k in (0, 1))
     _two_round_move(ps, out, back)
     assert all(ps[k].tbe is tables[k] for k in (0, 1))
+
+
+def test_a_switch_staged_on_every_ps_then_cancelled_leaves_each_on_its_map_and_tables():
+    """The blocks a staged switch brings in go to free slots of the tables that stay: a
+    switch cancelled after staging (another PS failed to stage) changes nothing served,
+    and the next move is exact."""
+    v1 = VShardMap.round_robin(SIZES, 12, 2)
+    ps = {k: EmbeddingPS(k, v1, 4, {"name": "rowwise_adagrad", "lr": 0.1}, seed=5) for k in range(3)}
+    out = v1.reassigned([0, 1, 2])
+    _two_round_move(ps, v1, out)
+    back, before = out.reassigned([0, 1]), _full_tables(ps, out)
+    senders, moves = _round_one(ps, out, back), out.moves(back)
+    for k in back.ps_ids:
+        while not ps[k].prepared():
+            pass
+    delta = {s: ps[s].export_vshards([v for v, src, _ in moves if src == s], dirty_only=True) for s in senders}
+    for k in back.ps_ids:
+        ps[k].stage_switch(back, list(delta.values()))
+    for p in ps.values():
+        p.cancel_migration()
+    assert all(p.vmap is out for p in ps.values())
+    for got, want in zip(_full_tables(ps, out), before):
+        np.testing.assert_array_equal(got, want)
+    with pytest.raises(RuntimeError, match="no switch"):
+        ps[0].commit_switch(back.version)
+    _two_round_move(ps, out, back)
 
 
 @pytest.mark.parametrize("opt", ["rowwise_adagrad", "sgd"])

@@ -132,13 +132,9 @@ class Migration:
     deadline_s: float
     probes: list[Any] = field(default_factory=list)  # ``prepared`` calls in flight
 
-    def incoming(self, k: int, refs: dict[int, Any]) -> list[Any]:
-        """The payloads (``refs`` by source PS) PS ``k`` receives."""
-        return [refs[src] for src in sorted(self.outgoing) if any(s == src and d == k for _, s, d in self.moves)]
-
-    def sources(self, k: int, ps: dict[int, Any]) -> list[tuple[Any, list[int]]]:
-        """(PS actor, vshards) for each PS that sends vshards to PS ``k``."""
-        return [(ps[src], vs) for src in sorted(self.outgoing) if (vs := [v for v, s, d in self.moves if s == src and d == k])]
+    def senders(self, k: int) -> dict[int, list[int]]:
+        """The vshards PS ``k`` receives, by the PS that sends them."""
+        return {src: vs for src in sorted(self.outgoing) if (vs := [v for v, s, d in self.moves if s == src and d == k])}
 
 
 @dataclass
@@ -234,7 +230,7 @@ class Scaler:
         op.migration, op.phase = mig, ScalePhase.PRECOPYING
         try:
             ray.get([h.track.remote() for h in lz.ps.values()])
-            ray.get([lz.ps[k].prepare.remote(new_vmap, mig.sources(k, lz.ps)) for k in keep])
+            ray.get([lz.ps[k].prepare.remote(new_vmap, [(lz.ps[s], vs) for s, vs in mig.senders(k).items()]) for k in keep])
         except ray.exceptions.RayError as e:
             raise MigrationAborted(f"starting the pre-copy failed: {str(e).strip().splitlines()[0]}") from None
 
@@ -275,7 +271,9 @@ class Scaler:
 
     def _switch(self, mig: Migration, retire: list[int], result: ScaleResult) -> None:
         """Every worker parked (no update in flight), only the rows updated since round 1
-        began move, every PS switches to the new map at once, the workers resume."""
+        began move, every PS stages the new map, then all switch at once and the workers
+        resume. Anything failing before every PS staged (a worker that does not pause, a
+        PS that dies) leaves every PS on the old map: MigrationAborted."""
         lz = self.launcher
         t_pause = self.clock()
         try:
@@ -284,14 +282,18 @@ class Scaler:
             if not all(parked):  # False: not in time; None: it died (its batches are uncertain)
                 stuck = [w for w, ok in zip(running, parked) if not ok]
                 raise MigrationAborted(f"workers did not pause within {PAUSE_TIMEOUT_S:.0f}s or died: {stuck}")
+            delta = {src: lz.ps[src].export_vshards.remote(vs, dirty_only=True) for src, vs in mig.outgoing.items()}
+            replies = ray.get([lz.ps[k].stage_switch.remote(mig.vmap, [delta[s] for s in mig.senders(k)]) for k in mig.keep])
+            result.retired_ps_stats = ray.get([lz.ps[k].stats.remote() for k in retire])  # final: nothing pushes now
         except (MigrationAborted, ray.exceptions.RayError) as e:
-            # Nothing switched yet: drop the prepared tables, everyone goes on as before.
+            # Nothing switched: drop what was prepared, everyone goes on as before (a dead
+            # PS is then lost under the old map, as at any other time).
             get_alive([h.cancel_migration.remote() for h in lz.ps.values()])
             get_alive([h.set_routing.remote(dict(lz.ps), lz.vmap) for h in lz.workers.values()])
             raise MigrationAborted(str(e).strip().splitlines()[0]) from None
-        delta = {src: lz.ps[src].export_vshards.remote(vs, dirty_only=True) for src, vs in mig.outgoing.items()}
-        replies = ray.get([lz.ps[k].reconfigure.remote(mig.vmap, mig.incoming(k, delta)) for k in mig.keep])
-        result.retired_ps_stats = ray.get([lz.ps[k].stats.remote() for k in retire])
+        # A commit only swaps references: a PS that dies now is lost under the new map,
+        # like one dying just after a switch (its replacement restores its new vshards).
+        get_alive([lz.ps[k].commit_switch.remote(mig.vmap.version) for k in mig.keep])
         lz.vmap = mig.vmap
         ps = {k: lz.ps[k] for k in mig.keep}
         get_alive([h.set_routing.remote(ps, mig.vmap) for h in lz.workers.values()])

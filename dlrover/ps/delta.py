@@ -7,7 +7,7 @@ exactly the pushes between two consecutive cuts; the master unions the reports u
 the next durable cut (:class:`dlrover.checkpoint.delta.RowChanges`).
 
 The tracker records local rows of the layout it was started under. If the tables were
-rebuilt or re-mapped since (a rollback's ``restore``, a migration's ``reconfigure``: the
+rebuilt or re-mapped since (a rollback's ``restore``, a migration's ``commit_switch``: the
 rows that moved were tracked, if at all, on another PS), the report is marked incomplete
 and the next durable checkpoint is a full one.
 """
@@ -47,7 +47,7 @@ class CutTracker:
 
     def same_layout(self, vmap: VShardMap, tbe: Any) -> bool:
         """True while the tables this tracker counts rows of are still the live ones."""
-        # A restore or a reconfigure installs a new map object (and, moving rows, new tables).
+        # A restore or a switch installs a new map object (and, moving rows, new tables).
         return self._tbe() is tbe and vmap is self.vmap
 
     def global_rows(self) -> list[np.ndarray]:

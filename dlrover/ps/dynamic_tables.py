@@ -139,7 +139,7 @@ class DynamicTables:
                 self.maps[t].pin(rows, -1)
 
     def clear_pins(self) -> None:
-        """No batch is in flight any more (a reconfigure with the workers parked)."""
+        """No batch is in flight any more (a switch staged with the workers parked)."""
         with self._lock:
             for m in self.maps.values():
                 m.pins[:] = 0

@@ -29,7 +29,7 @@ from dlrover.ps.delta import CutTracker, report
 from dlrover.ps.dynamic import MAP_STATES
 from dlrover.ps.dynamic_tables import DynamicCounts, DynamicTables, Translated
 from dlrover.ps.migration import DirtyRows
-from dlrover.ps.moves import PreCopy, VShardMoves
+from dlrover.ps.moves import PreCopy, Staged, VShardMoves
 from dlrover.ps.routing import nonempty_rows
 from dlrover.ps.shm import Attached, ShmSlice
 from dlrover.ps.tables import init_rows, new_tbe
@@ -87,6 +87,7 @@ class EmbeddingPS(VShardMoves):
         self._started = time.monotonic()
         self._proc = psutil.Process()
         self._prepared: PreCopy | None = None  # from prepare()
+        self._staged: Staged | None = None  # from stage_switch()
         self._dirty: DirtyRows | None = None  # rows pushed since track()
         self._cut_tracker: CutTracker | None = None  # rows pushed since the last cut (durable deltas)
         import ray

@@ -75,7 +75,6 @@ class PreCopy:
     """Round 1 of a move to map ``version``: the tables being filled on ``thread``."""
 
     version: int
-    sources: list[tuple[Any, list[int]]]
     cancel: threading.Event = field(default_factory=threading.Event)
     thread: threading.Thread | None = None
     tbe: Any = None  # set once filled
@@ -85,15 +84,25 @@ class PreCopy:
     error: str | None = None
 
 
+@dataclass
+class Staged:
+    """Round 2 of a move, done but not switched to: what ``commit_switch`` installs."""
+
+    vmap: VShardMap
+    tbe: Any
+    dyn: DynamicTables
+
+
 class VShardMoves:
-    """``export_vshards`` / ``prepare`` / ``reconfigure`` (live migration, see
-    :mod:`dlrover.ps.migration`), ``snapshot`` / ``restore`` (checkpoints)."""
+    """``export_vshards`` / ``prepare`` / ``stage_switch`` / ``commit_switch`` (live
+    migration, see :mod:`dlrover.ps.migration`), ``snapshot`` / ``restore`` (checkpoints)."""
 
     # -- migration (see dlrover.ps.migration) -------------------------------------------
     # Round 1, training goes on: track() on every PS, then prepare() on every PS of the
     # new map (new tables filled from its own kept blocks and the vshards it asks the old
     # owners for, export_vshards() calls), prepared() polled. Round 2, workers paused:
-    # export_vshards(dirty_only) and reconfigure() copy only the rows pushed since track().
+    # export_vshards(dirty_only) and stage_switch() copy only the rows pushed since track();
+    # once every PS has staged, commit_switch() on each (cancel_migration() on each if not).
     def _table_arrays(self, tbe, dyn: DynamicTables) -> list[list[torch.Tensor]]:
         """Per table: [weights, *optimizer states, *map states of a dynamic table] as
         writable views into ``tbe`` and ``dyn``. The TBE's are ``.data`` views: a block
@@ -136,16 +145,16 @@ class VShardMoves:
         self._drop_prepared()  # an earlier fill (of a move never switched to)
         if self.vmap.same_layout(self.index, vmap):
             return  # nothing moves in or out of this PS
-        pc = PreCopy(vmap.version, sources)
-        pc.thread = threading.Thread(target=self._build, args=(vmap, pc), name="vshard-precopy", daemon=True)
+        pc = PreCopy(vmap.version)
+        pc.thread = threading.Thread(target=self._build, args=(vmap, sources, pc), name="vshard-precopy", daemon=True)
         pc.thread.start()
         self._prepared = pc
 
-    def _build(self, vmap: VShardMap, pc: PreCopy) -> None:
+    def _build(self, vmap: VShardMap, sources: list[tuple[Any, list[int]]], pc: PreCopy) -> None:
         try:
             tbe, dyn = self._tables_for(vmap)
             per_vshard = sum(r * _row_bytes(a) for r, arrays in zip(vmap.rows_per_vshard(), self._table_arrays(tbe, dyn)) for a in arrays)
-            pc.nbytes = self._fill(tbe, dyn, vmap, fetched(calls(pc.sources, per_vshard), pc.sent_at, pc.cancel))
+            pc.nbytes = self._fill(tbe, dyn, vmap, fetched(calls(sources, per_vshard), pc.sent_at, pc.cancel))
             pc.tbe, pc.dyn = tbe, dyn
         except Exception as e:  # reported by prepared()
             pc.error = f"{type(e).__name__}: {e}"
@@ -160,9 +169,10 @@ class VShardMoves:
         return pc.error or True
 
     def cancel_migration(self) -> None:
-        """Drop the tables prepared for a migration that will not happen, stop tracking."""
+        """Drop the tables prepared (or staged) for a migration that will not happen, stop
+        tracking."""
         self._drop_prepared()
-        self._dirty = None
+        self._staged, self._dirty = None, None
 
     def _drop_prepared(self, keep_version: int | None = None) -> None:
         """End the pre-copy under way: a fill of ``keep_version`` runs to its end, any
@@ -196,13 +206,24 @@ class VShardMoves:
         return nbytes
 
     def reconfigure(self, vmap: VShardMap, incoming: list[Any]) -> dict:
-        """Switch to ``vmap`` (workers paused: nothing pulled-but-not-pushed).
+        """``stage_switch`` then ``commit_switch``: for a switch no other PS has to make
+        at the same time (a recovery's survivors, a restart's new PS)."""
+        reply = self.stage_switch(vmap, incoming)
+        self.commit_switch(vmap.version)
+        return reply
+
+    def stage_switch(self, vmap: VShardMap, incoming: list[Any]) -> dict:
+        """Round 2 (workers paused: nothing pulled-but-not-pushed): build the tables of
+        ``vmap`` and keep them for ``commit_switch``, leaving the live tables and map as
+        they are, so that a switch one PS cannot make is dropped on every PS
+        (``cancel_migration``). The blocks moving in go to new tables or to slots free
+        under the live map, so nothing this writes is read before the commit.
 
         After ``prepare(vmap)``, once ``prepared()`` holds on every PS (a fill still
         running may be waiting on another PS's export, queued behind that PS's own
-        ``reconfigure``): ``incoming`` are dirty payloads, and the rows of kept vshards
+        ``stage_switch``): ``incoming`` are dirty payloads, and the rows of kept vshards
         updated since ``track()`` are copied over too. Without: ``incoming`` are
-        full payloads and the whole switch happens now. The fused optimizer's state moves
+        full payloads and the whole move happens now. The fused optimizer's state moves
         with the weights, so training goes on exactly where it stopped.
         """
         import ray
@@ -214,10 +235,10 @@ class VShardMoves:
             orphans = len(self._pending)
             self._pending.clear()
         self.dyn.clear_pins()
-        pc = self._prepared
+        pc, self._staged = self._prepared, None
         self._drop_prepared(vmap.version)  # no fill, of this version or a stray one, writes on past the switch
         if self.vmap.same_layout(self.index, vmap):
-            self.vmap, self._dirty = vmap, None  # same slots: only the version moves
+            self._staged = Staged(vmap, self.tbe, self.dyn)  # same slots: only the version moves
             return {"bytes_in": 0, "bytes_precopied": 0, "recv_s": 0.0, "copy_s": 0.0, "orphan_pulls": orphans}
         payloads = [p if isinstance(p, dict) else ray.get(p) for p in incoming]
         t_recv = time.perf_counter()
@@ -225,29 +246,44 @@ class VShardMoves:
             if pc.tbe is None:
                 raise RuntimeError(f"ps-{self.index}: preparing the new tables failed ({pc.error})")
             tbe, dyn, precopied = pc.tbe, pc.dyn, pc.nbytes
-            rpv = vmap.rows_per_vshard()
-            new_slot = {int(v): int(vmap.slot[v]) for v in vmap.owned(self.index)}
-            dst = self._table_arrays(tbe, dyn)
-            if tbe is not self.tbe:  # kept vshards in new tables: the rows pushed since round 1
-                old_to_new = {int(self.vmap.slot[v]): new_slot[int(v)] for v in self.vmap.owned(self.index) if int(v) in new_slot}
-                copy_dirty_local(dst, self._table_arrays(self.tbe, self.dyn), self._dirty, old_to_new, rpv)
-            # Training went on since prepare(): the precopied ids not looked up since have
-            # aged by as many lookups as their sender's clock ran on, whatever this one's did.
-            ran: dict[int, list[int]] = {}  # sender clock ticks since its export -> new slots
-            for p in payloads:
-                for v in (int(v) for v in p["vshards"] if int(v) in new_slot):
-                    ran.setdefault(p["clock"] - pc.sent_at[v], []).append(new_slot[v])
-            for ticks, slots in ran.items():
-                dyn.shift_times(np.array(slots), self.dyn.clock - dyn.clock - ticks)
-            dyn.clock = self.dyn.clock
-            nbytes = sum(apply_dirty(dst, new_slot, p["vshards"], dyn.as_ages(p["dirty"], dirty=True), rpv) for p in payloads)
-            dyn.reindex()
+            nbytes = self._apply_deltas(vmap, pc, payloads)
         else:
             tbe, dyn = self._tables_for(vmap)
             precopied, nbytes = 0, self._fill(tbe, dyn, vmap, payloads)
-        self.tbe, self.dyn, self.vmap, self._dirty = tbe, dyn, vmap, None
+        self._staged = Staged(vmap, tbe, dyn)
         done = time.perf_counter()
         return {"bytes_in": nbytes, "bytes_precopied": precopied, "recv_s": t_recv - t0, "copy_s": done - t_recv, "orphan_pulls": orphans}
+
+    def _apply_deltas(self, vmap: VShardMap, pc: PreCopy, payloads: list[dict]) -> int:
+        """Bring the pre-copied tables up to date: the rows pushed since ``track()``, of
+        the kept vshards (from the live tables) and of those moving in (``payloads``)."""
+        tbe, dyn = pc.tbe, pc.dyn
+        rpv = vmap.rows_per_vshard()
+        new_slot = {int(v): int(vmap.slot[v]) for v in vmap.owned(self.index)}
+        dst = self._table_arrays(tbe, dyn)
+        if tbe is not self.tbe:  # kept vshards in new tables: the rows pushed since round 1
+            old_to_new = {int(self.vmap.slot[v]): new_slot[int(v)] for v in self.vmap.owned(self.index) if int(v) in new_slot}
+            copy_dirty_local(dst, self._table_arrays(self.tbe, self.dyn), self._dirty, old_to_new, rpv)
+        # Training went on since prepare(): the precopied ids not looked up since have
+        # aged by as many lookups as their sender's clock ran on, whatever this one's did.
+        ran: dict[int, list[int]] = {}  # sender clock ticks since its export -> new slots
+        for p in payloads:
+            for v in (int(v) for v in p["vshards"] if int(v) in new_slot):
+                ran.setdefault(p["clock"] - pc.sent_at[v], []).append(new_slot[v])
+        for ticks, slots in ran.items():
+            dyn.shift_times(np.array(slots), self.dyn.clock - dyn.clock - ticks)
+        dyn.clock = self.dyn.clock
+        nbytes = sum(apply_dirty(dst, new_slot, p["vshards"], dyn.as_ages(p["dirty"], dirty=True), rpv) for p in payloads)
+        dyn.reindex()
+        return nbytes
+
+    def commit_switch(self, version: int) -> None:
+        """Switch to the map ``stage_switch`` staged (of ``version``): only references
+        change, so a switch staged on every PS cannot fail half-way."""
+        st, self._staged = self._staged, None
+        if st is None or st.vmap.version != version:
+            raise RuntimeError(f"ps-{self.index}: no switch to vshard map version {version} staged")
+        self.tbe, self.dyn, self.vmap, self._dirty = st.tbe, st.dyn, st.vmap, None
 
     # -- checkpoints (see dlrover.master.checkpoint) -------------------------------------
     def snapshot(self) -> tuple[int, dict]:
