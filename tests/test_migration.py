@@ -261,6 +261,74 @@ def test_a_dynamic_table_ps_that_gives_and_takes_keeps_its_admitted_ids():
         assert kept and kept <= set(ps[k].dynamic_ids(0).tolist())
 
 
+class TrainsBetweenCalls(Called):
+    """A source PS that trains a step (``step``) before each export it is asked for."""
+
+    def __init__(self, ps: EmbeddingPS, step) -> None:
+        super().__init__(ps)
+        self._step = step
+
+    def __getattr__(self, name: str) -> SimpleNamespace:
+        if name != "export_vshards":
+            return super().__getattr__(name)
+
+        def export(vshards, **kw):
+            self._step()
+            return self._ps.export_vshards(vshards, **kw)
+
+        return SimpleNamespace(remote=export)
+
+
+def test_ids_a_precopy_moves_age_from_the_clock_of_the_call_that_carried_them():
+    """PS 2 asks PS 0 for one vshard per call, and PS 0 trains a step before each: the
+    moved ids that nothing looks up again must end as old on PS 2 as on a PS 0 that
+    never moved (the same steps), each aged from its own call's clock, not from the
+    clock of another call of the same source."""
+    from dlrover.ps.dynamic import vshard_of
+    from dlrover.table_spec import TableSpec, rows_of
+
+    tables = {0: TableSpec(kind="dynamic", capacity_rows=64, admit_after=1, eviction="lru")}
+    v1 = VShardMap.round_robin(rows_of([50] * 26, tables), 16, 2, (0,))
+    ps = {k: EmbeddingPS(k, v1, 4, {"name": "sgd", "lr": 0.1}, 3, tables=tables) for k in range(3)}  # PS 2 owns nothing yet
+    ref = EmbeddingPS(0, v1, 4, {"name": "sgd", "lr": 0.1}, 3, tables=tables)
+    v2 = v1.reassigned([0, 1, 2])
+    sent = [v for v, s, d in v1.moves(v2) if s == 0]
+    ids = np.arange(1, 4000, dtype=np.int64)
+    on0 = ids[v1.owner[vshard_of(ids, 16)] == 0]
+    moving = np.concatenate([on0[vshard_of(on0, 16) == v][:3] for v in sent])  # 4 rows per vshard: all admitted
+    staying = on0[~np.isin(vshard_of(on0, 16), sent)][:10]
+    steps = iter(range(100))
+
+    def look_up(some: np.ndarray) -> None:  # one training step of PS 0 and of its twin
+        key, idx = ("w", next(steps)), np.zeros(26 * len(some), dtype=np.int64)
+        idx[: len(some)] = some
+        for p in (ps[0], ref):
+            p.push(key, np.ones_like(p.pull(key, idx, None)))
+
+    for _ in range(2):  # seen twice: admitted
+        look_up(moving)
+    look_up(staying)
+    for p in ps.values():
+        p.track()
+    ps[2].prepare(v2, [(TrainsBetweenCalls(ps[0], lambda: look_up(staying)), [v]) for v in sent] + [(Called(ps[1]), [v]) for v, s, d in v1.moves(v2) if s == 1])
+    for k in (0, 1):
+        ps[k].prepare(v2, [])
+    while not all(p.prepared() is True for p in ps.values()):
+        pass
+    look_up(staying)
+    delta = {s: ps[s].export_vshards([v for v, src, _ in v1.moves(v2) if src == s], dirty_only=True) for s in (0, 1)}
+    for k in ps:
+        ps[k].reconfigure(v2, list(delta.values()))
+
+    def ages(p: EmbeddingPS) -> dict[int, int]:
+        key, age, freq = p.snapshot()[1]["tables"][0][-6:-3]
+        return {int(x): int(a) for x, a, f in zip(key, age, freq) if f > 0 and x in set(moving.tolist())}
+
+    got, want = ages(ps[2]), ages(ref)
+    assert len(set(vshard_of(moving, 16).tolist())) > 1 and len(set(want.values())) == 1 and len(got) == len(moving)
+    assert got == want
+
+
 def test_slots_stay_put_and_freed_slots_are_filled_before_tables_grow():
     v1 = VShardMap.round_robin(SIZES, 12, 2)
     out = v1.reassigned([0, 1, 2])
