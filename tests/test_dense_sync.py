@@ -32,7 +32,7 @@ def test_sync_rounds_apply_every_batch_once_through_a_scale_out_and_in(ray_local
         policy={"name": "scripted", "knobs": {"steps": steps}, "interval_s": 0.2, "warmup_s": 0.2, "history_dir": str(tmp_path / "h")},
     )
     s = _run(spec, tmp_path)
-    assert [e["kind"] for e in s["scale_events"]] == ["scale_out", "scale_in"], (s["scale_events"], s["dense_rounds"], s["wall_s"])
+    assert [e["kind"] for e in s["scale_events"]] == ["scale_out", "scale_in"], (s["scale_events"], s["dense_rounds"], s["wall_time_s"])
     assert s["dense_updates"] == batches_expected(spec)
     r = s["dense_rounds"]
     assert r["mode"] == "sync" and r["ignored"] == 0

@@ -3,6 +3,7 @@ two migration rounds, every move checked row for row against PS that do not move
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import SimpleNamespace
 
 import numpy as np
@@ -264,7 +265,7 @@ def test_a_dynamic_table_ps_that_gives_and_takes_keeps_its_admitted_ids():
 class TrainsBetweenCalls(Called):
     """A source PS that trains a step (``step``) before each export it is asked for."""
 
-    def __init__(self, ps: EmbeddingPS, step) -> None:
+    def __init__(self, ps: EmbeddingPS, step: Callable[[], None]) -> None:
         super().__init__(ps)
         self._step = step
 
@@ -272,7 +273,7 @@ class TrainsBetweenCalls(Called):
         if name != "export_vshards":
             return super().__getattr__(name)
 
-        def export(vshards, **kw):
+        def export(vshards: list[int], **kw: bool) -> dict:
             self._step()
             return self._ps.export_vshards(vshards, **kw)
 

@@ -12,10 +12,11 @@ executes it while training goes on:
    state), a few vshards per call, and copy them into their tables (``start_migration``,
    checked on later ticks by ``precopied``);
    then every worker is paused at a step boundary (all of its pushes applied), only the
-   rows updated since are copied, every PS switches to the new map at once and the
-   workers resume with the new routing (``finish``); retired PS go away only after
-   that; workers to remove are drained (they finish their leased shards and get no
-   more).
+   rows updated since are copied, every PS stages the new map, and only once all have
+   staged do they switch to it and the workers resume with the new routing
+   (``finish``): a failure before that leaves every PS on the old map. Retired PS go
+   away only after the switch; workers to remove are drained (they finish their leased
+   shards and get no more).
 
 Ray fixes an actor's CPUs and memory at creation, so a resize is a replacement: the plan
 launches actors of the new size and drains or retires the old ones.
@@ -284,7 +285,6 @@ class Scaler:
                 raise MigrationAborted(f"workers did not pause within {PAUSE_TIMEOUT_S:.0f}s or died: {stuck}")
             delta = {src: lz.ps[src].export_vshards.remote(vs, dirty_only=True) for src, vs in mig.outgoing.items()}
             replies = ray.get([lz.ps[k].stage_switch.remote(mig.vmap, [delta[s] for s in mig.senders(k)]) for k in mig.keep])
-            result.retired_ps_stats = ray.get([lz.ps[k].stats.remote() for k in retire])  # final: nothing pushes now
         except (MigrationAborted, ray.exceptions.RayError) as e:
             # Nothing switched: drop what was prepared, everyone goes on as before (a dead
             # PS is then lost under the old map, as at any other time).
@@ -293,7 +293,16 @@ class Scaler:
             raise MigrationAborted(str(e).strip().splitlines()[0]) from None
         # A commit only swaps references: a PS that dies now is lost under the new map,
         # like one dying just after a switch (its replacement restores its new vshards).
-        get_alive([lz.ps[k].commit_switch.remote(mig.vmap.version) for k in mig.keep])
+        # One that cannot commit (a bug) must not serve the old map: it is made lost too.
+        for k, ref in [(k, lz.ps[k].commit_switch.remote(mig.vmap.version)) for k in mig.keep]:
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayTaskError:
+                ray.kill(lz.ps[k])
+            except ray.exceptions.RayActorError:
+                pass
+        # A retired PS that died since staging lost nothing (its rows moved): only its counts.
+        result.retired_ps_stats = [s for s in get_alive([lz.ps[k].stats.remote() for k in retire]) if s is not None]
         lz.vmap = mig.vmap
         ps = {k: lz.ps[k] for k in mig.keep}
         get_alive([h.set_routing.remote(ps, mig.vmap) for h in lz.workers.values()])

@@ -143,6 +143,7 @@ class VShardMoves:
         go on meanwhile) from this PS's kept blocks and the vshards moving in, asked of
         their old owners (``sources``: (PS actor, vshards)) a few vshards per call."""
         self._drop_prepared()  # an earlier fill (of a move never switched to)
+        self._staged = None
         if self.vmap.same_layout(self.index, vmap):
             return  # nothing moves in or out of this PS
         pc = PreCopy(vmap.version)
