@@ -235,7 +235,7 @@ def test_a_ps_killed_during_a_move_leaves_every_survivor_on_the_old_map_and_tabl
     from dlrover.master.scaler import MigrationAborted, ScaleOp, ScalePlan, Scaler
     from dlrover.ps.embedding_ps import EmbeddingPS
 
-    v1 = VShardMap.round_robin([2_000_000, 40_000], 32, 2)  # 0.3 GB: a pre-copy of 0.1 GB
+    v1 = VShardMap.round_robin([200_000, 40_000], 32, 2)
     actor = ray_local.remote(EmbeddingPS)
     ps = {k: actor.remote(k, v1, 16, {"name": "rowwise_adagrad", "lr": 0.1}, seed=3) for k in range(3)}  # PS 2: the new one
     before = ray_local.get(ps[0].snapshot.remote())[1]
