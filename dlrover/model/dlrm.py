@@ -2,9 +2,11 @@
 
 ``PSEmbeddingBagCollection`` is a drop-in for TorchRec's ``EmbeddingBagCollection``: it
 takes a ``KeyedJaggedTensor`` and returns a ``KeyedTensor`` of pooled embeddings. The
-pooled values come from the PS actors (``PSClient``), and an autograd function sends the
-pooled-output gradient back to them during ``loss.backward()``. ``prefetch(kjt)`` starts
-the pulls early so that the lookups of step i+1 overlap the compute of step i.
+pooled values come from the PS actors (``PSClient``), and an autograd function hands the
+pooled-output gradient back during ``loss.backward()``. ``prefetch(kjt)`` starts the pulls
+early so that the lookups of step i+1 overlap the compute of step i; it also sends the
+last backward's pushes, each in one call with the pull to the same PS (applied first), so
+a step costs one call per PS rather than two. ``take_push_refs`` sends what is left.
 
 TorchRec is imported where it is used, not with this module: the master imports the
 worker's actor class (and so this module) but never builds a model, and importing
@@ -117,6 +119,17 @@ class Lookup:
 
 
 @dataclass
+class HeldPush:
+    """A batch's pushes not all sent yet. Each goes out with the next pull to the same PS
+    when there is one (``PSClient.start``: one call per PS a step, not two), the rest with
+    ``PSClient.send``."""
+
+    lookup: Lookup
+    args: dict[int, tuple] = field(default_factory=dict)  # PS id -> the push's arguments, until sent
+    refs: dict[int, Any] = field(default_factory=dict)  # PS id -> the push's ObjectRef, once sent
+
+
+@dataclass
 class PSClient:
     """Talks to the PS actors for one worker. ``ps``: Ray actor handles by PS id (a list
     means ids 0..n-1). ``set_routing`` swaps both at once after a PS migration."""
@@ -168,9 +181,13 @@ class PSClient:
                     self.ps[k].release.remote(segment)
         self.ps, self.vmap, self.links = dict(ps), vmap, links
 
-    def start(self, kjt: KeyedJaggedTensor, train: bool = True, routed: RoutedBatch | None = None, batch: BatchId | None = None) -> Lookup:
+    def start(
+        self, kjt: KeyedJaggedTensor, train: bool = True, routed: RoutedBatch | None = None, batch: BatchId | None = None, carry: HeldPush | None = None
+    ) -> Lookup:
         """Issue the pulls of one batch to its PS without waiting for them. A batch routed
-        under an older vshard map (before a migration) is routed again."""
+        under an older vshard map (before a migration) is routed again. ``carry``: a
+        batch's pushes not sent yet; each PS this batch pulls from gets its push in the
+        same call, applied before the pull (``EmbeddingPS.push_pull``)."""
         if routed is None or routed.version != self.vmap.version:
             routed = self.route(kjt)
         t0 = time.perf_counter()
@@ -178,13 +195,20 @@ class PSClient:
         lookup = Lookup(key, routed, [], train, batch, issued=time.monotonic())
         for r in routed.requests:
             ring = self.links.ring(r.ps) if self.links is not None else None
-            if ring is None:
-                lookup.refs.append(self.ps[r.ps].pull.remote(key, r.indices, r.offsets, train))
-            else:
+            args: tuple = (key, r.indices, r.offsets, train)
+            if ring is not None:
                 slot = lookup.slots[r.ps] = ring.take()
-                held = ring.write_ids(slot, r.indices, r.offsets) if isinstance(r.indices, np.ndarray) else None  # else put by route
-                indices, offsets = held or (r.indices, r.offsets)
-                lookup.refs.append(self.ps[r.ps].pull.remote(key, indices, offsets, train, ring.answer_room(slot)))
+                in_slot = ring.write_ids(slot, r.indices, r.offsets) if isinstance(r.indices, np.ndarray) else None  # else put by route
+                indices, offsets = in_slot or (r.indices, r.offsets)
+                args = (key, indices, offsets, train, ring.answer_room(slot))
+            push = carry.args.pop(r.ps, None) if carry is not None else None
+            if push is None:
+                lookup.refs.append(self.ps[r.ps].pull.remote(*args))
+            else:
+                carry.refs[r.ps], pulled = self.ps[r.ps].push_pull.remote(push, *args)
+                lookup.refs.append(pulled)
+                self._reads(carry.lookup, r.ps, carry.refs[r.ps])
+            if ring is not None:
                 ring.reads(slot, lookup.refs[-1])
         self.timings["issue_pull_s"] += time.perf_counter() - t0
         return lookup
@@ -204,18 +228,36 @@ class PSClient:
         return lookup.pooled
 
     def push(self, lookup: Lookup, grad: torch.Tensor) -> list[Any]:
+        """Send a pulled batch's gradient to its PS now; one ObjectRef per PS."""
+        return self.send(self.hold(lookup, grad))
+
+    def hold(self, lookup: Lookup, grad: torch.Tensor) -> HeldPush:
+        """Lay out a pulled batch's gradient for its PS (in shared memory where it goes
+        through a slot) without sending it: ``start(carry=...)`` or ``send`` sends it."""
         t0 = time.perf_counter()
-        grads = split_grad(lookup.routed, grad, self.dim)
-        refs = []
-        for r, g in zip(lookup.routed.requests, grads):
+        held = HeldPush(lookup)
+        for r, g in zip(lookup.routed.requests, split_grad(lookup.routed, grad, self.dim)):
             slot = lookup.slots.get(r.ps)
             ring = self.links.rings.get(r.ps) if self.links is not None and slot is not None else None
-            held = ring.write(slot, g) if ring is not None else None
-            refs.append(self.ps[r.ps].push.remote(lookup.key, g if held is None else held, lookup.batch))
-            if held is not None:
-                ring.reads(slot, refs[-1])
+            room = ring.write(slot, g) if ring is not None else None
+            held.args[r.ps] = (lookup.key, g if room is None else room, lookup.batch)
         self.timings["push_s"] += time.perf_counter() - t0
-        return refs
+        return held
+
+    def send(self, held: HeldPush) -> list[Any]:
+        """Send the pushes ``start`` did not carry; every push's ObjectRef, in PS order."""
+        t0 = time.perf_counter()
+        for k, args in held.args.items():
+            held.refs[k] = self.ps[k].push.remote(*args)
+            self._reads(held.lookup, k, held.refs[k])
+        held.args = {}
+        self.timings["push_s"] += time.perf_counter() - t0
+        return [held.refs[r.ps] for r in held.lookup.routed.requests]
+
+    def _reads(self, lookup: Lookup, k: int, ref: Any) -> None:
+        """``ref`` reads ``lookup``'s gradient from its slot with PS ``k``, if it has one."""
+        if self.links is not None and k in lookup.slots and k in self.links.rings:
+            self.links.rings[k].reads(lookup.slots[k], ref)
 
 
 class _PooledFromPS(torch.autograd.Function):
@@ -241,7 +283,8 @@ class PSEmbeddingBagCollection(nn.Module):
         self.client = client
         # id(kjt) -> (kjt, lookup); holding the kjt keeps its id from being reused.
         self._prefetched: dict[int, tuple[KeyedJaggedTensor, Lookup]] = {}
-        self.push_refs: list[Any] = []
+        self.push_refs: list[Any] = []  # pushes sent, until taken
+        self._held: HeldPush | None = None  # the last backward's pushes: the next prefetch carries them
         # A parameter-less module has nothing to hang the autograd node on; this anchor
         # (requires_grad, never updated) makes backward always reach _PooledFromPS.
         # A buffer, so that ``.to(device)`` moves it: its device is where the pooled
@@ -253,8 +296,8 @@ class PSEmbeddingBagCollection(nn.Module):
 
     def prefetch(self, kjt: KeyedJaggedTensor, routed: RoutedBatch | None = None, batch: BatchId | None = None) -> None:
         """Start the lookups of ``kjt`` now; ``forward(kjt)`` later collects them (and its
-        pushes carry ``batch``)."""
-        self._prefetched[id(kjt)] = (kjt, self.client.start(kjt, train=self.training, routed=routed, batch=batch))
+        pushes carry ``batch``). The pushes of the last backward go in the same calls."""
+        self._prefetched[id(kjt)] = (kjt, self.client.start(kjt, train=self.training, routed=routed, batch=batch, carry=self._held))
 
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
         from torchrec.sparse.jagged_tensor import KeyedTensor
@@ -264,7 +307,7 @@ class PSEmbeddingBagCollection(nn.Module):
         # The PS answer on the host; the model's device (a GPU worker's) gets it once.
         pooled = self.client.wait(lookup).to(self._anchor.device, non_blocking=True)
         if self.training:
-            pooled = _PooledFromPS.apply(self._anchor, pooled, lambda g: self.push_refs.extend(self.client.push(lookup, g.cpu())))
+            pooled = _PooledFromPS.apply(self._anchor, pooled, lambda g: self._hold(lookup, g.cpu()))
         d = self._configs[0].embedding_dim
         return KeyedTensor(
             keys=[c.feature_names[0] for c in self._configs],
@@ -273,11 +316,24 @@ class PSEmbeddingBagCollection(nn.Module):
             key_dim=1,
         )
 
+    def _hold(self, lookup: Lookup, grad: torch.Tensor) -> None:
+        """Backward's gradient: held for the next prefetch to carry (an earlier batch's
+        pushes still held go first: each PS applies a worker's pushes in batch order)."""
+        self._send_held()
+        self._held = self.client.hold(lookup, grad)
+
+    def _send_held(self) -> None:
+        if self._held is not None:
+            self.push_refs.extend(self.client.send(self._held))
+            self._held = None
+
     def reset(self) -> None:
         """Forget lookups and pushes of an aborted run."""
         self._prefetched.clear()
-        self.push_refs = []
+        self.push_refs, self._held = [], None
 
     def take_push_refs(self) -> list[Any]:
+        """Send the pushes still held; the ObjectRefs of every push since the last take."""
+        self._send_held()
         refs, self.push_refs = self.push_refs, []
         return refs

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import psutil
+import ray
 import torch
 
 from dlrover.chaos import ChaosState
@@ -90,8 +91,6 @@ class EmbeddingPS(VShardMoves):
         self._staged: Staged | None = None  # from stage_switch()
         self._dirty: DirtyRows | None = None  # rows pushed since track()
         self._cut_tracker: CutTracker | None = None  # rows pushed since the last cut (durable deltas)
-        import ray
-
         self._node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
         self.chaos = ChaosState()
         self._segments = Attached()  # workers' shared memory on this node
@@ -222,6 +221,15 @@ class EmbeddingPS(VShardMoves):
         self._stats["rows_updated"] += bags
         self._stats["busy_s"] += time.perf_counter() - t0
         return bags
+
+    @ray.method(num_returns=2)
+    def push_pull(
+        self, push: tuple, key: tuple, indices: np.ndarray | ShmSlice, offsets: np.ndarray | ShmSlice | None, train: bool = True, room: ShmSlice | None = None
+    ) -> tuple[int, np.ndarray | ShmSlice]:
+        """``push(*push)`` then ``pull``, in one call: a worker sends a step's push with
+        its next pull to this PS (half the calls, the same order). Two results: the
+        push's and the pull's."""
+        return self.push(*push), self.pull(key, indices, offsets, train, room)
 
     def release(self, segment: str) -> None:
         """A worker is done with its shared-memory ``segment``: unmap it here."""

@@ -3,7 +3,8 @@
 A background thread (``inputs.ShardInput``) asks the master for shards and parses their
 rows into batches, so file reading overlaps training. The main loop keeps lookups in
 flight: the pull for step i+1 is issued before step i's forward (``train.staleness: 1``;
-further ahead behind a slow link, ``train.max_staleness``, see ``lookahead``). A shard is reported
+further ahead behind a slow link, ``train.max_staleness``, see ``lookahead``), at the end
+of step i-1, in one call per PS with that step's push (applied first). A shard is reported
 done only after every PS has acknowledged the pushes of its last batch: "done" means
 "applied". Every update carries its batch's id, and the worker tells the master how far
 each held shard is applied (with each metrics report, and whenever it parks): a
@@ -233,7 +234,10 @@ class Worker:
             if not pausing:
                 ahead.fill()
             cur = ahead.pop()
-            push_refs = self._train_step(cur)
+            self._train_step(cur)
+            if not self._gate.pause_requested:
+                ahead.fill()  # the next pulls carry this step's pushes (one call per PS)
+            push_refs = self.ebc.take_push_refs()
             self._book(cur, push_refs)
             self._end_step(t_step, cpu_step)
             ahead.control.observe(self.client.timings["wait_pull_s"] - waited, time.perf_counter() - t_step)
@@ -269,8 +273,9 @@ class Worker:
         if step.kjt is not None:
             self.ebc.prefetch(step.kjt, step.routed, step.batch_id)
 
-    def _train_step(self, step: Step) -> list[Any]:
-        """Forward, backward and pushes of one batch; the refs of its embedding pushes."""
+    def _train_step(self, step: Step) -> None:
+        """Forward, backward and dense push of one batch (its embedding pushes are held:
+        ``ebc.take_push_refs`` sends what the next pulls did not carry)."""
         if self.spec.deterministic and step.shard.shard_id != self._shard_id:
             # Shards run one at a time across workers in this mode: start each from
             # the dense parameters the previous shard (maybe another worker's) left.
@@ -279,7 +284,7 @@ class Worker:
         self._shard_id = step.shard.shard_id
         n = len(step.batch)
         if not n:  # an empty last batch only closes its shard's books
-            return []
+            return
         if self._dense_refs:
             t0 = time.perf_counter()
             self._settle(self._dense_refs)
@@ -293,7 +298,6 @@ class Worker:
         loss.backward()
         self._stats["compute_s"] += time.perf_counter() - t0
         self._dense_refs = self.dense.push(step.batch_id)
-        push_refs = self.ebc.take_push_refs()
         if self._stats["steps"] == 0:
             self.master.report.remote(self.name, {"first_step": True})
         loss_sum = float(loss) * n
@@ -301,7 +305,6 @@ class Worker:
         self._stats["samples"] += n
         self._stats["loss_sum"] += loss_sum
         self._window.add(n, loss_sum)
-        return push_refs
 
     def _settle_dense(self) -> None:
         """Wait until the last dense push is applied (its reply is not loaded)."""
