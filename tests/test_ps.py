@@ -9,6 +9,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from dlrover.model.dlrm import PSClient, PSEmbeddingBagCollection, make_kjt, table_configs
 from dlrover.ps.embedding_ps import EmbeddingPS
+from dlrover.ps.migration import DirtyRows
 from dlrover.ps.shm import LocalLinks
 from dlrover.ps.vshard import VShardMap
 from dlrover.spec import ModelSpec
@@ -194,3 +195,21 @@ def test_many_steps_through_shared_memory_train_exactly_as_through_ray_objects(r
         tables.append([np.concatenate([ray_local.get(h.table_rows.remote(t))[1] for h in ps]) for t in range(26)])
     for a, b in zip(*tables):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("single_hot", [True, False])
+def test_dirty_rows_marks_exactly_the_local_rows_a_pushed_batch_touched(single_hot):
+    """Each id marks its own table's row: empty and multi-id bags shift where the next
+    table's ids start, and nothing else is marked."""
+    rng = np.random.default_rng(3)
+    sizes, batch = [5, 40, 7], 6
+    lengths = np.ones(len(sizes) * batch, dtype=np.int64) if single_hot else rng.integers(0, 3, len(sizes) * batch)
+    table_of_id = np.repeat(np.arange(len(sizes) * batch) // batch, lengths)
+    indices = np.array([rng.integers(0, sizes[t]) for t in table_of_id], dtype=np.int64)
+    offsets = None if single_hot else torch.from_numpy(np.concatenate([[0], np.cumsum(lengths)]))
+    dirty = DirtyRows(sizes)
+    dirty.mark(torch.from_numpy(indices), offsets, batch)
+    for t, n in enumerate(sizes):
+        expected = np.zeros(n, dtype=bool)
+        expected[indices[table_of_id == t]] = True
+        np.testing.assert_array_equal(dirty.table(t), expected)

@@ -32,13 +32,10 @@ class DirtyRows:
     def mark(self, indices: torch.Tensor, offsets: torch.Tensor | None, batch: int) -> None:
         """Rows of one pushed TBE batch (table-major ``indices``; ``offsets`` None when every
         bag holds exactly one id; ``batch`` bags per table)."""
-        idx = indices.numpy()
-        if offsets is None:
-            table = np.arange(len(idx)) // batch
-        else:
-            lengths = (offsets[1:] - offsets[:-1]).numpy()
-            table = np.repeat(np.arange(len(lengths)) // batch, lengths)
-        self.flat[self.base[table] + idx] = True
+        # Table t's ids are one run of ``indices``, from bag t * batch: each id's table
+        # base comes from one repeat over the tables, not a table number per bag.
+        per_table = np.full(len(self.base) - 1, batch) if offsets is None else np.diff(offsets.numpy()[::batch])
+        self.flat[np.repeat(self.base[:-1], per_table) + indices.numpy()] = True
 
     def mark_rows(self, t: int, rows: np.ndarray) -> None:
         """Local rows of table ``t`` changed outside a push (a dynamic table's id map)."""
