@@ -187,7 +187,8 @@ class PSClient:
         """Issue the pulls of one batch to its PS without waiting for them. A batch routed
         under an older vshard map (before a migration) is routed again. ``carry``: a
         batch's pushes not sent yet; each PS this batch pulls from gets its push in the
-        same call, applied before the pull (``EmbeddingPS.push_pull``)."""
+        same call, applied before the pull (``EmbeddingPS.push_pull``; its time counts as
+        issuing the pull in ``timings``)."""
         if routed is None or routed.version != self.vmap.version:
             routed = self.route(kjt)
         t0 = time.perf_counter()

@@ -228,7 +228,9 @@ class EmbeddingPS(VShardMoves):
     ) -> tuple[int, np.ndarray | ShmSlice]:
         """``push(*push)`` then ``pull``, in one call: a worker sends a step's push with
         its next pull to this PS (half the calls, the same order). Two results: the
-        push's and the pull's."""
+        push's and the pull's. Either failing fails both: a push that raised runs no
+        pull, and a push applied before a pull raised still reads as failed, so the
+        worker's progress stops before that batch (its repeat is skipped here)."""
         return self.push(*push), self.pull(key, indices, offsets, train, room)
 
     def release(self, segment: str) -> None:

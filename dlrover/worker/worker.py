@@ -4,7 +4,9 @@ A background thread (``inputs.ShardInput``) asks the master for shards and parse
 rows into batches, so file reading overlaps training. The main loop keeps lookups in
 flight: the pull for step i+1 is issued before step i's forward (``train.staleness: 1``;
 further ahead behind a slow link, ``train.max_staleness``, see ``lookahead``), at the end
-of step i-1, in one call per PS with that step's push (applied first). A shard is reported
+of step i-1: each PS it pulls from gets step i-1's push in the same call (applied first);
+the others get it alone, and so does every PS when no pull follows (input not ready, a
+pause asked, input ended). A shard is reported
 done only after every PS has acknowledged the pushes of its last batch: "done" means
 "applied". Every update carries its batch's id, and the worker tells the master how far
 each held shard is applied (with each metrics report, and whenever it parks): a
@@ -212,7 +214,8 @@ class Worker:
             self.dense.close()
 
     def _train(self) -> dict:
-        """One step per batch until input ends, each issuing later batches' pulls first."""
+        """One step per batch until input ends; after each step's backward the next
+        batches' pulls go out, carrying its pushes."""
         self._input.start()
         self.dense.pull()
         self.model.train()
@@ -228,16 +231,18 @@ class Worker:
                     break
                 ahead.push(step)
             t_step, cpu_step, waited = time.perf_counter(), time.thread_time(), self.client.timings["wait_pull_s"]
-            # Read once per step: a pause issues no more pulls, so that once the batches
-            # already pulled are trained no lookup is in flight and the loop can park.
+            # A pause issues no more pulls, so that once the batches already pulled are
+            # trained no lookup is in flight and the loop can park (at the end of a step
+            # that began with the pause asked: ``pausing``).
             pausing = self._gate.pause_requested
             if not pausing:
                 ahead.fill()
             cur = ahead.pop()
             self._train_step(cur)
+            self._gate.check()  # an abort sends nothing more
             if not self._gate.pause_requested:
                 ahead.fill()  # the next pulls carry this step's pushes (one call per PS)
-            push_refs = self.ebc.take_push_refs()
+            push_refs = self.ebc.take_push_refs()  # those the next pulls did not carry
             self._book(cur, push_refs)
             self._end_step(t_step, cpu_step)
             ahead.control.observe(self.client.timings["wait_pull_s"] - waited, time.perf_counter() - t_step)
