@@ -94,7 +94,7 @@ def train_and_compare(client, local, rng, n: int, bags_per_step: int = 48, *, ge
         got = client.wait(lookup)
         grad = torch.from_numpy(rng.standard_normal(got.shape).astype(np.float32))
         torch.testing.assert_close(got, local.step(bags, grad), rtol=1e-5, atol=1e-5, msg=f"step {step}")
-        get(client.push(lookup, grad))
+        get(client.send(client.hold(lookup, grad)))
 
 
 @pytest.mark.parametrize("num_ps", [1, 3])

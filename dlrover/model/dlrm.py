@@ -228,10 +228,6 @@ class PSClient:
             self.timings["wait_pull_s"] += time.perf_counter() - t0
         return lookup.pooled
 
-    def push(self, lookup: Lookup, grad: torch.Tensor) -> list[Any]:
-        """Send a pulled batch's gradient to its PS now; one ObjectRef per PS."""
-        return self.send(self.hold(lookup, grad))
-
     def hold(self, lookup: Lookup, grad: torch.Tensor) -> HeldPush:
         """Lay out a pulled batch's gradient for its PS (in shared memory where it goes
         through a slot) without sending it: ``start(carry=...)`` or ``send`` sends it."""
