@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from dlrover.checkpoint.chain import DurableChain, load_latest_chain
+from dlrover.checkpoint.chain import DurableChain, LinkWrite, load_latest_chain
 from dlrover.checkpoint.delta import pack_weights, unpack_weights
 from dlrover.checkpoint.store import CheckpointStore
 from dlrover.master.checkpoint import write_where_payloads_are
@@ -169,6 +169,22 @@ def test_restore_or_migration_forces_the_next_durable_checkpoint_full(ray_local,
         short.train(1)
         kinds.append(short.durable(short.cut()))
     assert kinds == ["full", "delta", "full", "delta", "full"]
+
+
+def test_payloads_in_memory_and_from_disk_are_written_each_to_its_own_file_in_order(ray_local, tmp_path):
+    """Refs of two PS on one node (one task writes both) and a payload already loaded
+    from disk (another task) end up as ps_0..ps_2 in payload order, bit for bit."""
+    job = Job(ray_local, 2, CheckpointStore(tmp_path / "ckpt", keep=10))
+    job.train(2)
+    refs = job.cut()
+    mixed = [refs[0], ray_local.get(refs[1]), refs[1]]
+    link = LinkWrite(CheckpointStore(tmp_path / "out"), 1, "none", V, [-(-n // V) for n in SIZES], None)
+    link.store.begin(1, {})
+    written = write_where_payloads_are(link, mixed)
+    assert [key for key, _ in written] == ["ps_0", "ps_1", "ps_2"]
+    files = {key: torch.load(tmp_path / "out" / "ckpt-00000001" / f"{key}.pt", weights_only=True) for key, _ in written}
+    assert [np.asarray(f["vshards"]).tolist() for f in files.values()] == [np.asarray(ray_local.get(p)["vshards"]).tolist() for p in (refs[0], refs[1], refs[1])]
+    assert written[1][1].sha256 == written[2][1].sha256  # the same payload, by value and by ref
 
 
 def test_retention_keeps_the_full_checkpoint_a_kept_delta_needs(tmp_path):

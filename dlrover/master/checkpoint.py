@@ -11,8 +11,8 @@ enough to take every few seconds.
 
 Every so often (``checkpoint.interval_s``, or Young-Daly from the failures seen) the
 latest in-memory checkpoint is also written to durable storage on a background thread
-(:class:`dlrover.checkpoint.store.CheckpointStore`, checksummed; each PS payload's file
-by a task on the payload's node, the manifest last by the master), as a full checkpoint
+(:class:`dlrover.checkpoint.store.CheckpointStore`, checksummed; the PS payloads' files
+by one task on each node holding some, the manifest last by the master), as a full checkpoint
 every ``checkpoint.full_every`` and otherwise a delta of the rows pushed since the
 previous durable cut (:class:`dlrover.checkpoint.chain.DurableChain`; each PS reports
 those rows at every cut, ``EmbeddingPS.cut_changes``). Recovery reads the newest
@@ -44,8 +44,10 @@ OBJECT_GET_TIMEOUT_S = 30.0
 
 
 @ray.remote(num_cpus=0)
-def _write_part(link: LinkWrite, index: int, payload: dict) -> tuple[str, FileEntry]:
-    return link.write(index, payload)
+def _write_parts(link: LinkWrite, parts: list[tuple[int, Any]]) -> list[tuple[str, FileEntry]]:
+    """Write the files of ``parts`` (payload index, payload or its ObjectRef) one after
+    another in this process."""
+    return [link.write(i, ray.get(p) if isinstance(p, ray.ObjectRef) else p) for i, p in parts]
 
 
 @ray.remote(num_cpus=0)
@@ -55,10 +57,29 @@ def _writer_ready() -> None:
 
 
 def write_where_payloads_are(link: LinkWrite, payloads: list[Any]) -> list[tuple[str, FileEntry]]:
-    """Each PS payload's durable file written by a task that Ray places on the node
-    holding the payload (it reads it there without a copy): no process gathers them."""
+    """The PS payloads' durable files, written by one task on each node holding some of
+    them (it reads them there without a copy): no process gathers them. One task a node,
+    not one a payload: each task beyond the first on a node would start a fresh Ray
+    worker process (importing torch, about 2 s of CPU) while training goes on; one task
+    runs in the process ``Checkpointer.warm_writers`` started. Payloads that are not
+    ObjectRefs (loaded from disk by a recovery) and objects whose node Ray does not know
+    go to one task placed by Ray."""
+    from ray.experimental import get_object_locations
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    refs = [p for p in payloads if isinstance(p, ray.ObjectRef)]
+    where = get_object_locations(refs, timeout_ms=int(OBJECT_GET_TIMEOUT_S * 1000)) if refs else {}
+    by_node: dict[str | None, list[tuple[int, Any]]] = {}
+    for i, p in enumerate(payloads):
+        nodes = where.get(p, {}).get("node_ids") if isinstance(p, ray.ObjectRef) else None
+        by_node.setdefault(nodes[0] if nodes else None, []).append((i, p))
     shared = ray.put(link)
-    return ray.get([_write_part.remote(shared, i, p) for i, p in enumerate(payloads)])
+    tasks = [
+        _write_parts.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=True) if node else "DEFAULT").remote(shared, parts)
+        for node, parts in by_node.items()
+    ]
+    written = {i: f for parts, files in zip(by_node.values(), ray.get(tasks)) for (i, _), f in zip(parts, files)}
+    return [written[i] for i in range(len(payloads))]
 
 
 @dataclass
