@@ -45,9 +45,17 @@ OBJECT_GET_TIMEOUT_S = 30.0
 
 @ray.remote(num_cpus=0)
 def _write_parts(link: LinkWrite, parts: list[tuple[int, Any]]) -> list[tuple[str, FileEntry]]:
-    """Write the files of ``parts`` (payload index, payload or its ObjectRef) one after
-    another in this process."""
-    return [link.write(i, ray.get(p) if isinstance(p, ray.ObjectRef) else p) for i, p in parts]
+    """Write the files of ``parts`` (payload index, payload or its ObjectRef) in this
+    process, one thread each: hashing and file I/O release the GIL, so several files
+    overlap their disk waits as separate processes did."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(part: tuple[int, Any]) -> tuple[str, FileEntry]:
+        i, p = part
+        return link.write(i, ray.get(p) if isinstance(p, ray.ObjectRef) else p)
+
+    with ThreadPoolExecutor(max_workers=len(parts), thread_name_prefix="checkpoint-part") as pool:
+        return list(pool.map(one, parts))
 
 
 @ray.remote(num_cpus=0)
