@@ -173,7 +173,8 @@ def test_restore_or_migration_forces_the_next_durable_checkpoint_full(ray_local,
 
 def test_payloads_in_memory_and_from_disk_are_written_each_to_its_own_file_in_order(ray_local, tmp_path):
     """Refs of two PS on one node (one task writes both) and a payload already loaded
-    from disk (another task) end up as ps_0..ps_2 in payload order, bit for bit."""
+    from disk (another task) end up as ps_0..ps_2 in payload order, the same payload
+    by value and by ref as the same bytes."""
     job = Job(ray_local, 2, CheckpointStore(tmp_path / "ckpt", keep=10))
     job.train(2)
     refs = job.cut()

@@ -76,7 +76,10 @@ def write_where_payloads_are(link: LinkWrite, payloads: list[Any]) -> list[tuple
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     refs = [p for p in payloads if isinstance(p, ray.ObjectRef)]
-    where = get_object_locations(refs, timeout_ms=int(OBJECT_GET_TIMEOUT_S * 1000)) if refs else {}
+    try:
+        where = get_object_locations(refs, timeout_ms=int(OBJECT_GET_TIMEOUT_S * 1000)) if refs else {}
+    except (RuntimeError, ray.exceptions.RayError):  # placement is an optimisation: Ray places them
+        where = {}
     by_node: dict[str | None, list[tuple[int, Any]]] = {}
     for i, p in enumerate(payloads):
         nodes = where.get(p, {}).get("node_ids") if isinstance(p, ray.ObjectRef) else None
