@@ -179,7 +179,7 @@ def test_payloads_in_memory_and_from_disk_are_written_each_to_its_own_file_in_or
     job.train(2)
     refs = job.cut()
     mixed = [refs[0], ray_local.get(refs[1]), refs[1]]
-    link = LinkWrite(CheckpointStore(tmp_path / "out"), 1, "none", V, [-(-n // V) for n in SIZES], None)
+    link = LinkWrite(CheckpointStore(tmp_path / "out"), 1, "none", V, job.vmap.rows_per_vshard(), None)
     link.store.begin(1, {})
     written = write_where_payloads_are(link, mixed)
     assert [key for key, _ in written] == ["ps_0", "ps_1", "ps_2"]
