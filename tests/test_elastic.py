@@ -123,11 +123,13 @@ def simulated_configs(spec) -> list[dict]:
 def test_async_rescale_applies_every_update_once(ray_local, synth_dir, tmp_path):
     """Normal (asynchronous) training through a scale-out that also resizes every PS
     (all vshards move to new, bigger PS), then a scale-in: every sample trained once and
-    every bag update applied exactly once across the moves. The steps fire back to back
-    (the policy is not asked while a rescale is under way)."""
+    every bag update applied exactly once across the moves. The scale-in fires once the
+    scaled-out job was measured 3 s (the policy is not asked while a rescale is under
+    way): it drains the new worker, which has stepped by then, so the scale-out's event
+    holds its first step."""
     steps = [
         {"at_progress": 0.02, "workers": 3, "ps": 3, "ps_cpu": 2},
-        {"at_progress": 0.03, "workers": 1, "ps": 2},
+        {"after_window_s": 3.0, "workers": 1, "ps": 2},
     ]
     spec = small_spec(
         synth_dir,
@@ -149,7 +151,8 @@ def test_async_rescale_applies_every_update_once(ray_local, synth_dir, tmp_path)
     assert s["scale_events"][0]["vshards_moved"] == spec.train.vshards  # every PS replaced
     assert s["scale_events"][1]["vshards_moved"] > 0  # a retired PS handed its vshards on
     assert s["final_config"] == Config(1, 2, 1.0, 2.0, 2048, 1024).to_dict()
-    assert all(e["first_step_s"] for e in s["scale_events"][:1])
+    first_steps = s["scale_events"][0].get("first_step_s", {})
+    assert len(first_steps) == 1 and all(t > 0 for t in first_steps.values()), s["scale_events"][0]  # 2 -> 3 workers: one new
     assert s["auc"] > 0.6  # it learnt (5 epochs of 36k rows overfit a little)
 
     # Stage 1 of dlrover_rm: the next run of this job starts from the best configuration
