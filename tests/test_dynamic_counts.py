@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from dlrover.ps.dynamic import vshard_of
 from dlrover.ps.dynamic_tables import DynamicCounts, DynamicTables, total_counts
@@ -19,9 +18,10 @@ SIZES = rows_of([8] * 26, TABLES)
 def _lookup(tables: DynamicTables, ids: list[int], train: bool = True) -> None:
     """One batch of ``len(ids)`` bags (the ids in table 0, id 1 in every hashed table),
     pushed at once: its rows are unpinned."""
-    idx = torch.ones(26 * len(ids), dtype=torch.int64)
-    idx[: len(ids)] = torch.tensor(ids)
-    tables.unpin(tables.translate(idx, None, len(ids), train, lambda t, rows: None).pins)
+    idx = np.ones(26 * len(ids), dtype=np.int64)
+    idx[: len(ids)] = ids
+    spans = np.arange(27) * len(ids)
+    tables.unpin(tables.translate(idx, spans, train, lambda t, rows: None).pins)
 
 
 def test_counts_tell_hits_defaults_admissions_and_evictions_apart() -> None:
@@ -53,10 +53,10 @@ def test_a_batch_with_ids_of_vshards_the_ps_does_not_own_is_refused_without_a_tr
     vmap = VShardMap.round_robin(rows_of([8] * 26, tables), 2, 2, (0, 1))
     mine, theirs = (next(i for i in range(100) if vshard_of(np.array([i]), 2)[0] == v) for v in (0, 1))
     ps0 = DynamicTables(vmap, 0, tables, seed=0, dim=DIM)
-    idx = torch.ones(26, dtype=torch.int64)
+    idx = np.ones(26, dtype=np.int64)
     idx[0], idx[1] = mine, theirs  # table 0's id is PS 0's, table 1's is not
     with pytest.raises(ValueError, match="table 1: ids of vshards this PS does not own"):
-        ps0.translate(idx, None, 1, True, lambda t, rows: None)
+        ps0.translate(idx, np.arange(27), True, lambda t, rows: None)
     assert ps0.clock == 0 and ps0.counts == DynamicCounts() and len(ps0.ids(0)) == 0
 
 

@@ -151,19 +151,6 @@ def test_restoring_no_payloads_puts_back_the_seed_rows_under_the_new_map():
         np.testing.assert_array_equal(w, want)
 
 
-def test_nonempty_rows_pick_the_rows_of_tbes_output_in_table_major_bag_order():
-    """What a PS answers: its non-empty bags, table-major, picked from TBE's [B, T*D]
-    output by row (no transposed copy)."""
-    from dlrover.ps.routing import nonempty_rows
-
-    num_tables, batch, dim = 3, 4, 2
-    lengths = torch.tensor([1, 0, 2, 1, 0, 0, 1, 3, 1, 1, 0, 1])  # table-major: table t, sample j at t*B + j
-    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
-    out = torch.arange(batch * num_tables * dim, dtype=torch.float32).view(batch, num_tables * dim)
-    want = out.view(batch, num_tables, dim).transpose(0, 1).reshape(-1, dim)[lengths > 0]
-    torch.testing.assert_close(out.view(-1, dim).index_select(0, nonempty_rows(offsets, num_tables)), want, rtol=0, atol=0)
-
-
 def test_bags_on_counts_exactly_the_bags_routing_sends_to_each_ps():
     """Partial recovery counts a dead PS's lost updates with ``bags_on``: it must agree
     with the route the workers' pushes take."""
@@ -195,24 +182,6 @@ def test_many_steps_through_shared_memory_train_exactly_as_through_ray_objects(r
         tables.append([np.concatenate([ray_local.get(h.table_rows.remote(t))[1] for h in ps]) for t in range(26)])
     for a, b in zip(*tables):
         np.testing.assert_array_equal(a, b)
-
-
-@pytest.mark.parametrize("single_hot", [True, False])
-def test_dirty_rows_marks_exactly_the_local_rows_a_pushed_batch_touched(single_hot):
-    """Each id marks its own table's row: empty and multi-id bags shift where the next
-    table's ids start, and nothing else is marked."""
-    rng = np.random.default_rng(3)
-    sizes, batch = [5, 40, 7], 6
-    lengths = np.ones(len(sizes) * batch, dtype=np.int64) if single_hot else rng.integers(0, 3, len(sizes) * batch)
-    table_of_id = np.repeat(np.arange(len(sizes) * batch) // batch, lengths)
-    indices = np.array([rng.integers(0, sizes[t]) for t in table_of_id], dtype=np.int64)
-    offsets = None if single_hot else torch.from_numpy(np.concatenate([[0], np.cumsum(lengths)]))
-    dirty = DirtyRows(sizes)
-    dirty.mark(torch.from_numpy(indices), offsets, batch)
-    for t, n in enumerate(sizes):
-        expected = np.zeros(n, dtype=bool)
-        expected[indices[table_of_id == t]] = True
-        np.testing.assert_array_equal(dirty.table(t), expected)
 
 
 @pytest.mark.parametrize("shm", [False, True])

@@ -196,12 +196,12 @@ class PSClient:
         lookup = Lookup(key, routed, [], train, batch, issued=time.monotonic())
         for r in routed.requests:
             ring = self.links.ring(r.ps) if self.links is not None else None
-            args: tuple = (key, r.indices, r.offsets, train)
+            args: tuple = (key, r.indices, r.offsets, train, None, r.bags)
             if ring is not None:
                 slot = lookup.slots[r.ps] = ring.take()
                 in_slot = ring.write_ids(slot, r.indices, r.offsets) if isinstance(r.indices, np.ndarray) else None  # else put by route
                 indices, offsets = in_slot or (r.indices, r.offsets)
-                args = (key, indices, offsets, train, ring.answer_room(slot))
+                args = (key, indices, offsets, train, ring.answer_room(slot), r.bags)
             push = carry.args.pop(r.ps, None) if carry is not None else None
             if push is None:
                 lookup.refs.append(self.ps[r.ps].pull.remote(*args))

@@ -34,11 +34,11 @@ class CutTracker:
         self.at_slots = vmap.at_slots(ps_index)
         self._tbe = weakref.ref(tbe)  # no strong reference: a replaced TBE is freed
 
-    def mark(self, tbe: Any, indices: torch.Tensor, offsets: torch.Tensor | None, batch: int) -> None:
+    def mark(self, tbe: Any, flat: torch.Tensor) -> None:
         """Rows of one pushed TBE batch (see ``DirtyRows.mark``), if pushed into the tables
         this tracker counts: after they were rebuilt the report is incomplete anyway."""
         if self._tbe() is tbe:
-            self.rows.mark(indices, offsets, batch)
+            self.rows.mark(flat)
 
     def mark_rows(self, tbe: Any, t: int, rows: np.ndarray) -> None:
         """Local rows of table ``t`` changed outside a push (see ``mark``)."""

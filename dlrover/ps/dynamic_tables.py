@@ -1,9 +1,10 @@
 """The dynamic tables of one PS (:mod:`dlrover.ps.dynamic`): raw ids in, TBE rows out.
 
-A pull's table-major TBE batch carries raw ids for dynamic tables. ``translate`` maps them
-to local rows under one lock (the maps are shared by the PS's threads), drops the ids not
-admitted from the TBE batch and hands back, per bag, how many default rows to add to the
-pooled output: the default row is a constant outside the TBE, so it is never updated.
+A pull's table-major request carries raw ids for dynamic tables. ``translate`` maps them
+to local rows under one lock (the maps are shared by the PS's threads), -1 for the ids
+not admitted; ``dlrover.ps.layout`` leaves those out of the TBE batch and ``defaults``
+gives what they add to the pooled output: the default row is a constant outside the
+TBE, so it is never updated.
 """
 
 from __future__ import annotations
@@ -29,13 +30,10 @@ def default_row(seed: int, table: int, num_rows: int, dim: int) -> torch.Tensor:
 
 @dataclass
 class Translated:
-    """A TBE batch with the dynamic ids mapped: ``offsets`` None when every bag still holds
-    one id; ``defaults`` ``[batch, T*D]`` to add to the pooled output (None: nothing);
+    """A request's ids with the dynamic tables' mapped to local rows (-1: not admitted);
     ``pins``, ``changed``: local rows per dynamic table."""
 
-    indices: torch.Tensor
-    offsets: torch.Tensor | None
-    defaults: torch.Tensor | None
+    rows: np.ndarray
     pins: dict[int, np.ndarray] = field(default_factory=dict)
     changed: dict[int, np.ndarray] = field(default_factory=dict)
 
@@ -88,16 +86,15 @@ class DynamicTables:
         """The map states of table ``t`` (none for a hashed table)."""
         return self.maps[t].states if t in self.maps else []
 
-    def translate(self, indices: torch.Tensor, offsets: torch.Tensor | None, batch: int, train: bool, reset: Callable[[int, np.ndarray], None]) -> Translated:
-        """Map the raw ids of the dynamic tables in a TBE batch (``batch`` bags per table).
-        ``reset(table, rows)`` puts evicted rows back to their initial state, under the
-        lock, before any lookup can hand them to another batch."""
-        num_tables = len(self.vmap.table_sizes)
-        idx = indices.numpy().copy()
-        lengths = np.ones(len(idx), dtype=np.int64) if offsets is None else np.diff(offsets.numpy())
-        start = np.concatenate([[0], np.cumsum(lengths.reshape(num_tables, batch).sum(1))])
-        out = Translated(torch.from_numpy(idx), offsets, None)
-        slots = {t: self._slot[vshard_of(idx[start[t] : start[t + 1]], self.vmap.num_vshards)] for t in self.maps}
+    def translate(self, indices: np.ndarray, spans: np.ndarray, train: bool, reset: Callable[[int, np.ndarray], None]) -> Translated:
+        """Map the raw ids of the dynamic tables in a request (table ``t``'s ids are
+        ``indices[spans[t]:spans[t + 1]]``, see ``dlrover.ps.layout.table_spans``) to local
+        rows, -1 for an id not admitted. ``reset(table, rows)`` puts evicted rows back to
+        their initial state, under the lock, before any lookup can hand them to another
+        batch."""
+        idx = indices.copy()
+        out = Translated(idx)
+        slots = {t: self._slot[vshard_of(idx[spans[t] : spans[t + 1]], self.vmap.num_vshards)] for t in self.maps}
         for t, s in slots.items():  # before anything changes: a refused batch leaves no trace
             if np.any(s < 0):
                 raise ValueError(f"table {t}: ids of vshards this PS does not own")
@@ -107,30 +104,26 @@ class DynamicTables:
                 self.clock += 1
                 now = self.clock
             for t, m in self.maps.items():
-                ids = idx[start[t] : start[t + 1]]
+                ids = idx[spans[t] : spans[t + 1]]
                 got = m.lookup(ids, slots[t], now)
                 if train:
                     self.counts.add(len(ids), got)
-                idx[start[t] : start[t + 1]] = got.rows
+                idx[spans[t] : spans[t + 1]] = got.rows
                 if len(got.evicted):
                     reset(t, got.evicted)
                 if train:
                     m.pin(got.rows, 1)
                     out.pins[t] = got.rows
                 out.changed[t] = got.changed
-        keep = idx >= 0
-        if keep.all():
-            return out
-        bag = np.repeat(np.arange(num_tables * batch), lengths)
-        counts = torch.from_numpy(np.bincount(bag[~keep], minlength=num_tables * batch).reshape(num_tables, batch)).to(torch.float32)
-        extra = torch.zeros(num_tables, batch, self.dim)
-        for t, row in self.default.items():
-            extra[t] = counts[t].unsqueeze(1) * row
-        out.defaults = extra.transpose(0, 1).reshape(batch, num_tables * self.dim)
-        out.indices = torch.from_numpy(idx[keep])
-        out.offsets = torch.zeros(num_tables * batch + 1, dtype=torch.int64)
-        torch.cumsum(torch.from_numpy(np.bincount(bag[keep], minlength=num_tables * batch)), 0, out=out.offsets[1:])
         return out
+
+    def defaults(self, dropped: np.ndarray, bag_table: np.ndarray) -> torch.Tensor:
+        """``[num_bags, D]``: what the ids not admitted add to each bag (``dropped`` of them
+        in a bag of table ``bag_table``): their table's default row each."""
+        rows = torch.zeros(len(self.vmap.table_sizes), self.dim)
+        for t, row in self.default.items():
+            rows[t] = row
+        return torch.from_numpy(dropped).to(torch.float32).unsqueeze(1) * rows[torch.from_numpy(bag_table)]
 
     def unpin(self, pins: dict[int, np.ndarray]) -> None:
         """The batch that pinned these rows was pushed (or dropped): they may be evicted."""

@@ -1,7 +1,9 @@
 """EmbeddingPS: one embedding parameter server, a Ray actor holding some vshards of every table.
 
 It runs fbgemm's ``SplitTableBatchedEmbeddingBagsCodegen`` (TBE) on CPU with the optimizer
-fused into backward: a ``pull`` runs the TBE forward and keeps its autograd graph; the
+fused into backward, its tables back to back in one TBE table (``PSTables``), so that a
+request's bags go to TBE as they are, unpadded (``dlrover.ps.layout``). A ``pull`` runs
+the TBE forward and keeps its autograd graph; the
 matching ``push`` feeds the pooled-output gradient into that graph, and TBE's backward
 updates the touched rows in place (exact row-wise Adagrad by default). Nothing on the PS
 ever materialises a dense gradient of a table.
@@ -31,9 +33,9 @@ from dlrover.ps.dynamic import MAP_STATES
 from dlrover.ps.dynamic_tables import DynamicCounts, DynamicTables, Translated
 from dlrover.ps.migration import DirtyRows
 from dlrover.ps.moves import PreCopy, Staged, VShardMoves
-from dlrover.ps.routing import nonempty_rows
+from dlrover.ps.layout import flat_batch, table_spans
 from dlrover.ps.shm import Attached, ShmSlice
-from dlrover.ps.tables import init_rows, new_tbe
+from dlrover.ps.tables import PSTables, init_rows
 from dlrover.ps.vshard import VShardMap
 from dlrover.table_spec import TableSpec
 
@@ -43,12 +45,10 @@ warnings.filterwarnings("ignore", message="The given NumPy array is not writable
 @dataclass
 class Pulled:
     """A training pull waiting for its push: TBE's output (holding the autograd graph
-    the gradient goes through) and what ``push`` needs to lay the gradient out."""
+    the gradient goes through, in the answer's layout) and the rows it read."""
 
     out: torch.Tensor
-    nonempty: torch.Tensor | None  # rows of ``out`` viewed [B*T, D] the answer held (None: all)
-    indices: torch.Tensor  # the TBE batch, for the dirty-row trackers
-    offsets: torch.Tensor | None
+    rows: torch.Tensor  # the TBE batch's flat rows, for the dirty-row trackers
     pins: dict[int, np.ndarray]  # dynamic tables' rows held until the push
 
 
@@ -95,8 +95,8 @@ class EmbeddingPS(VShardMoves):
         self.chaos = ChaosState()
         self._segments = Attached()  # workers' shared memory on this node
 
-    def _new_tbe(self, sizes: list[int]):
-        return new_tbe(sizes, self.dim, self._optimizer)
+    def _new_tbe(self, sizes: list[int]) -> PSTables:
+        return PSTables(sizes, self.dim, self._optimizer)
 
     def _new_dyn(self, vmap: VShardMap, clock: int) -> DynamicTables:
         """Empty id maps of the dynamic tables for ``vmap``, at the PS's ``clock``."""
@@ -114,10 +114,10 @@ class EmbeddingPS(VShardMoves):
                 w[torch.from_numpy(np.flatnonzero(valid))] = init_rows(self._seed, t, vmap.table_sizes[t], self.dim, rows[valid])
         return tbe, self._new_dyn(vmap, clock)
 
-    def _translate(self, idx: torch.Tensor, off: torch.Tensor | None, train: bool) -> Translated:
-        """Map a batch's dynamic ids to rows; reset the rows evicted, mark the map's changes."""
-        batch = (idx.numel() if off is None else len(off) - 1) // len(self.vmap.table_sizes)
-        tr = self.dyn.translate(idx, off, batch, train, self._reset_rows)
+    def _translate(self, idx: np.ndarray, offsets: np.ndarray | None, bags: np.ndarray | None, train: bool) -> Translated:
+        """Map a request's dynamic ids to rows; reset the rows evicted, mark the map's changes."""
+        spans = table_spans(len(idx), offsets, bags, len(self.vmap.table_sizes))
+        tr = self.dyn.translate(idx, spans, train, self._reset_rows)
         for t, rows in tr.changed.items():
             if self._dirty is not None:
                 self._dirty.mark_rows(t, rows)
@@ -140,15 +140,22 @@ class EmbeddingPS(VShardMoves):
 
     # -- hot path ---------------------------------------------------------------------
     def pull(
-        self, key: tuple, indices: np.ndarray | ShmSlice, offsets: np.ndarray | ShmSlice | None, train: bool = True, room: ShmSlice | None = None
+        self,
+        key: tuple,
+        indices: np.ndarray | ShmSlice,
+        offsets: np.ndarray | ShmSlice | None,
+        train: bool = True,
+        room: ShmSlice | None = None,
+        bags: np.ndarray | None = None,
     ) -> np.ndarray | ShmSlice:
-        """Pooled partial sums of the non-empty bags.
-
-        With ``offsets``: ``[num_nonempty_bags, D]`` in table-major bag order. Without
-        (every bag holds exactly one id, the common Criteo case): TBE's own output
-        ``[batch, T*D]`` untouched, so neither side copies or reorders it. ``room``: a
-        worker's shared memory on this node to write the answer into (``dlrover.ps.shm``),
-        where ``indices`` and ``offsets`` may be too (copied here: the slot is reused).
+        """Pooled partial sums of the request's bags (``dlrover.ps.layout``): with
+        ``bags`` (bags per table, table-major; ``offsets`` None when each holds one id)
+        ``[num_bags, D]`` in table-major bag order; without (every table the same number
+        of one-id bags, the common Criteo case) TBE's ``[batch, T*D]``, whose row ``i``
+        holds the ``i``-th bag of every table, so that a worker with one PS uses it as it
+        is. ``room``: a worker's shared memory on this node to write the answer into
+        (``dlrover.ps.shm``), where ``indices`` and ``offsets`` may be too (copied here:
+        the slot is reused).
         """
         t0 = time.perf_counter()
         self.chaos.before_call()
@@ -157,28 +164,21 @@ class EmbeddingPS(VShardMoves):
             indices = self._segments.view(indices).copy()
         if isinstance(offsets, ShmSlice):
             offsets = self._segments.view(offsets).copy()
-        idx = torch.as_tensor(indices)
-        num_ids, training = idx.numel(), train and key[0] not in self._dropped
-        off = nz = None
-        if offsets is not None:
-            off = torch.as_tensor(offsets)
-            nz = nonempty_rows(off, len(self.vmap.table_sizes))
-        tr = self._translate(idx, off, training) if self.dyn.maps else None
-        if tr is not None:
-            idx, off = tr.indices, tr.offsets
-        tbe_off = off if off is not None else torch.arange(idx.numel() + 1, dtype=torch.int64)
+        num_ids, training = len(indices), train and key[0] not in self._dropped
+        tr = self._translate(indices, offsets, bags, training) if self.dyn.maps else None
+        batch = flat_batch(tr.rows if tr is not None else indices, offsets, bags, self.tbe.base)
         if training:
-            out = self.tbe(idx, tbe_off)
+            out = self.tbe(batch.indices, batch.offsets)
             with self._lock:
-                self._pending[key] = Pulled(out, nz, idx, off, tr.pins if tr is not None else {})
+                self._pending[key] = Pulled(out, batch.indices, tr.pins if tr is not None else {})
         else:
             with torch.no_grad():
-                out = self.tbe(idx, tbe_off)
+                out = self.tbe(batch.indices, batch.offsets)
         out = out.detach()
-        if tr is not None and tr.defaults is not None:
-            out = out + tr.defaults  # the unadmitted ids' default rows, outside the graph
-        if nz is not None:
-            out = out.view(-1, self.dim).index_select(0, nz)
+        if batch.dropped is not None:
+            out = out + self.dyn.defaults(batch.dropped, batch.bag_table)  # the unadmitted ids' default rows, outside the graph
+        if bags is None:
+            out = out.view(-1, len(self.vmap.table_sizes) * self.dim)
         self._stats["pulls"] += 1
         self._stats["ids"] += num_ids
         self.chaos.after_step(time.perf_counter() - t1)
@@ -200,38 +200,36 @@ class EmbeddingPS(VShardMoves):
                 self._stats["duplicates"] += 1
                 self.dyn.unpin(p.pins)
                 return 0
-        out, nz, idx, off = p.out, p.nonempty, p.indices, p.offsets
-        num_tables = len(self.vmap.table_sizes)
-        batch = out.shape[0]
-        if nz is None:
-            out.backward(torch.as_tensor(grad))
-            bags = batch * num_tables
-        else:
-            g = torch.zeros(batch * num_tables, self.dim)
-            g.index_copy_(0, nz, torch.as_tensor(grad).view(-1, self.dim))
-            out.backward(g.view(batch, num_tables * self.dim))
-            bags = int(nz.numel())
+        p.out.backward(torch.as_tensor(grad).view(p.out.shape))
         self.dyn.unpin(p.pins)  # only now: an evicted row must not take this batch's update
         if self._dirty is not None:
-            self._dirty.mark(idx, off, batch)
+            self._dirty.mark(p.rows)
         if self._cut_tracker is not None:
-            self._cut_tracker.mark(self.tbe, idx, off, batch)
+            self._cut_tracker.mark(self.tbe, p.rows)
+        bags = p.out.shape[0]
         self._stats["pushes"] += 1
-        self._stats["ids"] += idx.numel()
+        self._stats["ids"] += p.rows.numel()
         self._stats["rows_updated"] += bags
         self._stats["busy_s"] += time.perf_counter() - t0
         return bags
 
     @ray.method(num_returns=2)
     def push_pull(
-        self, push: tuple, key: tuple, indices: np.ndarray | ShmSlice, offsets: np.ndarray | ShmSlice | None, train: bool = True, room: ShmSlice | None = None
+        self,
+        push: tuple,
+        key: tuple,
+        indices: np.ndarray | ShmSlice,
+        offsets: np.ndarray | ShmSlice | None,
+        train: bool = True,
+        room: ShmSlice | None = None,
+        bags: np.ndarray | None = None,
     ) -> tuple[int, np.ndarray | ShmSlice]:
         """``push(*push)`` then ``pull``, in one call: a worker sends a step's push with
         its next pull to this PS (half the calls, the same order). Two results: the
         push's and the pull's. Either failing fails both: a push that raised runs no
         pull, and a push applied before a pull raised still reads as failed, so the
         worker's progress stops before that batch (its repeat is skipped here)."""
-        return self.push(*push), self.pull(key, indices, offsets, train, room)
+        return self.push(*push), self.pull(key, indices, offsets, train, room, bags)
 
     def release(self, segment: str) -> None:
         """A worker is done with its shared-memory ``segment``: unmap it here."""

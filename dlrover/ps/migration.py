@@ -29,13 +29,10 @@ class DirtyRows:
         self.base = np.concatenate([[0], np.cumsum(local_sizes)]).astype(np.int64)
         self.flat = np.zeros(int(self.base[-1]), dtype=bool)
 
-    def mark(self, indices: torch.Tensor, offsets: torch.Tensor | None, batch: int) -> None:
-        """Rows of one pushed TBE batch (table-major ``indices``; ``offsets`` None when every
-        bag holds exactly one id; ``batch`` bags per table)."""
-        # Table t's ids are one run of ``indices``, from bag t * batch: each id's table
-        # base comes from one repeat over the tables, not a table number per bag.
-        per_table = np.full(len(self.base) - 1, batch) if offsets is None else np.diff(offsets.numpy()[::batch])
-        self.flat[np.repeat(self.base[:-1], per_table) + indices.numpy()] = True
+    def mark(self, flat: torch.Tensor) -> None:
+        """Rows of one pushed TBE batch, as flat rows of the PS's tables (``base[t] + r``,
+        see ``dlrover.ps.tables.PSTables``)."""
+        self.flat[flat.numpy()] = True
 
     def mark_rows(self, t: int, rows: np.ndarray) -> None:
         """Local rows of table ``t`` changed outside a push (a dynamic table's id map)."""

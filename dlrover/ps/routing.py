@@ -3,14 +3,14 @@
 This is TorchRec row-wise sharding done over Ray calls instead of collectives. Sum pooling
 is linear, so each PS pools the ids it owns and returns partial sums only for the bags
 that have at least one id on it; the worker adds the partial sums of all PS into the full
-pooled output. Each PS request is a small TBE batch of ``B_k`` bags per table, where
-``B_k`` is the largest number of non-empty bags any table has on that PS, so the bytes a
-step moves stay about ``B x T x D`` however many PS there are.
+pooled output. A PS request holds those bags only, however unequal their numbers in the
+tables (``dlrover.ps.layout``), so the bytes a step moves stay about ``B x T x D`` and the
+PS's work about its share of the ids, however many PS there are.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -26,12 +26,13 @@ class PSRequest:
 
     ps: int
     indices: Any  # int64 local row ids (or an ObjectRef to them, see PSClient.route)
-    offsets: Any  # int64 [T * batch + 1]; None when every bag holds exactly one id
-    batch: int
+    offsets: Any  # int64 [num_bags + 1]; None when every bag holds exactly one id
+    batch: int  # bags per table when uniform (``bags`` None), else 0
+    bags: np.ndarray | None = None  # bags per table (None: ``batch`` in every table)
     # Bag (``sample * T + table``, a row of the pooled output viewed as [B*T, D]) of each
     # row of the PS's answer, in the order the answer holds them: ``gather`` is built from
     # it (multi-hot: one index_add_), and one index_select takes its gradient back out.
-    dest: torch.Tensor
+    dest: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.int64))
     covers_all: bool = False  # every bag, in table-major order (one PS, single-hot): no scatter needed
 
 
@@ -56,7 +57,7 @@ def route(values: torch.Tensor, lengths: torch.Tensor, batch: int, vmap: VShardM
     owner, local = vmap.route(values.numpy(), bag_of_value // batch)
     if single_hot and vmap.num_ps == 1:
         # The common Criteo case on one PS: the request is the whole batch as it is.
-        req = PSRequest(vmap.ps_ids[0], local, None, batch, torch.empty(0, dtype=torch.int64), covers_all=True)
+        req = PSRequest(vmap.ps_ids[0], local, None, batch, covers_all=True)
         return RoutedBatch(batch, num_tables, [req], vmap.version)
     requests = []
     for k in vmap.ps_ids:
@@ -73,17 +74,16 @@ def route(values: torch.Tensor, lengths: torch.Tensor, batch: int, vmap: VShardM
         dest = (ubags - bag_t * batch) * num_tables + bag_t
         per_table = np.bincount(bag_t, minlength=num_tables)
         b_k = int(per_table.max())
-        if single_hot and b_k * num_tables == len(ubags):  # every padded bag is used: no offsets
+        if single_hot and b_k * num_tables == len(ubags):  # uniform: no offsets, no bag counts
             # The answer is TBE's [b_k, T*D]: its row i holds the i-th bag of every table.
             dest = dest.reshape(num_tables, b_k).T.reshape(-1)
-            requests.append(PSRequest(k, local[picked], None, b_k, torch.from_numpy(dest)))
+            requests.append(PSRequest(k, local[picked], None, b_k, None, torch.from_numpy(dest)))
             continue
-        table_start = np.cumsum(per_table) - per_table
-        padded = np.zeros((num_tables, b_k), dtype=np.int64)
-        padded[bag_t, np.arange(len(ubags)) - table_start[bag_t]] = 1 if counts is None else counts
-        offsets = np.zeros(num_tables * b_k + 1, dtype=np.int64)
-        np.cumsum(padded.reshape(-1), out=offsets[1:])
-        requests.append(PSRequest(k, local[picked], offsets, b_k, torch.from_numpy(dest)))
+        offsets = None
+        if counts is not None:
+            offsets = np.zeros(len(ubags) + 1, dtype=np.int64)
+            np.cumsum(counts, out=offsets[1:])
+        requests.append(PSRequest(k, local[picked], offsets, 0, per_table, torch.from_numpy(dest)))
     gather = None
     if single_hot:
         gather = torch.empty(num_tables * batch, dtype=torch.int64)
@@ -115,17 +115,7 @@ def split_grad(routed: RoutedBatch, grad: torch.Tensor, dim: int) -> list[np.nda
     out = []
     for req in routed.requests:
         rows = g.index_select(0, req.dest)
-        if req.offsets is None:
+        if req.bags is None:
             rows = rows.view(req.batch, t * dim)
         out.append(rows.numpy())
     return out
-
-
-def nonempty_rows(offsets: torch.Tensor, num_tables: int) -> torch.Tensor:
-    """The bags with at least one id, in table-major bag order (what a PS returns), as
-    rows of TBE's output ``[B, T*D]`` viewed as ``[B*T, D]``: one gather or scatter, no
-    transposed copy, moves them between the two layouts."""
-    off = offsets.numpy()  # numpy: a third of torch's time for this on one thread
-    bag = np.flatnonzero(off[1:] > off[:-1])  # table * B + sample
-    per_table = (len(off) - 1) // num_tables
-    return torch.from_numpy((bag % per_table) * num_tables + bag // per_table)
