@@ -58,6 +58,10 @@ def add_bench_parsers(add_parser: Callable[..., argparse.ArgumentParser]) -> Non
     dn.add_argument("--workers", type=int_list, default=[1, 2, 4], metavar="N,...", help="worker counts (default 1,2,4)")
     dn.add_argument("--shards", type=int_list, default=[1, 2], metavar="N,...", help="dense PS shard counts (default 1,2)")
     dn.add_argument("--steps", type=positive_int, default=40, help="measured steps per worker (default 40)")
+    pl_ = bsub.add_parser("ps-lookup", help="CPU of a batch's embedding lookups on 1, 2, 4, 8 PS (in process): all PS, busiest PS, routing, bags updated")
+    pl_.add_argument("--json", action="store_true")
+    pl_.add_argument("--quick", action="store_true", help="3 batches (smoke run)")
+    pl_.add_argument("--ps", type=int_list, default=[1, 2, 4, 8], metavar="N,...", help="PS counts (default 1,2,4,8)")
     bt = bsub.add_parser("bigtable", help="a 4.4 GB-table job over 4 PS: trains, rescales PS 4->6->4, checkpoints; RSS, pre-copy GB/s, pause")
     bt.add_argument("--json", action="store_true")
     bt.add_argument("--quick", action="store_true", help="tables 100x smaller (smoke run)")
@@ -108,6 +112,7 @@ BENCHES: dict[str, tuple[str, str, str, Callable[[argparse.Namespace], dict]]] =
     "scaling": ("scaling", "run_scaling_bench", "print_scaling", lambda a: {"grid": a.grid, "quick": a.quick, "steps": a.steps}),
     "dense": ("dense", "run_dense_bench", "print_dense", lambda a: {"workers": a.workers, "shards": a.shards, "steps": a.steps}),
     "bigtable": ("bigtable", "run_bigtable_bench", "print_bigtable", lambda a: {"quick": a.quick}),
+    "ps-lookup": ("ps_lookup", "run_ps_lookup_bench", "print_ps_lookup", lambda a: {"ps_counts": a.ps, "quick": a.quick}),
     "perf-model": ("perf_model", "run_perf_model_bench", "print_perf_model", lambda a: {"window_s": a.window_s, "repeats": a.repeats}),
     "embeddings": ("embeddings", "run_embeddings_bench", "print_embeddings", lambda a: {"quick": a.quick}),
     "slow-ps": ("slow_ps", "run_slow_ps_bench", "print_slow_ps", lambda a: {"rows": a.rows, "delay_ms": a.delay_ms}),
