@@ -214,22 +214,13 @@ class EmbeddingPS(VShardMoves):
         return bags
 
     @ray.method(num_returns=2)
-    def push_pull(
-        self,
-        push: tuple,
-        key: tuple,
-        indices: np.ndarray | ShmSlice,
-        offsets: np.ndarray | ShmSlice | None,
-        train: bool = True,
-        room: ShmSlice | None = None,
-        bags: np.ndarray | None = None,
-    ) -> tuple[int, np.ndarray | ShmSlice]:
-        """``push(*push)`` then ``pull``, in one call: a worker sends a step's push with
+    def push_pull(self, push: tuple, *pull: Any) -> tuple[int, np.ndarray | ShmSlice]:
+        """``push(*push)`` then ``pull(*pull)``, in one call: a worker sends a step's push with
         its next pull to this PS (half the calls, the same order). Two results: the
         push's and the pull's. Either failing fails both: a push that raised runs no
         pull, and a push applied before a pull raised still reads as failed, so the
         worker's progress stops before that batch (its repeat is skipped here)."""
-        return self.push(*push), self.pull(key, indices, offsets, train, room, bags)
+        return self.push(*push), self.pull(*pull)
 
     def release(self, segment: str) -> None:
         """A worker is done with its shared-memory ``segment``: unmap it here."""
