@@ -166,14 +166,15 @@ class EmbeddingPS(VShardMoves):
             offsets = self._segments.view(offsets).copy()
         num_ids, training = len(indices), train and key[0] not in self._dropped
         tr = self._translate(indices, offsets, bags, training) if self.dyn.maps else None
-        batch = flat_batch(tr.rows if tr is not None else indices, offsets, bags, self.tbe.base)
+        tables = self.tbe  # the flat rows are of these tables' layout
+        batch = flat_batch(tr.rows if tr is not None else indices, offsets, bags, tables.base)
         if training:
-            out = self.tbe(batch.indices, batch.offsets)
+            out = tables(batch.indices, batch.offsets)
             with self._lock:
                 self._pending[key] = Pulled(out, batch.indices, tr.pins if tr is not None else {})
         else:
             with torch.no_grad():
-                out = self.tbe(batch.indices, batch.offsets)
+                out = tables(batch.indices, batch.offsets)
         out = out.detach()
         if batch.dropped is not None:
             out = out + self.dyn.defaults(batch.dropped, batch.bag_table)  # the unadmitted ids' default rows, outside the graph
