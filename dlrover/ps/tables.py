@@ -64,9 +64,9 @@ class PSTables:
     a TBE of several tables needs the same number of bags in every table, so a PS request,
     whose tables hold unequal numbers of non-empty bags, would be padded to the largest
     (1.7x the bags at 2 PS on the bench data, 3.2x at 8), and TBE's time grows with the
-    bags, empty ones included. Row-wise optimizers (the only ones offered) update each
-    row from its own gradient and state, so one table of all the rows trains exactly as
-    separate tables do. ``split_embedding_weights`` and ``split_optimizer_states`` give
+    bags, empty ones included. The optimizers offered (SGD, Adagrad, row-wise Adagrad)
+    update each row from its own gradient and state, so one table of all the rows trains
+    exactly as separate tables do (tests/test_layout.py). ``split_embedding_weights`` and ``split_optimizer_states`` give
     per-table views, as a TBE of several tables would."""
 
     def __init__(self, sizes: list[int], dim: int, optimizer: dict) -> None:
