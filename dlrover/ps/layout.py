@@ -42,13 +42,13 @@ def flat_batch(rows: np.ndarray, offsets: np.ndarray | None, bags: np.ndarray | 
     spans = table_spans(len(rows), offsets, bags, num_tables)
     flat = rows + np.repeat(base[:-1], np.diff(spans))
     keep = rows >= 0
-    lengths = None if offsets is None else np.diff(offsets)
     if bags is None:  # uniform: sample-major, TBE's [b, T*D]
         b = len(rows) // num_tables
         flat, keep = flat.reshape(num_tables, b).T.reshape(-1), keep.reshape(num_tables, b).T.reshape(-1)
     if keep.all():
         off = np.arange(len(flat) + 1, dtype=np.int64) if offsets is None else offsets
         return FlatBatch(torch.from_numpy(flat), torch.from_numpy(off))
+    lengths = None if offsets is None else np.diff(offsets)  # only here: the common path needs none
     num_bags = len(flat) if lengths is None else len(lengths)
     bag_of_id = np.arange(num_bags) if lengths is None else np.repeat(np.arange(num_bags), lengths)
     kept = np.bincount(bag_of_id[keep], minlength=num_bags)
