@@ -120,7 +120,7 @@ class ResourceSpec(SpecSection):
     workers: int = Field(2, ge=1)
     ps: int = Field(2, ge=1)
     worker_cpu: float = Field(1.0, gt=0)
-    ps_cpu: float = Field(1.0, gt=0)
+    ps_cpu: float = Field(1.0, gt=0, description="CPUs reserved per PS; it computes on one thread, the rest is headroom (RPC, migration)")
     worker_memory_mb: int = Field(2048, ge=64)
     ps_memory_mb: int = Field(2048, ge=64)
     # GPUs per worker: its DLRM runs on CUDA, pooled embeddings go to the device once per

@@ -207,7 +207,7 @@ class Launcher:
             .options(name=name, num_cpus=cpu, memory=memory_mb * MB, **self._placement(cpu, name))
             .remote(
                 ps_id, self.vmap, self.spec.model.embedding_dim, self.spec.optimizer.sparse.model_dump(), self.spec.seed,
-                worker_threads(cpu, None), master=self.master, name=name, tables=self.spec.model.tables,
+                master=self.master, name=name, tables=self.spec.model.tables,
             )  # fmt: skip
         )
         self.resources[name] = (cpu, memory_mb)

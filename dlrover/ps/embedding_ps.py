@@ -62,12 +62,14 @@ class EmbeddingPS(VShardMoves):
         dim: int,
         optimizer: dict,
         seed: int = 0,
-        threads: int = 1,
         master: Any = None,  # told of a SIGTERM (a preemption notice), with this PS's ``name``
         name: str = "",
         tables: dict[int, TableSpec] | None = None,  # the dynamic tables' settings, by index
     ) -> None:
-        torch.set_num_threads(max(1, threads))
+        # One intra-op thread whatever ``ps_cpu`` is: a second made no pull or push faster
+        # (128 to 8,192 rows, dim 16 and 64) and cost up to 2.3x the CPU; on shared cores
+        # it slowed a whole job 4.6x (docs/PERFORMANCE.md, "One thread per PS").
+        torch.set_num_threads(1)
         if master is not None:
             on_sigterm(lambda: master.preempted.remote(name))
         self.index = ps_index
