@@ -260,6 +260,10 @@ class TrainSpec(SpecSection):
             raise ValueError(f"max_staleness: {self.max_staleness} needs staleness: 1 (staleness 0 pulls only after the previous push landed)")
         return self
 
+    def vshards_for(self, ps: int) -> int:
+        """The vshards of a job that starts with ``ps`` PS: at least one for each."""
+        return max(self.vshards, ps)
+
     @property
     def pull_ahead_bound(self) -> int:
         """The most batches a worker's pulls may run ahead (``max_staleness``, else ``staleness``)."""

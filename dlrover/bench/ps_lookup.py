@@ -48,7 +48,7 @@ def run_ps_lookup_bench(ps_counts: list[int] | None = None, quick: bool = False,
     out = []
     for p in ps_counts:
         print(f"[bench] {p} PS: {len(kjts)} batches of {batch_size}, {ROUNDS} rounds", file=sys.stderr)
-        vmap = VShardMap.round_robin(m.table_sizes(), max(spec.train.vshards, p), p)
+        vmap = VShardMap.round_robin(m.table_sizes(), spec.train.vshards_for(p), p)
         servers = {k: EmbeddingPS(k, vmap, m.embedding_dim, optimizer, spec.seed) for k in vmap.ps_ids}
         client = PSClient(dict(servers), vmap, m.embedding_dim, "bench", get=None)
         for _ in range(ROUNDS):

@@ -109,7 +109,7 @@ class Launcher:
         """Start the job's first actors: ``config.ps`` PS, the dense PS, ``config.workers`` workers."""
         spec = self.spec
         dynamic = tuple(dynamic_tables(spec.model.tables))
-        self.vmap = VShardMap.round_robin(spec.model.table_sizes(), max(spec.train.vshards, config.ps), config.ps, dynamic)
+        self.vmap = VShardMap.round_robin(spec.model.table_sizes(), spec.train.vshards_for(config.ps), config.ps, dynamic)
         for _ in range(config.ps):
             self.add_ps(config.ps_cpu, config.ps_memory_mb)
         self.new_dense()

@@ -128,10 +128,14 @@ class Migration:
     vmap: Any
     moves: list[tuple[int, int, int]]  # (vshard, from PS, to PS)
     keep: list[int]  # PS that stay (they switch to the new map)
-    outgoing: dict[int, list[int]]  # source PS -> vshards it sends
     began_s: float
     deadline_s: float
     probes: list[Any] = field(default_factory=list)  # ``prepared`` calls in flight
+
+    @property
+    def outgoing(self) -> dict[int, list[int]]:
+        """Source PS -> the vshards it sends."""
+        return {src: [v for v, s, _ in self.moves if s == src] for src in sorted({s for _, s, _ in self.moves})}
 
     def senders(self, k: int) -> dict[int, list[int]]:
         """The vshards PS ``k`` receives, by the PS that sends them."""
@@ -225,9 +229,8 @@ class Scaler:
         if not moves:
             op.phase = ScalePhase.DONE
             return
-        outgoing = {src: [v for v, s, _ in moves if s == src] for src in sorted({src for _, src, _ in moves})}
         now = self.clock()
-        mig = Migration(new_vmap, moves, keep, outgoing, now, now + PAUSE_TIMEOUT_S)
+        mig = Migration(new_vmap, moves, keep, now, now + PAUSE_TIMEOUT_S)
         op.migration, op.phase = mig, ScalePhase.PRECOPYING
         try:
             ray.get([h.track.remote() for h in lz.ps.values()])

@@ -27,6 +27,11 @@ class FlatBatch:
     bag_table: np.ndarray | None = None  # per bag, its table (set with ``dropped``)
 
 
+def row_bases(sizes: list[int]) -> np.ndarray:
+    """``[T + 1]``: table ``t``'s rows are flat rows ``base[t]`` to ``base[t + 1]``."""
+    return np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+
+
 def table_spans(num_ids: int, offsets: np.ndarray | None, bags: np.ndarray | None, num_tables: int) -> np.ndarray:
     """``[T + 1]``: table ``t``'s ids are ``ids[spans[t]:spans[t + 1]]``."""
     if bags is None:

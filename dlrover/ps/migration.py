@@ -21,12 +21,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from dlrover.ps.layout import row_bases
+
 
 class DirtyRows:
     """Which local rows of each table were updated since tracking began."""
 
     def __init__(self, local_sizes: list[int]) -> None:
-        self.base = np.concatenate([[0], np.cumsum(local_sizes)]).astype(np.int64)
+        self.base = row_bases(local_sizes)
         self.flat = np.zeros(int(self.base[-1]), dtype=bool)
 
     def mark(self, flat: torch.Tensor) -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from dlrover.ps.layout import row_bases
+
 
 def optim_type(name: str):
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
@@ -71,7 +73,7 @@ class PSTables:
 
     def __init__(self, sizes: list[int], dim: int, optimizer: dict) -> None:
         self.sizes = list(sizes)
-        self.base = np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64)
+        self.base = row_bases(self.sizes)
         self.tbe = new_tbe([int(self.base[-1])], dim, optimizer)
 
     def __call__(self, indices: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
