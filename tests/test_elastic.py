@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -266,3 +267,61 @@ def test_a_ps_killed_during_a_move_leaves_every_survivor_on_the_old_map_and_tabl
     for tb, ta in zip(before["tables"], after["tables"]):
         for xb, xa in zip(tb, ta):
             np.testing.assert_array_equal(xa, xb)
+
+
+class DiesOnCommit:
+    """A PS handle whose process is SIGKILLed as the commit is sent to it: every PS has
+    staged the new map, and this one dies before it switches."""
+
+    def __init__(self, handle, pid: int) -> None:
+        self.handle, self.pid = handle, pid
+
+    def __getattr__(self, name: str):
+        return getattr(self.handle, name)
+
+    @property
+    def commit_switch(self):
+        import psutil
+
+        os.kill(self.pid, signal.SIGKILL)
+        with contextlib.suppress(psutil.NoSuchProcess):
+            psutil.Process(self.pid).wait(timeout=30)
+        return self.handle.commit_switch
+
+
+def test_a_ps_killed_between_staging_and_commit_is_lost_under_the_new_map_the_others_serve(ray_local):
+    """PS 1 dies after every PS staged 2 -> 3 PS, before its commit: the switch cannot be
+    undone on the PS that committed, so it goes through. The survivors serve the new map,
+    holding the rows that moved to them, and PS 1 is lost under the new map (its
+    replacement restores PS 1's new vshards, as after any PS loss)."""
+    from dlrover.master.scaler import ScaleOp, ScalePlan, Scaler
+    from dlrover.ps.embedding_ps import EmbeddingPS
+
+    v1 = VShardMap.round_robin([200_000, 40_000], 32, 2)
+    actor = ray_local.remote(EmbeddingPS)
+    ps = {k: actor.remote(k, v1, 16, {"name": "rowwise_adagrad", "lr": 0.1}, seed=3) for k in range(3)}  # PS 2: the new one
+    before = ray_local.get(ps[0].snapshot.remote())[1]
+    scaler = Scaler(PsOnly(ps, v1), running=list, clock=time.monotonic, soon=lambda s: None)
+    op = ScaleOp(ScalePlan(add_ps=[(1.0, 512)]), new_ps=[2], new_workers=[], probes=[], started=0.0, deadline=float("inf"))
+    handle, pid = ps[1], ray_local.get(ps[1].stats.remote())["pid"]
+    scaler.start_migration(op)
+    while not scaler.precopied(op):
+        time.sleep(0.05)
+    v2 = op.migration.vmap
+    scaler.launcher.ps[1] = DiesOnCommit(handle, pid)
+    scaler.finish(op)  # no MigrationAborted: past staging there is no going back
+    assert scaler.launcher.vmap is v2
+    with pytest.raises(ray_local.exceptions.RayActorError):
+        ray_local.get(handle.stats.remote(), timeout=60)
+    snaps = {k: ray_local.get(ps[k].snapshot.remote())[1] for k in (0, 2)}
+    for k, snap in snaps.items():
+        np.testing.assert_array_equal(snap["vshards"], v2.owned(k))
+    # The vshards PS 0 gave PS 2 arrived with their weights and optimizer state.
+    given = [v for v, src, dst in op.migration.moves if src == 0 and dst == 2]
+    assert given
+    rpv = v1.rows_per_vshard()
+    for v in given:
+        i, j = list(before["vshards"]).index(v), list(snaps[2]["vshards"]).index(v)
+        for t, r in enumerate(rpv):
+            for xb, xa in zip(before["tables"][t], snaps[2]["tables"][t]):
+                np.testing.assert_array_equal(xa[j * r : (j + 1) * r], xb[i * r : (i + 1) * r])
