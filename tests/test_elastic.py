@@ -233,12 +233,10 @@ class PsOnly:
         self.ps.pop(k)
 
 
-@pytest.mark.parametrize("kill", ["during_precopy", "before_switch"])
-def test_a_ps_killed_during_a_move_leaves_every_survivor_on_the_old_map_and_tables(ray_local, kill):
-    """PS 1 is SIGKILLed while 2 -> 3 PS pre-copies, or once it is done: PS 0 has nothing
-    to receive and could switch alone, PS 2 cannot (PS 1's rows are gone). The move must
-    be aborted everywhere, so that PS 1 is lost under the map every survivor still serves."""
-    from dlrover.master.scaler import MigrationAborted, ScaleOp, ScalePlan, Scaler
+def two_to_three_ps(ray_local):
+    """PS 0 and 1 on a map of 2 PS, PS 2 just started, and the Scaler op that moves
+    vshards to it: ``(v1, ps, PS 0's snapshot, scaler, op)``."""
+    from dlrover.master.scaler import ScaleOp, ScalePlan, Scaler
     from dlrover.ps.embedding_ps import EmbeddingPS
 
     v1 = VShardMap.round_robin([200_000, 40_000], 32, 2)
@@ -247,6 +245,17 @@ def test_a_ps_killed_during_a_move_leaves_every_survivor_on_the_old_map_and_tabl
     before = ray_local.get(ps[0].snapshot.remote())[1]
     scaler = Scaler(PsOnly(ps, v1), running=list, clock=time.monotonic, soon=lambda s: None)
     op = ScaleOp(ScalePlan(add_ps=[(1.0, 512)]), new_ps=[2], new_workers=[], probes=[], started=0.0, deadline=float("inf"))
+    return v1, ps, before, scaler, op
+
+
+@pytest.mark.parametrize("kill", ["during_precopy", "before_switch"])
+def test_a_ps_killed_during_a_move_leaves_every_survivor_on_the_old_map_and_tables(ray_local, kill):
+    """PS 1 is SIGKILLed while 2 -> 3 PS pre-copies, or once it is done: PS 0 has nothing
+    to receive and could switch alone, PS 2 cannot (PS 1's rows are gone). The move must
+    be aborted everywhere, so that PS 1 is lost under the map every survivor still serves."""
+    from dlrover.master.scaler import MigrationAborted
+
+    v1, ps, before, scaler, op = two_to_three_ps(ray_local)
     pid = ray_local.get(ps[1].stats.remote())["pid"]
     scaler.start_migration(op)
     mig = op.migration
@@ -294,15 +303,7 @@ def test_a_ps_killed_between_staging_and_commit_is_lost_under_the_new_map_the_ot
     undone on the PS that committed, so it goes through. The survivors serve the new map,
     holding the rows that moved to them, and PS 1 is lost under the new map (its
     replacement restores PS 1's new vshards, as after any PS loss)."""
-    from dlrover.master.scaler import ScaleOp, ScalePlan, Scaler
-    from dlrover.ps.embedding_ps import EmbeddingPS
-
-    v1 = VShardMap.round_robin([200_000, 40_000], 32, 2)
-    actor = ray_local.remote(EmbeddingPS)
-    ps = {k: actor.remote(k, v1, 16, {"name": "rowwise_adagrad", "lr": 0.1}, seed=3) for k in range(3)}  # PS 2: the new one
-    before = ray_local.get(ps[0].snapshot.remote())[1]
-    scaler = Scaler(PsOnly(ps, v1), running=list, clock=time.monotonic, soon=lambda s: None)
-    op = ScaleOp(ScalePlan(add_ps=[(1.0, 512)]), new_ps=[2], new_workers=[], probes=[], started=0.0, deadline=float("inf"))
+    v1, ps, before, scaler, op = two_to_three_ps(ray_local)
     handle, pid = ps[1], ray_local.get(ps[1].stats.remote())["pid"]
     scaler.start_migration(op)
     while not scaler.precopied(op):
