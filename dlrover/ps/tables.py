@@ -68,8 +68,8 @@ class PSTables:
     (1.7x the bags at 2 PS on the bench data, 3.2x at 8), and TBE's time grows with the
     bags, empty ones included. The optimizers offered (SGD, Adagrad, row-wise Adagrad)
     update each row from its own gradient and state, so one table of all the rows trains
-    exactly as separate tables do (tests/test_layout.py). ``split_embedding_weights`` and ``split_optimizer_states`` give
-    per-table views, as a TBE of several tables would."""
+    exactly as separate tables do (tests/test_layout.py). ``split_embedding_weights`` and
+    ``split_optimizer_states`` give per-table views, as a TBE of several tables would."""
 
     def __init__(self, sizes: list[int], dim: int, optimizer: dict) -> None:
         self.sizes = list(sizes)
