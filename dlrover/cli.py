@@ -30,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--runs-dir", default="runs")
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a spec field, e.g. data.epochs=2")
     r.add_argument("--dashboard", action="store_true", help="start the Ray dashboard with the embedded cluster")
-    r.add_argument("--quiet", action="store_true", help="no progress bar (progress lines every few seconds instead)")
+    r.add_argument("--quiet", action="store_true", help="no progress bar: progress lines every few seconds (the default when stderr is not a terminal)")
     r.add_argument("--job-id", help=argparse.SUPPRESS)
 
     s = sub.add_parser("submit", help="submit a job spec through Ray Jobs")
@@ -112,13 +112,19 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def progress_mode(quiet: bool, stderr) -> str:
+    """"bar" on a terminal; "lines" with ``--quiet`` or when stderr goes to a file or a
+    pipe, where a bar's redraws would fill the log with carriage returns."""
+    return "bar" if not quiet and stderr.isatty() else "lines"
+
+
 def cmd_run(args) -> int:
     from dlrover.runner import run_job
     from dlrover.spec import load_spec, parse_overrides
 
     spec = load_spec(args.spec, parse_overrides(args.set))
     summary, path = run_job(
-        spec, runs_dir=args.runs_dir, address=args.address, progress="lines" if args.quiet else "bar", dashboard=args.dashboard, job_id=args.job_id
+        spec, runs_dir=args.runs_dir, address=args.address, progress=progress_mode(args.quiet, sys.stderr), dashboard=args.dashboard, job_id=args.job_id
     )
     _print_result(summary)
     print(f"summary: {path}")

@@ -81,9 +81,12 @@ def test_bad_data_line_names_file_and_line(tmp_path, synth_dir):
     )
     proc = dlrover("run", spec, "--runs-dir", tmp_path / "runs", "--quiet")
     assert_one_line_error(proc, f"{data / 'bad.tsv'}:1235")
-    # on_bad_line: skip trains the rest and reports the skipped line
-    proc = dlrover("run", spec, "--runs-dir", tmp_path / "runs", "--quiet", "--set", "data.on_bad_line=skip")
+    # on_bad_line: skip trains the rest and reports the skipped line. Without --quiet, but
+    # into a pipe, progress comes as lines on stdout, not as a bar's redraws on stderr.
+    proc = dlrover("run", spec, "--runs-dir", tmp_path / "runs", "--set", "data.on_bad_line=skip")
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "\r" not in proc.stderr, proc.stderr[-500:]
+    assert any(ln.startswith("[dlrover]") and "status=succeeded" in ln for ln in proc.stdout.splitlines()), proc.stdout[-2000:]
     summary = json.loads(Path(proc.stdout.strip().splitlines()[-1].removeprefix("summary: ")).read_text())
     assert summary["bad_lines_skipped"] == 1
     assert summary["samples_lost"] == 0
