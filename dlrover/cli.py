@@ -9,6 +9,7 @@ import argparse
 import json
 import os
 import sys
+from typing import TextIO
 
 from dlrover.cli_args import EXIT_USER_ERROR, Parser, nonneg_float, nonneg_int, positive_float, positive_int, tick_s
 from dlrover.cli_bench import add_bench_parsers, cmd_bench
@@ -112,9 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def progress_mode(quiet: bool, stderr) -> str:
-    """"bar" on a terminal; "lines" with ``--quiet`` or when stderr goes to a file or a
-    pipe, where a bar's redraws would fill the log with carriage returns."""
+def progress_mode(quiet: bool, stderr: TextIO) -> str:
+    """A progress bar on a terminal; lines with ``--quiet`` or when stderr goes to a file
+    or a pipe, where a bar's redraws would fill the log with carriage returns."""
     return "bar" if not quiet and stderr.isatty() else "lines"
 
 

@@ -275,7 +275,7 @@ def generate(out_dir: str, cfg: SynthConfig, progress: bool = True) -> dict:
 
     probs: list[np.ndarray] = []
     labels_all: list[np.ndarray] = []
-    with tqdm(total=cfg.rows, unit=" rows", desc="synth", disable=None if progress else True) as bar:  # None: no bar where stderr is no terminal
+    with tqdm(total=cfg.rows, unit=" rows", desc="synth", disable=None if progress else True) as bar:  # None: no bar where stderr is not a terminal
         for i, (name, rows) in enumerate(zip(names, _split_rows(cfg.rows, cfg.files))):
             rng = np.random.default_rng([cfg.seed, 7, 3, i])
             path = os.path.join(out_dir, name)
