@@ -21,25 +21,24 @@ from pydantic import ValidationError
 from torch import nn
 from torchrec.models.dlrm import InteractionArch
 
-from dlrover.data.criteo import DENSE_COLUMNS, NUM_DENSE, SPARSE_COLUMNS
+from dlrover.data.schema import Schema, Transform
 from dlrover.errors import DataError, SpecError, format_validation_error
 from dlrover.id_map import IdMap
-from dlrover.model.dlrm import FEATURES, dense_arches
+from dlrover.model.dlrm import dense_arches
 from dlrover.paths import out_dir
-from dlrover.serving import DENSE_FILE, DENSE_TRANSFORM, FORMAT, HASHING, ID_MAPS_FILE, MANIFEST, SCORE, TABLES_FILE, FileDigest, Manifest, sha256_of
+from dlrover.serving import DENSE_FILE, FORMAT, HASHING, ID_MAPS_FILE, MANIFEST, SCORE, TABLES_FILE, FileDigest, Manifest, sha256_of
 from dlrover.spec import JobSpec, ModelSpec
-from dlrover.table_spec import dynamic_tables
 
 
 class DenseHead(nn.Module):
-    """The DLRM after its embedding lookup: (dense features [B, 13], pooled embeddings
-    [B, T*D]) -> logits [B], the same modules and order as ``torchrec``'s ``DLRM.forward``
+    """The DLRM after its embedding lookup: (dense features [B, D], pooled embeddings
+    [B, F*E]) -> logits [B], the same modules and order as ``torchrec``'s ``DLRM.forward``
     so that it scores exactly as the trained model does."""
 
-    def __init__(self, model: ModelSpec, dense_vector: torch.Tensor) -> None:
+    def __init__(self, model: ModelSpec, schema: Schema, dense_vector: torch.Tensor) -> None:
         super().__init__()
-        self.num_tables, self.dim = len(FEATURES), model.embedding_dim
-        self.dense_arch, self.over_arch = dense_arches(model, seed=0)  # weights set just below
+        self.num_tables, self.dim = len(schema.sparse), model.embedding_dim
+        self.dense_arch, self.over_arch = dense_arches(model, seed=0, schema=schema)  # weights set just below
         self.inter_arch = InteractionArch(num_sparse_features=self.num_tables)
         params = [*self.dense_arch.parameters(), *self.over_arch.parameters()]  # dlrm.dense_parameters order
         want = sum(p.numel() for p in params)
@@ -53,6 +52,14 @@ class DenseHead(nn.Module):
     def forward(self, dense: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
         sparse = pooled.reshape(pooled.shape[0], self.num_tables, self.dim)
         return self.over_arch(self.inter_arch(dense_features=self.dense_arch(dense), sparse_features=sparse)).squeeze(-1)
+
+
+def dense_transform(schema: Schema) -> str:
+    """What a server does to each dense column before the model, in words."""
+    if not schema.dense:
+        return "no dense column: the dense input is one constant 1.0"
+    each = [f"{d.column}: {'log1p(max(x, 0))' if d.transform is Transform.LOG1P else 'x'}" for d in schema.dense]
+    return "; ".join(each) + "; a missing value is 0"
 
 
 def run_spec(run_dir: Path) -> JobSpec:
@@ -87,7 +94,7 @@ class FinalModel:
     id_maps: dict[int, IdMap]
 
 
-def load_final(path: Path, model: ModelSpec) -> FinalModel:
+def load_final(path: Path, model: ModelSpec, schema: Schema) -> FinalModel:
     """The contents of a ``final.pt``, checked against the job's model."""
     try:
         doc = torch.load(path, weights_only=True, mmap=True)
@@ -99,18 +106,18 @@ def load_final(path: Path, model: ModelSpec) -> FinalModel:
     tables, dense = doc["tables"], doc["dense"]
     if not isinstance(tables, list) or not isinstance(dense, torch.Tensor) or not all(isinstance(t, torch.Tensor) for t in tables):
         raise DataError(f"{path}: 'tables' is not a list of tensors or 'dense' not a tensor (not a dlrover final model)")
-    expected = [(n, model.embedding_dim) for n in model.table_sizes()]
+    expected = [(n, model.embedding_dim) for n in schema.table_sizes()]
     for t, (w, want) in enumerate(zip(tables, expected)):
         if tuple(w.shape) != want:
             raise DataError(f"{path}: table {t} is {list(w.shape)}, the job's model has {list(want)}")
     if len(tables) != len(expected):
         raise DataError(f"{path}: {len(tables)} tables, the job's model has {len(expected)}")
     id_maps, stored = {}, doc.get("dynamic")
-    for t in dynamic_tables(model.tables):
+    for t in schema.dynamic():
         try:
             id_maps[t] = IdMap.from_doc(stored.get(t) if isinstance(stored, dict) else None, expected[t][0], model.embedding_dim)
         except ValueError as e:  # a final.pt from before dynamic tables were exported has none
-            raise DataError(f"{path}: the id map of dynamic table {t} (model.tables.{t}): {e}") from None
+            raise DataError(f"{path}: the id map of dynamic table {t} (model.tables.{schema.tables[t].name}): {e}") from None
     return FinalModel(tables, dense, id_maps)
 
 
@@ -121,17 +128,18 @@ def export_run(run_dir: str | Path, out: str | Path) -> Path:
         raise DataError(f"{run_dir}: no such run directory")
     final, spec = find_final_model(run_dir)
     source_sha = sha256_of(final)
-    final_model = load_final(final, spec.model)
+    schema = spec.schema
+    final_model = load_final(final, spec.model, schema)
     maps = final_model.id_maps
     # a dynamic table's default row is its last row: an id outside the map reads it
     tables = [torch.cat([w, maps[t].default[None].to(w.dtype)]) if t in maps else w for t, w in enumerate(final_model.tables)]
     try:
-        head = DenseHead(spec.model, final_model.dense).eval()
+        head = DenseHead(spec.model, schema, final_model.dense).eval()
     except ValueError as e:
         raise DataError(f"{final}: {e}") from None
     out_dir(str(out))
     batch = torch.export.Dim("batch", min=1)
-    example = (torch.zeros(2, NUM_DENSE), torch.zeros(2, len(tables) * spec.model.embedding_dim))
+    example = (torch.zeros(2, schema.dense_width), torch.zeros(2, len(schema.sparse) * spec.model.embedding_dim))
     with torch.no_grad():
         program = torch.export.export(head, example, dynamic_shapes=({0: batch}, {0: batch}))
     written = []
@@ -145,8 +153,11 @@ def export_run(run_dir: str | Path, out: str | Path) -> Path:
         written.append(FileDigest.of(out / name))
     manifest = Manifest(
         format=FORMAT, job_id=run_dir.resolve().name, source_sha256=source_sha, embedding_dim=spec.model.embedding_dim,
-        table_rows=[len(w) for w in tables], dense_features=list(DENSE_COLUMNS), sparse_features=list(SPARSE_COLUMNS),
-        dense_transform=DENSE_TRANSFORM, hashing=HASHING, score=SCORE, files=written, dynamic_tables=sorted(maps),
+        table_rows=[len(w) for w in tables], dense_features=schema.dense_columns, sparse_features=schema.feature_names,
+        dense_transform=dense_transform(schema), hashing=HASHING, score=SCORE, files=written, dynamic_tables=sorted(maps),
+        feature_tables=schema.feature_tables(), mean_features=schema.mean_features(),
+        features=spec.features.model_dump(mode="json") if spec.features else None,
+        data={"format": spec.data.format, "header": spec.data.header, "delimiter": spec.data.delimiter, "columns": spec.data.columns},
     )  # fmt: skip
     manifest.write(out)
     return out / MANIFEST

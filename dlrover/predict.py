@@ -1,9 +1,10 @@
-"""``dlrover predict MODEL DATA --out SCORES.csv``: score Criteo rows with an exported model.
+"""``dlrover predict MODEL DATA --out SCORES.csv``: score rows with an exported model.
 
-DATA is what ``data.paths`` accepts (a file, a glob or a directory; TSV, ``.gz`` or
-Parquet), read by the training reader with ``on_bad_line: fail``: every input row gets
-its line, so a bad row stops the run naming ``file:line`` rather than shifting the scores
-of the rows after it.
+DATA is what ``data.paths`` accepts (a file, a glob or a directory; the layout the job
+trained on: its ``features:`` and ``data.format``, ``header``, ``delimiter``, ``columns``,
+which the export's manifest carries), read by the training reader with ``on_bad_line:
+fail``: every input row gets its line, so a bad row stops the run naming ``file:line``
+rather than shifting the scores of the rows after it.
 """
 
 from __future__ import annotations
@@ -16,10 +17,22 @@ import torch
 from tqdm import tqdm
 
 from dlrover.data.criteo import expand_paths, index_file
+from dlrover.data.layout import CRITEO_LAYOUT, DataLayout
 from dlrover.data.reader import FileReader
+from dlrover.data.schema import FeaturesSpec, resolve
 from dlrover.errors import DataError
 from dlrover.paths import out_dir
-from dlrover.serving import ServedModel
+from dlrover.serving import Manifest, ServedModel
+
+
+def layout_of(manifest: Manifest) -> DataLayout:
+    """How the files the model trained on were laid out, as its manifest says."""
+    if manifest.features is None:
+        return CRITEO_LAYOUT
+    d = manifest.data
+    schema = resolve(FeaturesSpec.model_validate(manifest.features), {}, 1, npy=d.get("format") == "torchrec_npy")
+    columns = tuple(d["columns"]) if d.get("columns") else None
+    return DataLayout(schema, d.get("format", "auto"), d.get("header", True), d.get("delimiter"), columns)
 
 PREDICT_BATCH = 4096
 PROGRESS_MIN_ROWS = 100_000  # a bar on stderr from this many rows on
@@ -34,9 +47,10 @@ def predict(model_dir: str | Path, data: str, out: str | Path, batch_size: int =
         paths = expand_paths([data])
     except DataError as e:  # worded for a spec's field; here DATA is an argument
         raise DataError(str(e).removeprefix("data.paths: ")) from None
-    indexes = [index_file(p) for p in paths]
+    layout = layout_of(model.manifest)
+    indexes = [index_file(p, layout=layout) for p in paths]
     total = sum(idx.rows for idx in indexes)
-    reader = FileReader(on_bad_line="fail")
+    reader = FileReader(on_bad_line="fail", layout=layout)
     out = Path(out)
     out_dir(str(out.parent.absolute()))
     tmp = out.with_name(f".{out.name}.tmp")
@@ -47,7 +61,8 @@ def predict(model_dir: str | Path, data: str, out: str | Path, batch_size: int =
             for idx in indexes:
                 for a in range(0, idx.rows, batch_size):
                     batch, _ = reader.read(idx, a, min(idx.rows, a + batch_size))
-                    scores = torch.sigmoid(model.logits(torch.from_numpy(batch.dense), torch.from_numpy(batch.sparse))).tolist()
+                    lengths = None if batch.lengths is None else torch.from_numpy(batch.lengths)
+                    scores = torch.sigmoid(model.logits(torch.from_numpy(batch.dense), torch.from_numpy(batch.sparse), lengths)).tolist()
                     f.write("".join(f"{int(y)},{s:.9g}\n" for y, s in zip(batch.labels.tolist(), scores)))
                     done += len(batch)
                     bar.update(len(batch))

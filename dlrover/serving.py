@@ -6,9 +6,9 @@ dense features and the pooled embeddings), ``tables.pt`` (the embedding tables, 
 of [rows, dim] tensors) and, for a job with dynamic tables, ``id_maps.pt`` (each one's
 admitted ids and their rows). The directory loads with torch alone: no Ray, no TorchRec,
 nothing of dlrover (``tests/test_export.py`` does it so); this module adds a typed check
-of the manifest (pydantic) and the checksums. The lookup
-(``row = id mod rows``, one id per feature, or a dynamic table's map) is
-:meth:`ServedModel.rows`.
+of the manifest (pydantic) and the checksums. The lookup (``row = id mod rows`` of the
+feature's table, or a dynamic table's map) is :meth:`ServedModel.rows`; each feature's
+bag is pooled by sum, or by mean for ``mean_features``.
 """
 
 from __future__ import annotations
@@ -31,11 +31,10 @@ DENSE_FILE = "dense.pt2"
 TABLES_FILE = "tables.pt"
 ID_MAPS_FILE = "id_maps.pt"
 HASHING = (
-    "row = id mod table_rows[t] (ids >= 0, as Criteo's hex categories decode to); for t in dynamic_tables: "
+    "row = id mod table_rows[t], t = feature_tables[f] (ids >= 0: hex categories decode, string ids hash to 63 bits); for t in dynamic_tables: "
     "row = rows[i] where ids[i] == id, (ids, rows) = id_maps.pt[dynamic_tables.index(t)], else table_rows[t] - 1 (the default row)"
 )
-DENSE_TRANSFORM = "log1p(max(x, 0)); a missing value is 0"
-SCORE = "sigmoid(dense.pt2(dense_features, pooled)); pooled = concat over t of tables[t][row_t]"
+SCORE = "sigmoid(dense.pt2(dense_features, pooled)); pooled = concat over features f of the sum (mean: average) of tables[t][row] over f's ids"
 
 
 def sha256_of(path: Path) -> str:
@@ -71,13 +70,17 @@ class Manifest:
     source_sha256: str  # of the job's final.pt: which trained model this is
     embedding_dim: int
     table_rows: list[int]
-    dense_features: list[str]  # columns of the dense input, in order
-    sparse_features: list[str]  # columns of the id input, in order (one table each)
+    dense_features: list[str]  # columns of the dense input, in order (none: one constant 1.0 input)
+    sparse_features: list[str]  # columns of the id input, in order
     dense_transform: str
     hashing: str
     score: str
     files: list[FileDigest]
     dynamic_tables: list[int] = dataclasses.field(default_factory=list)  # ids mapped by id_maps.pt
+    feature_tables: list[int] = dataclasses.field(default_factory=list)  # table of each sparse feature (empty: feature i, table i)
+    mean_features: list[int] = dataclasses.field(default_factory=list)  # features pooled by mean (the rest: sum)
+    features: dict | None = None  # the job's ``features:`` section (None: Criteo's layout)
+    data: dict = dataclasses.field(default_factory=dict)  # the job's data.format, header, delimiter, columns
 
     def write(self, model_dir: Path) -> None:
         """Written last and atomically (tmp + rename): a directory with a manifest is whole."""
@@ -141,27 +144,44 @@ class ServedModel:
             raise DataError(f"{d / ID_MAPS_FILE}: expected {len(sizes)} pairs (ids ascending, rows below the default row) for dynamic_tables {manifest.dynamic_tables}")
         return cls(manifest, dense, tables, [(m[0], m[1]) for m in id_maps])
 
-    def rows(self, ids: torch.Tensor) -> torch.Tensor:
-        """The table row of each raw id [B, 26]: ``id mod rows``, or through a dynamic
-        table's map, where an id not in it (never admitted, or evicted) reads the default row."""
-        rows = torch.remainder(ids, torch.tensor(self.manifest.table_rows, dtype=torch.int64))
-        for t, (known, at) in zip(self.manifest.dynamic_tables, self.id_maps):
-            x = ids[:, t].contiguous()
-            row = torch.full_like(x, self.manifest.table_rows[t] - 1)
-            if len(known):
-                i = torch.searchsorted(known, x).clamp(max=len(known) - 1)
-                hit = known[i] == x
-                row[hit] = at[i[hit]]
-            rows[:, t] = row
-        return rows
+    def feature_tables(self) -> list[int]:
+        m = self.manifest
+        return m.feature_tables or list(range(len(m.sparse_features)))
 
-    def logits(self, dense: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """Logits [B] of rows with ``dense`` [B, 13] (already transformed, see
-        ``Manifest.dense_transform``) and raw ``ids`` [B, 26] (int64)."""
-        rows = self.rows(ids)
-        pooled = torch.cat([t[rows[:, i]] for i, t in enumerate(self.tables)], dim=1)
+    def rows(self, ids: torch.Tensor, table: int) -> torch.Tensor:
+        """The row of table ``table`` each raw id reads: ``id mod rows``, or through a
+        dynamic table's map, where an id not in it (never admitted, or evicted) reads the
+        default row."""
+        m = self.manifest
+        if table not in m.dynamic_tables:
+            return torch.remainder(ids, m.table_rows[table])
+        known, at = self.id_maps[m.dynamic_tables.index(table)]
+        row = torch.full_like(ids, m.table_rows[table] - 1)
+        if len(known):
+            i = torch.searchsorted(known, ids).clamp(max=len(known) - 1)
+            hit = known[i] == ids
+            row[hit] = at[i[hit]]
+        return row
+
+    def logits(self, dense: torch.Tensor, ids: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [B] of rows with ``dense`` [B, D] (already transformed, see
+        ``Manifest.dense_transform``) and raw int64 ``ids``: [B, F], one per feature, or
+        with ``lengths`` [F, B] the ids flat, feature by feature (a KeyedJaggedTensor's order)."""
+        f = len(self.manifest.sparse_features)
+        if lengths is None:
+            b = ids.shape[0]
+            ids, lengths = ids.T.reshape(-1), torch.ones(f, b, dtype=torch.int64)
+        b = lengths.shape[1]
+        per_feature = torch.split(ids, lengths.sum(dim=1).tolist())
+        mean = set(self.manifest.mean_features)
+        pooled = []
+        for i, (x, t) in enumerate(zip(per_feature, self.feature_tables())):
+            offsets = torch.zeros(b, dtype=torch.int64)
+            offsets[1:] = torch.cumsum(lengths[i, :-1].to(torch.int64), 0)
+            mode = "mean" if i in mean else "sum"
+            pooled.append(torch.nn.functional.embedding_bag(self.rows(x.contiguous(), t), self.tables[t], offsets, mode=mode))
         with torch.no_grad():
-            return self.dense(dense, pooled)
+            return self.dense(dense, torch.cat(pooled, dim=1))
 
 
 def _is_map(pair: object, num_rows: int) -> bool:

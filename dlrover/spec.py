@@ -9,34 +9,43 @@ from __future__ import annotations
 
 import math
 import re
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from dlrover.data.criteo import NUM_SPARSE
 from dlrover.data.remote import unknown_protocol
+from dlrover.data.layout import DataLayout
+from dlrover.data.schema import FeaturesSpec, Schema, resolve
 from dlrover.errors import SpecError, format_validation_error
 from dlrover.optimizer_spec import OptimizerSpec
 from dlrover.paths import is_url
 from dlrover.spec_base import SpecSection
 from dlrover.ps.dense_rounds import DenseSync
-from dlrover.table_spec import TableIndex, TableSpec, check_capacities, rows_of
+from dlrover.table_spec import TableSpec, check_capacities
 
 
 class ModelSpec(SpecSection):
-    """DLRM shape. ``num_embeddings`` is one size for all 26 tables or a list of 26."""
+    """DLRM shape. ``num_embeddings``: the rows of a hashed table that ``tables`` gives
+    none, one size for all tables or a list (one per table, in order of first use).
+    ``tables``: per-table settings by table name (``C4``); integer keys (``3``, meaning
+    ``C4``) only for Criteo's layout, without ``features:``."""
 
     embedding_dim: int = Field(16, ge=1, le=1024)
     num_embeddings: int | list[int] = 100_000
     dense_arch: list[int] = Field(default_factory=lambda: [512, 256, 16])
     over_arch: list[int] = Field(default_factory=lambda: [512, 256, 1])
-    tables: dict[TableIndex, TableSpec] = Field(default_factory=dict)  # by table index; unlisted: hashed
+    tables: dict[int | str, TableSpec] = Field(default_factory=dict)  # unlisted: hashed
 
-    def short(self) -> str:
+    def schema(self, features: FeaturesSpec | None = None, npy: bool = False) -> Schema:
+        """The feature schema these tables complete (Criteo's without ``features``)."""
+        return resolve(features, self.tables, self.num_embeddings, npy)
+
+    def short(self, schema: Schema) -> str:
         """``DLRM 26x40000x16 dense 64-16 over 128-64-1``: tables x rows x dim, MLP widths."""
-        sizes = self.table_sizes()
+        sizes = schema.table_sizes()
         rows = str(sizes[0]) if len(set(sizes)) == 1 else f"{min(sizes)}..{max(sizes)}"
         mlp = lambda widths: "-".join(map(str, widths))  # noqa: E731
         return f"DLRM {len(sizes)}x{rows}x{self.embedding_dim} dense {mlp(self.dense_arch)} over {mlp(self.over_arch)}"
@@ -45,8 +54,6 @@ class ModelSpec(SpecSection):
     @classmethod
     def _sizes(cls, v: int | list[int]) -> int | list[int]:
         sizes = [v] if isinstance(v, int) else v
-        if isinstance(v, list) and len(v) != NUM_SPARSE:
-            raise ValueError(f"needs {NUM_SPARSE} table sizes, got {len(v)}")
         if any(s < 1 for s in sizes):
             raise ValueError("table sizes must be >= 1")
         return v
@@ -65,9 +72,6 @@ class ModelSpec(SpecSection):
         if self.over_arch[-1] != 1:
             raise ValueError(f"over_arch: last layer must be 1 (one logit), got {self.over_arch[-1]}")
         return self
-
-    def table_sizes(self) -> list[int]:
-        return rows_of([self.num_embeddings] * NUM_SPARSE if isinstance(self.num_embeddings, int) else list(self.num_embeddings), self.tables)
 
 
 class SynthSpec(SpecSection):
@@ -89,7 +93,12 @@ class DataSpec(SpecSection):
     """
 
     paths: list[str] = Field(min_length=1)
-    format: Literal["auto", "tsv", "parquet"] = "auto"
+    # auto: by file extension. Without ``features:`` tsv (and auto) mean Criteo's layout.
+    format: Literal["auto", "criteo", "csv", "tsv", "parquet", "torchrec_npy"] = "auto"
+    header: bool = Field(True, description="csv/tsv with features: the first line names the columns")
+    delimiter: str | None = Field(None, min_length=1, max_length=1, description="csv/tsv: default ',' for csv, tab for tsv")
+    columns: list[str] | None = Field(None, min_length=1, description="csv/tsv without a header: the columns' names, in order")
+    on_long_bag: Literal["truncate", "fail"] = Field("truncate", description="a row with more than max_len ids: keep the first max_len (counted), or fail")
     synth: SynthSpec | None = None
     epochs: int = Field(1, ge=1)
     batch_size: int = Field(2048, ge=1)
@@ -306,6 +315,7 @@ class ChaosEvent(SpecSection):
 class JobSpec(SpecSection):
     name: str = Field("job", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
     seed: int = 0
+    features: FeaturesSpec | None = None  # the data's columns; default: Criteo's layout
     model: ModelSpec = Field(default_factory=ModelSpec)
     data: DataSpec
     resources: ResourceSpec = Field(default_factory=ResourceSpec)
@@ -327,9 +337,34 @@ class JobSpec(SpecSection):
             count = max(count, math.floor(budget / cpu + 1e-9))
         return min(count, self.train.vshards) if role == "ps" else count
 
+    @cached_property
+    def schema(self) -> Schema:
+        """The feature schema every part of the job follows (:mod:`dlrover.data.schema`)."""
+        return self.model.schema(self.features, npy=self.data.format == "torchrec_npy")
+
+    def model_short(self) -> str:
+        return self.model.short(self.schema)
+
+    def layout(self) -> DataLayout:
+        """What the readers need to know of the data files."""
+        d = self.data
+        return DataLayout(self.schema, d.format, d.header, d.delimiter, tuple(d.columns) if d.columns else None, d.on_long_bag)
+
     @model_validator(mode="after")
-    def _chaos_targets(self) -> "JobSpec":
-        check_capacities(self.model.tables, self.train.vshards)  # (and chaos: a fault aimed at an actor the job never has would test nothing)
+    def _layout(self) -> "JobSpec":
+        d = self.data
+        if self.features is None and d.format in ("csv", "torchrec_npy"):
+            raise ValueError(f"data.format: {d.format} needs features: (the columns to train on)")
+        if self.features is not None and d.format == "criteo":
+            raise ValueError("data.format: criteo is Criteo's own layout; with features: use csv, tsv or parquet")
+        if d.columns is not None and d.header:
+            raise ValueError("data.columns: only for files without a header (set data.header: false)")
+        self.schema  # resolving it checks model.tables against the features
+        check_capacities(self.model.tables, self.train.vshards)  # named as the user keyed them
+        return self
+
+    @model_validator(mode="after")
+    def _chaos_targets(self) -> "JobSpec":  # (and chaos: a fault aimed at an actor the job never has would test nothing)
         if self.train.dense_sync != "async" and self.resources.dense_ps > 1:  # each shard would form its rounds apart: they can deadlock
             raise ValueError(f"train.dense_sync: {self.train.dense_sync} needs resources.dense_ps: 1 (got {self.resources.dense_ps})")
         for i, ev in enumerate(self.chaos):

@@ -90,7 +90,7 @@ def job_metadata(spec, job_id: str, runs_dir: str) -> dict[str, str]:
     return {
         "dlrover_job": job_id,
         "name": spec.name,
-        "model": spec.model.short(),
+        "model": spec.model_short(),
         "policy": spec.policy.name,
         "requested": Config.from_resources(spec.resources).short(),
         "runs_dir": str(Path(runs_dir).resolve()),

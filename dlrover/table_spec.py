@@ -1,6 +1,9 @@
 """Per-table settings of the spec (``model.tables``): how a table maps raw ids to rows.
 
 ``hashed`` (the default): row ``id % num_embeddings``; ids that collide share a row.
+Either pools its bags by ``pooling``: ``sum`` or ``mean`` (the sum over the bag's length;
+an empty bag pools to zeros).
+
 ``dynamic``: a collision-free map from raw 64-bit ids to at most ``capacity_rows`` rows,
 kept by the PS that owns each id's vshard (:mod:`dlrover.ps.dynamic`). An id reads a
 shared default row, and gets no update, for its first ``admit_after`` training lookups;
@@ -15,11 +18,7 @@ A separate module because ``dlrover.spec`` is full.
 from __future__ import annotations
 
 from enum import Enum
-from typing import Annotated
-
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-
-from dlrover.data.criteo import NUM_SPARSE
 
 
 class TableKind(str, Enum):
@@ -33,12 +32,20 @@ class Eviction(str, Enum):
     TTL = "ttl"
 
 
-class TableSpec(BaseModel):
-    """One table's id mapping (``model.tables.<index>``)."""
+class Pooling(str, Enum):
+    SUM = "sum"
+    MEAN = "mean"
 
-    model_config = ConfigDict(extra="forbid")
+
+class TableSpec(BaseModel):
+    """One table's settings (``model.tables.<name>``). ``num_embeddings``: a hashed
+    table's rows (default ``model.num_embeddings``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     kind: TableKind = TableKind.HASHED
+    num_embeddings: int | None = Field(None, ge=1)
+    pooling: Pooling = Pooling.SUM
     capacity_rows: int | None = Field(None, ge=1)
     admit_after: int = Field(0, ge=0)
     eviction: Eviction = Eviction.LRU
@@ -51,6 +58,8 @@ class TableSpec(BaseModel):
             if given:
                 raise ValueError(f"{given[0]}: only for kind: dynamic (this table is hashed)")
             return self
+        if self.num_embeddings is not None:
+            raise ValueError("num_embeddings: only for kind: hashed (a dynamic table holds capacity_rows)")
         if self.capacity_rows is None:
             raise ValueError("capacity_rows: required for kind: dynamic")
         if self.eviction == Eviction.TTL and self.ttl_steps is None:
@@ -60,11 +69,8 @@ class TableSpec(BaseModel):
         return self
 
 
-TableIndex = Annotated[int, Field(ge=0, lt=NUM_SPARSE)]
-
-
 def dynamic_tables(tables: dict[int, TableSpec]) -> dict[int, TableSpec]:
-    """The dynamic ones of ``model.tables``, by table index."""
+    """The dynamic ones of a table-index -> settings map, by table index."""
     return {t: s for t, s in sorted(tables.items()) if s.kind is TableKind.DYNAMIC}
 
 
@@ -74,9 +80,9 @@ def rows_of(sizes: list[int], tables: dict[int, TableSpec]) -> list[int]:
     return [dynamic[t].capacity_rows if t in dynamic else n for t, n in enumerate(sizes)]
 
 
-def check_capacities(tables: dict[int, TableSpec], vshards: int) -> None:
+def check_capacities(tables: dict[int | str, TableSpec], vshards: int) -> None:
     """A dynamic table's rows are split evenly over the vshards: with fewer rows than
     vshards some vshards get none, and the ids hashed to them would never be admitted."""
-    for t, s in dynamic_tables(tables).items():
-        if s.capacity_rows < vshards:
-            raise ValueError(f"model.tables.{t}.capacity_rows: {s.capacity_rows} is below train.vshards ({vshards}): every vshard needs a row")
+    for name, s in tables.items():
+        if s.kind is TableKind.DYNAMIC and s.capacity_rows < vshards:
+            raise ValueError(f"model.tables.{name}.capacity_rows: {s.capacity_rows} is below train.vshards ({vshards}): every vshard needs a row")

@@ -26,7 +26,7 @@ def alive_bottom_units(data_dir: str, **dense_optimizer) -> int:
     doc["optimizer"]["dense"] = {"name": "adagrad", "lr": 0.01, **dense_optimizer}
     spec = spec_from_dict(doc, "bench")
     plan, reader = DataPlan.build(spec), FileReader()
-    sizes = np.array(spec.model.table_sizes(), dtype=np.int64)
+    sizes = spec.schema
     model, opt = build_local_model(spec)
     out: list[torch.Tensor] = []
     model.dense_arch.register_forward_hook(lambda _m, _i, o: out.append(o.detach()))

@@ -88,13 +88,12 @@ def trained_model_logits(trained: dict, data: Path) -> tuple[np.ndarray, np.ndar
     row_of = {t: dict(zip(m["ids"].tolist(), m["rows"].tolist())) for t, m in maps.items()}
     model = build_dense_dlrm(spec.model, ebc, spec.seed).eval()
     torch.nn.utils.vector_to_parameters(final["dense"], dense_parameters(model))
-    sizes = np.array(spec.model.table_sizes(), dtype=np.int64)
     idx, reader = index_file(str(data)), FileReader()
     labels, logits = [], []
     with torch.no_grad():
         for a in range(0, idx.rows, spec.data.batch_size):
             batch, _ = reader.read(idx, a, min(idx.rows, a + spec.data.batch_size))
-            rows = hashed(batch, sizes)
+            rows = hashed(batch, spec.schema).sparse
             for t, known in row_of.items():
                 rows[:, t] = [known.get(x, len(tables[t]) - 1) for x in batch.sparse[:, t].tolist()]
             logits.append(model(torch.from_numpy(batch.dense), make_kjt(rows)).squeeze(-1).numpy())
@@ -145,7 +144,7 @@ def test_a_dynamic_table_is_exported_with_its_id_map_and_its_default_row_last(tr
     final = torch.load(Path(trained_dynamic["spec"].checkpoint.dir) / m.job_id / "final.pt", weights_only=True)
     held = index_file(str(trained_dynamic["heldout"]))
     ids = torch.from_numpy(FileReader().read(held, 0, held.rows)[0].sparse)
-    rows = served.rows(ids)
+    rows = torch.stack([served.rows(ids[:, t].contiguous(), t) for t in range(ids.shape[1])], dim=1)
     for t in m.dynamic_tables:
         default = m.table_rows[t] - 1
         assert torch.equal(served.tables[t][default], final["dynamic"][t]["default"])
@@ -221,10 +220,10 @@ def test_export_names_the_dynamic_table_whose_id_map_a_final_pt_lacks(tmp_path, 
     (run / "spec.json").write_text(spec.model_dump_json())
     final = tmp_path / "ckpt" / "t-1" / "final.pt"
     final.parent.mkdir(parents=True)
-    tables = [torch.zeros(n, 8) for n in spec.model.table_sizes()]
+    tables = [torch.zeros(n, 8) for n in spec.schema.table_sizes()]
     torch.save({"tables": tables, "dense": torch.zeros(3), "job_id": "t-1"}, final)  # as written before maps were
     assert main(["export", str(run), "--out", str(tmp_path / "m")]) == 2
-    assert f"{final}: the id map of dynamic table 3 (model.tables.3): expected tensors ids, rows and default" in one_error_line(capsys)
+    assert f"{final}: the id map of dynamic table 3 (model.tables.C4): expected tensors ids, rows and default" in one_error_line(capsys)
     bad = {"ids": torch.tensor([5, 2]), "rows": torch.tensor([0, 1]), "default": torch.zeros(8)}
     torch.save({"tables": tables, "dense": torch.zeros(3), "dynamic": {3: bad}, "job_id": "t-1"}, final)
     assert main(["export", str(run), "--out", str(tmp_path / "m")]) == 2
@@ -308,7 +307,7 @@ def test_served_ids_of_a_dynamic_table_read_their_rows_and_all_others_the_defaul
     spec = small_spec(synth_dir, checkpoint__dir=str(tmp_path / "ckpt"), model__tables={3: {"kind": "dynamic", "capacity_rows": 100}})
     (run / "spec.json").write_text(spec.model_dump_json())
     gen = torch.Generator().manual_seed(0)
-    tables = [torch.rand(n, 8, generator=gen) for n in spec.model.table_sizes()]
+    tables = [torch.rand(n, 8, generator=gen) for n in spec.schema.table_sizes()]
     dense = torch.rand(sum(p.numel() for arch in dense_arches(spec.model, seed=0) for p in arch.parameters()), generator=gen)
     id_map = {"ids": torch.tensor([-5, 7, 2**40]), "rows": torch.tensor([99, 0, 42]), "default": torch.full((8,), 0.5)}
     final = tmp_path / "ckpt" / "t-1" / "final.pt"
@@ -318,10 +317,10 @@ def test_served_ids_of_a_dynamic_table_read_their_rows_and_all_others_the_defaul
     served = ServedModel.load(tmp_path / "m")
     ids = torch.randint(0, 2**31, (6, 26), generator=gen)
     ids[:, 3] = torch.tensor([7, 2**40, -5, 8, 99, 2**40 + 1])
-    rows = served.rows(ids)
+    rows = torch.stack([served.rows(ids[:, t].contiguous(), t) for t in range(26)], dim=1)
     assert rows[:, 3].tolist() == [0, 42, 99, 100, 100, 100]  # 100: the default row, appended
     assert rows[:, 0].tolist() == (ids[:, 0] % 5000).tolist()
     want = [id_map["default"] if r == 100 else tables[3][r] for r in rows[:, 3].tolist()]
     pooled = torch.stack([torch.cat([torch.stack(want)[b] if t == 3 else tables[t][rows[b, t]] for t in range(26)]) for b in range(6)])
     x = torch.rand(6, 13, generator=gen)
-    torch.testing.assert_close(served.logits(x, ids), DenseHead(spec.model, dense).eval()(x, pooled))
+    torch.testing.assert_close(served.logits(x, ids), DenseHead(spec.model, spec.schema, dense).eval()(x, pooled))

@@ -40,7 +40,7 @@ def _local_ebc(weights):
     ebc = EmbeddingBagCollection(tables=table_configs(MODEL))
     with torch.no_grad():
         for t, w in enumerate(weights):
-            ebc.embedding_bags[f"t_cat_{t}"].weight.copy_(torch.from_numpy(w))
+            ebc.embedding_bags[f"t_C{t + 1}"].weight.copy_(torch.from_numpy(w))
     return ebc
 
 
@@ -66,7 +66,7 @@ def test_multi_hot_partial_sums_add_up(ray_local, shm):
     rng = np.random.default_rng(1)
     lengths = torch.from_numpy(rng.integers(0, 4, size=26 * 50)).to(torch.int32)
     values = torch.from_numpy(rng.integers(0, 2**31, size=int(lengths.sum())))
-    kjt = KeyedJaggedTensor.from_lengths_sync(keys=[f"cat_{i}" for i in range(26)], values=values, lengths=lengths)
+    kjt = KeyedJaggedTensor.from_lengths_sync(keys=[f"C{i + 1}" for i in range(26)], values=values, lengths=lengths)
     rows = torch.remainder(values, torch.repeat_interleave(torch.tensor(SIZES), lengths.view(26, 50).sum(1)))
     ref_kjt = KeyedJaggedTensor.from_lengths_sync(keys=kjt.keys(), values=rows, lengths=lengths)
     torch.testing.assert_close(ps_ebc(kjt).values(), _local_ebc(weights)(ref_kjt).values(), rtol=1e-6, atol=1e-6)
@@ -84,7 +84,7 @@ def test_gradients_reach_the_right_rows(ray_local, shm):
     local = _local_ebc(weights)
     (local(make_kjt(sparse % np.array(SIZES))).values() * upstream).sum().backward()
     for t in range(26):
-        w = local.embedding_bags[f"t_cat_{t}"].weight
+        w = local.embedding_bags[f"t_C{t + 1}"].weight
         expected = (w - lr * w.grad).detach().numpy()
         got = np.zeros_like(expected)
         for h in ps:

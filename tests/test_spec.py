@@ -13,7 +13,7 @@ BASE = {"data": {"paths": ["x/*.tsv"]}}
 def test_quickstart_spec_is_valid():
     spec = load_spec("jobs/quickstart.yaml")
     assert spec.resources.workers == 2 and spec.resources.ps == 2
-    assert spec.model.table_sizes() == [40000] * 26 and spec.data.epochs == 1
+    assert spec.schema.table_sizes() == [40000] * 26 and spec.data.epochs == 1
 
 
 @pytest.mark.parametrize(

@@ -15,14 +15,14 @@ def _spec(tables: dict, **model):
 
 def test_every_table_is_hashed_when_model_tables_is_absent():
     spec = spec_from_dict({"data": {"paths": ["x"]}})
-    assert spec.model.tables == {} and dynamic_tables(spec.model.tables) == {}
+    assert spec.model.tables == {} and spec.schema.dynamic() == {}
 
 
 def test_a_dynamic_table_holds_capacity_rows_and_the_others_keep_their_size():
     spec = _spec({3: {"kind": "dynamic", "capacity_rows": 64, "admit_after": 2, "eviction": "lfu"}})
-    sizes = spec.model.table_sizes()
+    sizes = spec.schema.table_sizes()
     assert sizes[3] == 64 and sizes[:3] == [1000] * 3 and sizes[4:] == [1000] * 22
-    (t, table), = dynamic_tables(spec.model.tables).items()
+    (t, table), = spec.schema.dynamic().items()
     assert t == 3 and table.admit_after == 2 and table.eviction is Eviction.LFU
 
 
@@ -49,4 +49,4 @@ def test_a_dynamic_table_with_fewer_rows_than_vshards_is_refused_naming_both():
     with pytest.raises(SpecError, match=r"model\.tables\.3\.capacity_rows: 32 is below train\.vshards \(64\)"):
         _spec({3: {"kind": "dynamic", "capacity_rows": 32}})
     spec = spec_from_dict({"data": {"paths": ["x"]}, "model": {"tables": {3: {"kind": "dynamic", "capacity_rows": 32}}}, "train": {"vshards": 32}})
-    assert spec.model.table_sizes()[3] == 32
+    assert spec.schema.table_sizes()[3] == 32

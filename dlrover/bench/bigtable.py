@@ -136,7 +136,7 @@ def run_bigtable_bench(quick: bool = False, work_dir: str | None = None) -> dict
             generate(data, SynthConfig(rows=p["rows"], files=4, seed=17, vocab_sizes=sizes), progress=False)
         ckpt = os.path.join(work, "ckpt")
         spec = bigtable_spec(data, ckpt, p)
-        _log(f"job: {spec.model.short()}, {model_bytes(sizes) / 1e9:.2f} GB of tables + optimizer state over {PS_FROM} PS, PS {PS_FROM}->{PS_PEAK}->{PS_FROM}")
+        _log(f"job: {spec.model_short()}, {model_bytes(sizes) / 1e9:.2f} GB of tables + optimizer state over {PS_FROM} PS, PS {PS_FROM}->{PS_PEAK}->{PS_FROM}")
         started = _start_ray(spec, model_bytes(sizes))
         try:
             summary, path = run_job(spec, runs_dir=os.path.join(work, "runs"), progress="none", stop_when=JobProgress("bigtable"))

@@ -39,6 +39,7 @@ from dlrover.bench.dense_sync import AUC_SLACK, first_reach
 from dlrover.bench.progress import bench_data
 from dlrover.data.plan import DataPlan
 from dlrover.data.reader import FileReader
+from dlrover.data.schema import Schema
 from dlrover.errors import DLRoverError
 from dlrover.sim.coding import EXACT_TOL, Assignment, Scheme, arrivals, assignment, decode
 from dlrover.sim.coding_sim import StragglerModel, straggler_speeds
@@ -59,7 +60,7 @@ class Data:
     train: list
     eval_slice: list
     eval_labels: np.ndarray  # the slice's labels, in order
-    sizes: np.ndarray
+    schema: Schema
 
 
 @dataclass
@@ -108,7 +109,7 @@ def load_data(rows: int, workers: int) -> Data:
     if len(train) < workers:
         raise DLRoverError(f"--rows {rows}: {len(train)} training batches of {b}, fewer than --workers {workers}")
     labels = np.concatenate([b.labels for b in eval_slice])
-    return Data(spec, plan, reader, train, eval_slice, labels, np.array(spec.model.table_sizes(), dtype=np.int64))
+    return Data(spec, plan, reader, train, eval_slice, labels, spec.schema)
 
 
 def _detached(module: torch.nn.Module, inputs: tuple, out):
@@ -139,7 +140,7 @@ def train(data: Data, coefficients: np.ndarray, computed: np.ndarray) -> Trained
             t0 = time.perf_counter()
             opt.zero_grad(set_to_none=True)
             hook = None if computed[r, j] else model.sparse_arch.embedding_bag_collection.register_forward_hook(_detached)
-            batch_loss(model, loss_fn, batch, data.sizes).backward()
+            batch_loss(model, loss_fn, batch, data.schema).backward()
             if hook is not None:
                 hook.remove()
             torch.cat([p.grad.reshape(-1) for p in params], out=grads[j])
@@ -152,7 +153,7 @@ def train(data: Data, coefficients: np.ndarray, computed: np.ndarray) -> Trained
         if (r + 1) % EVAL_EVERY_ROUNDS == 0 or r + 1 == rounds:
             model.eval()
             with torch.no_grad():
-                probs = np.concatenate([predict(model, b, data.sizes) for b in data.eval_slice])
+                probs = np.concatenate([predict(model, b, data.schema) for b in data.eval_slice])
             model.train()
             out.eval_rounds.append(r)
             out.eval_auc.append(float(evaluate_scores(data.eval_labels, probs)["auc"]))

@@ -48,7 +48,7 @@ def run_ps_lookup_bench(ps_counts: list[int] | None = None, quick: bool = False,
     out = []
     for p in ps_counts:
         print(f"[bench] {p} PS: {len(kjts)} batches of {batch_size}, {ROUNDS} rounds", file=sys.stderr)
-        vmap = VShardMap.round_robin(m.table_sizes(), spec.train.vshards_for(p), p)
+        vmap = VShardMap.round_robin(spec.schema.table_sizes(), spec.train.vshards_for(p), p)
         servers = {k: EmbeddingPS(k, vmap, m.embedding_dim, optimizer, spec.seed) for k in vmap.ps_ids}
         client = PSClient(dict(servers), vmap, m.embedding_dim, "bench", get=None)
         for _ in range(ROUNDS):
@@ -65,7 +65,7 @@ def run_ps_lookup_bench(ps_counts: list[int] | None = None, quick: bool = False,
         per = 1e3 / len(kjts)
         out.append({
             "ps": p, "ps_cpu_ms": sum(ps_s.values()) * per, "busiest_ps_cpu_ms": max(ps_s.values()) * per,
-            "route_ms": route_s * per, "bags_per_batch": bags / len(kjts), "rows_x_tables": batch_size * len(m.table_sizes()),
+            "route_ms": route_s * per, "bags_per_batch": bags / len(kjts), "rows_x_tables": batch_size * len(spec.schema.tables),
         })  # fmt: skip
     base = out[0]["ps_cpu_ms"] if out and out[0]["ps"] == 1 else None
     for r in out:

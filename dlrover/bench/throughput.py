@@ -93,8 +93,8 @@ def measure_baseline(spec: JobSpec, threads: int) -> Measured:
 
     torch.set_num_threads(threads)
     plan = DataPlan.build(spec)
-    reader = FileReader()
-    sizes = np.array(spec.model.table_sizes(), dtype=np.int64)
+    reader = FileReader(layout=spec.layout())
+    sizes = spec.schema
     model, opt = build_local_model(spec)
     loss_fn = torch.nn.BCEWithLogitsLoss()
     b = spec.data.batch_size

@@ -20,19 +20,13 @@ from typing import IO, NamedTuple
 
 import numpy as np
 
+from dlrover.data.layout import CRITEO_LAYOUT, DataLayout
 from dlrover.data.remote import expand_url, local_path, open_ranged, open_url, store_errors
 from dlrover.paths import is_url
 from dlrover.errors import DataError
+from dlrover.data.schema import CRITEO_DENSE as DENSE_COLUMNS, CRITEO_SPARSE as SPARSE_COLUMNS, NUM_DENSE, NUM_SPARSE
 
-NUM_DENSE = 13
-NUM_SPARSE = 26
 NUM_FIELDS = 1 + NUM_DENSE + NUM_SPARSE
-
-DENSE_COLUMNS = [f"I{j}" for j in range(1, NUM_DENSE + 1)]
-SPARSE_COLUMNS = [f"C{j}" for j in range(1, NUM_SPARSE + 1)]
-
-_TSV_EXTS = (".tsv", ".txt", ".csv", ".gz", "")
-_PARQUET_EXTS = (".parquet", ".pq")
 _BLOCK = 16 << 20  # bytes read at a time when indexing
 # Rows between seek points of a file behind a URL: a read fetches from the seek point
 # before its first row, and fetched bytes cost more than local ones (~128 KiB of Criteo).
@@ -45,25 +39,63 @@ _NL, _CR = 10, 13
 
 @dataclass
 class Batch:
-    """A parsed block of rows, already in the form the model consumes."""
+    """A parsed block of rows, already in the form the model consumes.
+
+    Single-hot (``lengths`` None): ``sparse`` is ``[N, T]``, one id per feature and row.
+    Otherwise ``sparse`` holds the ids flat, feature-major (all of feature 0's bags, row
+    by row, then feature 1's, ...: a KeyedJaggedTensor's order) and ``lengths[t, i]`` is
+    the length of row i's bag of feature t. ``cut``: bags of each row cut to ``max_len``.
+    """
 
     labels: np.ndarray  # float32 [N]
-    dense: np.ndarray  # float32 [N, 13]: log1p(max(x, 0)), empty -> 0
-    sparse: np.ndarray  # int64 [N, 26]: categorical value decoded from hex, empty -> 0
+    dense: np.ndarray  # float32 [N, D]: transformed as the schema says, missing -> 0
+    sparse: np.ndarray  # int64 [N, T], or flat with ``lengths``
+    lengths: np.ndarray | None = None  # int32 [T, N]
+    cut: np.ndarray | None = None  # int32 [N], None: none cut
+
+    @property
+    def long_bags(self) -> int:
+        return 0 if self.cut is None else int(self.cut.sum())
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
 
+    @property
+    def num_features(self) -> int:
+        return int(self.sparse.shape[1] if self.lengths is None else self.lengths.shape[0])
+
+    @property
+    def num_ids(self) -> int:
+        return int(self.sparse.size if self.lengths is None else self.lengths.sum())
+
+    def jagged(self) -> tuple[np.ndarray, np.ndarray]:
+        """(feature-major ids, lengths ``[T, N]``) whatever the layout."""
+        if self.lengths is not None:
+            return self.sparse, self.lengths
+        return np.ascontiguousarray(self.sparse.T).reshape(-1), np.ones(self.sparse.shape[::-1], np.int32)
+
+    def _spans(self, start: int, stop: int) -> list[tuple[int, int]]:
+        """Where rows [start, stop) of each feature's bags lie in the flat ``sparse``."""
+        assert self.lengths is not None
+        ends = np.cumsum(self.lengths, axis=1, dtype=np.int64)
+        base = np.concatenate([[0], np.cumsum(ends[:, -1])[:-1]]) if len(self) else np.zeros(len(ends), np.int64)
+        at = lambda r: base + (ends[:, r - 1] if r > 0 else 0)  # noqa: E731
+        return list(zip(at(start).tolist(), at(stop).tolist()))
+
     def slice(self, start: int, stop: int) -> "Batch":
-        """Rows ``[start, stop)`` as views (no copy)."""
-        return Batch(self.labels[start:stop], self.dense[start:stop], self.sparse[start:stop])
+        """Rows ``[start, stop)`` (views where the layout allows)."""
+        cut = None if self.cut is None else self.cut[start:stop]
+        if self.lengths is None:
+            return Batch(self.labels[start:stop], self.dense[start:stop], self.sparse[start:stop], cut=cut)
+        ids = np.concatenate([self.sparse[a:b] for a, b in self._spans(start, stop)])
+        return Batch(self.labels[start:stop], self.dense[start:stop], ids, self.lengths[:, start:stop], cut)
 
     @staticmethod
-    def empty() -> "Batch":
+    def empty(dense_width: int = NUM_DENSE, features: int = NUM_SPARSE) -> "Batch":
         return Batch(
             np.zeros(0, np.float32),
-            np.zeros((0, NUM_DENSE), np.float32),
-            np.zeros((0, NUM_SPARSE), np.int64),
+            np.zeros((0, dense_width), np.float32),
+            np.zeros((0, features), np.int64),
         )
 
     @staticmethod
@@ -72,11 +104,15 @@ class Batch:
             return Batch.empty()
         if len(batches) == 1:
             return batches[0]
-        return Batch(
-            np.concatenate([b.labels for b in batches]),
-            np.concatenate([b.dense for b in batches]),
-            np.concatenate([b.sparse for b in batches]),
-        )
+        labels = np.concatenate([b.labels for b in batches])
+        dense = np.concatenate([b.dense for b in batches])
+        cuts = None if all(b.cut is None for b in batches) else np.concatenate([np.zeros(len(b), np.int32) if b.cut is None else b.cut for b in batches])
+        if all(b.lengths is None for b in batches):
+            return Batch(labels, dense, np.concatenate([b.sparse for b in batches]), cut=cuts)
+        parts = [b.jagged() for b in batches]
+        per_feature = [np.split(ids, np.cumsum(lens.sum(axis=1))[:-1]) for ids, lens in parts]
+        ids = np.concatenate([piece for t in range(len(parts[0][1])) for piece in (p[t] for p in per_feature)])
+        return Batch(labels, dense, ids, np.concatenate([lens for _, lens in parts], axis=1), cuts)
 
 
 class RawRows(NamedTuple):
@@ -97,18 +133,9 @@ class RawRows(NamedTuple):
 
 
 def detect_format(path: str) -> str:
-    """``"tsv"`` or ``"parquet"``, from the file name; unknown extensions are refused
-    rather than guessed, so a stray ``synth.json`` never gets parsed as data."""
-    name = os.path.basename(path).lower()
-    ext = os.path.splitext(name)[1]
-    if ext in _PARQUET_EXTS:
-        return "parquet"
-    if ext in _TSV_EXTS:
-        return "tsv"
-    raise DataError(
-        f"{path}: unknown data file extension {ext!r} "
-        "(expected .tsv, .txt, .csv, .gz, .parquet, .pq or none)"
-    )
+    """``"tsv"`` or ``"parquet"`` for Criteo's layout, from the file name
+    (:meth:`DataLayout.file_format`)."""
+    return CRITEO_LAYOUT.file_format(path)
 
 
 def _is_data_name(path: str) -> bool:
@@ -173,6 +200,8 @@ class FileIndex:
     line_nos: list[int] | None = None
     size: int | None = None
     groups: list[int] | None = None
+    columns: list[str] | None = None  # a delimited file's column names (its header's)
+    head: tuple[int, int] = (0, 0)  # bytes and lines before the first row (a header)
 
 
 def line_bounds(data: bytes, at_eof: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -219,15 +248,47 @@ def read_bytes(f: IO[bytes], path: str, n: int = -1) -> bytes:
         raise DataError(f"{path}: corrupt file: {e}") from None
 
 
-def index_file(path: str, stride: int | None = None) -> FileIndex:
+def _missing_columns(path: str, names: list[str], layout: DataLayout, where: str) -> None:
+    """A schema column the file does not have is an error naming both."""
+    s = layout.schema
+    wanted = [s.label.column, *s.dense_columns, *s.feature_names]
+    missing = [c for c in wanted if c not in set(names)]
+    if missing:
+        raise DataError(f"{path}: column {missing[0]!r} of the schema is not in the file's {where} ({', '.join(names[:12])}{', ...' if len(names) > 12 else ''})")
+
+
+def _header(path: str, layout: DataLayout) -> tuple[list[str], int, int]:
+    """A delimited file's column names (its first non-blank line, or ``data.columns``),
+    the byte offset and line count after the header."""
+    if not layout.header:
+        names = list(layout.columns or [])
+        if not names:
+            raise DataError(f"{path}: data.header is false: name the columns in data.columns")
+        return names, 0, 0
+    with open_binary(path) as f:
+        head = read_bytes(f, path, 1 << 20)
+    lines = head.split(b"\n")
+    skipped = 0
+    while skipped < len(lines) - 1 and not lines[skipped].strip():
+        skipped += 1
+    if skipped >= len(lines) - 1 and len(head) == 1 << 20:
+        raise DataError(f"{path}: no header line in the first MiB")
+    line = lines[skipped].rstrip(b"\r")
+    text = line.decode("utf-8", "replace")
+    names = [c.strip().strip('"') for c in text.split(layout.sep(path))]
+    return names, sum(len(x) + 1 for x in lines[: skipped + 1]), skipped + 1
+
+
+def index_file(path: str, stride: int | None = None, layout: DataLayout = CRITEO_LAYOUT) -> FileIndex:
     """Count the rows (non-blank lines) of a file; for plain TSV also record a seek
     point every ``stride`` rows (default 4096, :data:`REMOTE_STRIDE` for a URL). Reads
-    16 MiB blocks (streamed once from a store) and finds newlines with numpy."""
+    16 MiB blocks (streamed once from a store) and finds newlines with numpy. A file
+    that lacks a column of the schema is an error naming the column and the file."""
     remote = is_url(path)
     stride = stride if stride is not None else REMOTE_STRIDE if remote else 4096
     if stride < 1:
         raise ValueError(f"stride must be >= 1, got {stride}")
-    fmt = detect_format(path)
+    fmt = layout.file_format(path)
     if not remote and not os.path.isfile(path):
         raise DataError(f"{path}: no such file")
     if fmt == "parquet":  # the footer only: a ranged read at the end of the file
@@ -235,22 +296,31 @@ def index_file(path: str, stride: int | None = None) -> FileIndex:
 
         try:
             with open_ranged(path) if remote else open(path, "rb") as f:
-                meta = pq.ParquetFile(f).metadata
+                pf = pq.ParquetFile(f)
+                meta, names = pf.metadata, list(pf.schema_arrow.names)
         except DataError:
             raise
         except Exception as e:  # pyarrow raises several types for a bad file
             raise DataError(f"{path}: not a readable Parquet file: {e}") from None
+        if not layout.criteo:
+            _missing_columns(path, names, layout, "columns")
         groups = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
-        return FileIndex(path, fmt, int(meta.num_rows), None, stride, groups=groups)
+        return FileIndex(path, fmt, int(meta.num_rows), None, stride, groups=groups, columns=names)
 
+    names: list[str] | None = None
+    pos = lines = 0  # file offset and physical lines before `data`
+    if fmt == "csv":
+        names, pos, lines = _header(path, layout)
+        _missing_columns(path, names, layout, "header" if layout.header else "data.columns")
+    head = (pos, lines)
     want_offsets = not path.lower().endswith(".gz")
     offsets: list[int] = []
     line_nos: list[int] = []
     rows = 0  # rows seen before `data`
-    lines = 0  # physical lines seen before `data`
-    pos = 0  # file offset of data[0]
     tail = b""
     with open_binary(path) as f:
+        if pos:
+            read_bytes(f, path, pos)  # the header
         while True:
             block = read_bytes(f, path, _BLOCK)
             at_eof = not block
@@ -269,6 +339,6 @@ def index_file(path: str, stride: int | None = None) -> FileIndex:
             tail = data[consumed:]
             pos += consumed
     if not want_offsets:
-        return FileIndex(path, fmt, rows, None, stride)
-    return FileIndex(path, fmt, rows, offsets, stride, line_nos, size=pos + len(data))
+        return FileIndex(path, fmt, rows, None, stride, columns=names, head=head)
+    return FileIndex(path, fmt, rows, offsets, stride, line_nos, size=pos + len(data), columns=names, head=head)
 

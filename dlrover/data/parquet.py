@@ -25,14 +25,15 @@ from dlrover.errors import DataError
 COLUMNS = ["label", *DENSE_COLUMNS, *SPARSE_COLUMNS]
 
 
-def open_parquet(path: str) -> Any:
-    """A ``pyarrow.parquet.ParquetFile`` over a local path or URL whose Criteo columns are
-    all there. Reads are pre-buffered: one ranged request per row group, not per column."""
+def open_parquet(path: str, columns: list[str] | None = None) -> Any:
+    """A ``pyarrow.parquet.ParquetFile`` over a local path or URL whose ``columns``
+    (default Criteo's) are all there. Reads are pre-buffered: one ranged request per row
+    group, not per column."""
     import pyarrow.parquet as pq
 
     try:
         pf = pq.ParquetFile(open_ranged(path) if is_url(path) else path, pre_buffer=True)
-        missing = [c for c in COLUMNS if c not in set(pf.schema_arrow.names)]
+        missing = [c for c in columns or COLUMNS if c not in set(pf.schema_arrow.names)]
     except DataError:
         raise
     except FileNotFoundError:

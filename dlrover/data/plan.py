@@ -22,11 +22,8 @@ class DataPlan:
 
     @classmethod
     def build(cls, spec: JobSpec) -> "DataPlan":
-        files = {p: index_file(p) for p in expand_paths(spec.data.paths)}
-        if spec.data.format != "auto":
-            for p, idx in files.items():
-                if idx.fmt != spec.data.format:
-                    raise DataError(f"{p}: looks like {idx.fmt} (by its extension) but data.format is {spec.data.format}")
+        layout = spec.layout()
+        files = {p: index_file(p, layout=layout) for p in expand_paths(spec.data.paths)}
         train = {p: idx.rows - int(idx.rows * spec.data.eval_fraction) for p, idx in files.items()}
         if not any(train.values()):  # else the job would "succeed" having trained nothing
             rows, n = sum(idx.rows for idx in files.values()), len(files)

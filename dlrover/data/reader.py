@@ -1,5 +1,5 @@
-"""Reading row ranges (shards) of Criteo data files, whatever their format and wherever
-they are (a local path or an fsspec URL)."""
+"""Reading row ranges (shards) of data files, whatever their format and wherever they
+are (a local path or an fsspec URL), into batches as the job's :class:`DataLayout` says."""
 
 from __future__ import annotations
 
@@ -10,7 +10,10 @@ from typing import Any
 
 import numpy as np
 
-from dlrover.data.criteo import Batch, FileIndex, line_bounds
+from dlrover.data.columns import empty_rows, table_to_rows
+from dlrover.data.criteo import Batch, FileIndex, line_bounds, open_binary, read_bytes
+from dlrover.data.delimited import parse_delimited
+from dlrover.data.layout import CRITEO_LAYOUT, DataLayout
 from dlrover.data.parquet import open_parquet, read_row_group
 from dlrover.data.remote import read_range, size_of
 from dlrover.paths import is_url
@@ -31,9 +34,10 @@ class FileReader:
     as for plain TSV.
     """
 
-    def __init__(self, on_bad_line: str = "fail", cache_files: int = 2) -> None:
+    def __init__(self, on_bad_line: str = "fail", cache_files: int = 2, layout: DataLayout = CRITEO_LAYOUT) -> None:
         check_on_bad_line(on_bad_line)
         self.on_bad_line = on_bad_line
+        self.layout = layout
         self.cache_files = max(0, int(cache_files))
         self._cache: OrderedDict[tuple[str, int], Rows] = OrderedDict()
         self._parquet: OrderedDict[str, Any] = OrderedDict()  # open Parquet files (footers read)
@@ -44,8 +48,8 @@ class FileReader:
         if not 0 <= start <= stop <= index.rows:
             raise ValueError(f"rows [{start}, {stop}) outside 0..{index.rows} of {index.path}")
         if start == stop:
-            return Batch.empty(), 0
-        if index.fmt == "tsv" and index.offsets is not None:
+            return empty_rows(self.layout)[0], 0
+        if index.fmt in ("tsv", "csv") and index.offsets is not None:
             return self._read_seek(index, start, stop)
         if index.fmt == "parquet" and index.groups is not None:
             return self._read_groups(index, start, stop)
@@ -75,18 +79,33 @@ class FileReader:
             batch, bad = self._pick(rows, max(start, lo) - lo, min(stop, hi) - lo)
             parts.append(batch)
             skipped += bad
-        return Batch.concat(parts), skipped
+        return Batch.concat(parts) if parts else empty_rows(self.layout)[0], skipped
 
     def _group(self, path: str, group: int, first_row: int) -> Rows:
         if path not in self._parquet:
-            self._parquet[path] = open_parquet(path)
+            self._parquet[path] = open_parquet(path, None if self.layout.criteo else self._columns())
             while len(self._parquet) > 2:
                 self._parquet.popitem(last=False)
-        raw, bad, reasons = read_row_group(self._parquet[path], path, group, first_row)
-        return raw.batch(), bad, reasons
+        if self.layout.criteo:
+            raw, bad, reasons = read_row_group(self._parquet[path], path, group, first_row)
+            return raw.batch(), bad, reasons
+        try:
+            table = self._parquet[path].read_row_group(group, columns=self._columns())
+        except Exception as e:  # noqa: BLE001 - pyarrow raises several types for a bad file
+            raise DataError(f"{path}: not a readable Parquet file: {e}") from None
+        return table_to_rows(table, self.layout, path, lambda o: [f"{path}:{first_row + int(i) + 1}" for i in o])
+
+    def _columns(self) -> list[str]:
+        s = self.layout.schema
+        return [s.label.column, *s.dense_columns, *s.feature_names]
 
     def _whole(self, index: FileIndex) -> Rows:
         def load() -> Rows:
+            if index.fmt == "csv":
+                with open_binary(index.path) as f:
+                    data = read_bytes(f, index.path)
+                at, lines = index.head
+                return parse_delimited(data[at:], index.path, lines + 1, index.columns or [], self.layout)
             raw, bad, reasons = read_whole_tsv(index.path, "skip")
             return raw.batch(), bad, reasons
 
@@ -140,6 +159,11 @@ class FileReader:
             )
         first, last = int(row_lines[skip]), int(row_lines[need - 1])
         chunk = data[int(starts[first]) : int(ends[last])]
+        if index.fmt == "csv":
+            batch, bad, reasons = parse_delimited(chunk + b"\n", index.path, line0 + first + 1, index.columns or [], self.layout)
+            if len(bad) and self.on_bad_line == "fail":
+                raise DataError(reasons[0])
+            return batch, len(bad)
         raw, bad, _ = parse_buffer(chunk, index.path, line0 + first + 1, self.on_bad_line)
         return raw.batch(), len(bad)
 

@@ -37,7 +37,6 @@ from dlrover.ps.dense_rounds import RoundRule
 from dlrover.ps.dense_shards import DenseShards, start_dense_shards
 from dlrover.ps.embedding_ps import EmbeddingPS
 from dlrover.ps.vshard import VShardMap
-from dlrover.table_spec import dynamic_tables
 from dlrover.resource.configs import Config
 from dlrover.resource.placement import StepSample, merged_speeds, node_speeds, pal_node
 from dlrover.spec import JobSpec
@@ -68,7 +67,7 @@ class Launcher:
         # overlaps the PS start-up; a later job of the same driver (a test session, a
         # benchmark) may find a pooled worker that has TorchRec imported already.
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
-        self._initial_ref = ray.remote(num_cpus=0)(initial_dense_array).options(scheduling_strategy=here).remote(spec.model, spec.seed)
+        self._initial_ref = ray.remote(num_cpus=0)(initial_dense_array).options(scheduling_strategy=here).remote(spec.model, spec.seed, spec.schema)
         self._initial_dense: np.ndarray | None = None  # kept once fetched: a rollback re-creates the dense PS from it
         self.master = master
         self.ps: dict[int, Any] = {}
@@ -108,8 +107,8 @@ class Launcher:
     def launch(self, config: Config) -> None:
         """Start the job's first actors: ``config.ps`` PS, the dense PS, ``config.workers`` workers."""
         spec = self.spec
-        dynamic = tuple(dynamic_tables(spec.model.tables))
-        self.vmap = VShardMap.round_robin(spec.model.table_sizes(), spec.train.vshards_for(config.ps), config.ps, dynamic)
+        dynamic = tuple(spec.schema.dynamic())
+        self.vmap = VShardMap.round_robin(spec.schema.table_sizes(), spec.train.vshards_for(config.ps), config.ps, dynamic)
         for _ in range(config.ps):
             self.add_ps(config.ps_cpu, config.ps_memory_mb)
         self.new_dense()
@@ -207,7 +206,7 @@ class Launcher:
             .options(name=name, num_cpus=cpu, memory=memory_mb * MB, **self._placement(cpu, name))
             .remote(
                 ps_id, self.vmap, self.spec.model.embedding_dim, self.spec.optimizer.sparse.model_dump(), self.spec.seed,
-                master=self.master, name=name, tables=self.spec.model.tables,
+                master=self.master, name=name, tables=self.spec.schema.table_specs(),
             )  # fmt: skip
         )
         self.resources[name] = (cpu, memory_mb)

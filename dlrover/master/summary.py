@@ -17,7 +17,6 @@ from dlrover.failures import FailureKind
 from dlrover.id_map import IdMap
 from dlrover.metrics.reliability import ReliabilityReport, reliability_report
 from dlrover.ps.dynamic_tables import default_row
-from dlrover.table_spec import dynamic_tables
 
 from dlrover.master.job import Job
 
@@ -115,11 +114,11 @@ def summary_of(m: Job, metrics: dict) -> dict:
 def final_id_maps(m: Job) -> dict[int, IdMap]:
     """Each dynamic table's id map, gathered from the PS owning its vshards."""
     spec, out = m.spec, {}
-    for t in dynamic_tables(spec.model.tables):
+    for t in spec.schema.dynamic():
         parts = ray.get([h.dynamic_map.remote(t) for h in m.launcher.ps.values()])
         ids, rows = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
         order = np.argsort(ids, kind="stable")
-        default = default_row(spec.seed, t, spec.model.table_sizes()[t], spec.model.embedding_dim)
+        default = default_row(spec.seed, t, spec.schema.table_sizes()[t], spec.model.embedding_dim)
         out[t] = IdMap(torch.from_numpy(ids[order]), torch.from_numpy(rows[order]), default)
     return out
 
@@ -135,7 +134,7 @@ def export_final(m: Job) -> None:
     spec = m.spec
     if not spec.checkpoint.dir:
         return
-    sizes, dim = spec.model.table_sizes(), spec.model.embedding_dim
+    sizes, dim = spec.schema.table_sizes(), spec.model.embedding_dim
     out = os.path.join(spec.checkpoint.dir, m.job_id)
     os.makedirs(out, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out, prefix=".final-") as scratch:

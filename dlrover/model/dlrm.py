@@ -29,37 +29,43 @@ from dlrover.ps.applied import BatchId
 from dlrover.ps.routing import RoutedBatch, assemble, route, split_grad
 from dlrover.ps.shm import LocalLinks, ShmSlice
 from dlrover.ps.vshard import VShardMap
-from dlrover.data.criteo import NUM_DENSE, NUM_SPARSE
+from dlrover.data.criteo import Batch
+from dlrover.data.schema import CRITEO, Schema
 from dlrover.spec import ModelSpec
+from dlrover.table_spec import Pooling
 
 if TYPE_CHECKING:
     from torchrec.models.dlrm import DLRM, DenseArch, OverArch
     from torchrec.modules.embedding_configs import EmbeddingBagConfig
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
-FEATURES = [f"cat_{i}" for i in range(NUM_SPARSE)]
 # TorchRec's DLRM asks torch.fx whether it is being traced; torch warns about that call
 # once per process, in every worker's log. Not ours to fix, and not news to the user.
 logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
 
 
-def table_configs(model: ModelSpec) -> list[EmbeddingBagConfig]:
-    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+def table_configs(model: ModelSpec, schema: Schema | None = None) -> list[EmbeddingBagConfig]:
+    """One config per table of the schema (Criteo's by default), its features named."""
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
 
+    schema = schema or model.schema()
+    pooling = {Pooling.SUM: PoolingType.SUM, Pooling.MEAN: PoolingType.MEAN}
     return [
-        EmbeddingBagConfig(name=f"t_{f}", embedding_dim=model.embedding_dim, num_embeddings=n, feature_names=[f])
-        for f, n in zip(FEATURES, model.table_sizes())
+        EmbeddingBagConfig(
+            name=f"t_{t.name}", embedding_dim=model.embedding_dim, num_embeddings=t.rows, feature_names=list(t.features), pooling=pooling[t.spec.pooling]
+        )
+        for t in schema.tables
     ]
 
 
-def build_dense_dlrm(model: ModelSpec, ebc: nn.Module, seed: int) -> DLRM:
+def build_dense_dlrm(model: ModelSpec, ebc: nn.Module, seed: int, schema: Schema | None = None) -> DLRM:
     """DLRM with deterministic dense init (same seed -> same MLP weights everywhere)."""
     from torchrec.models.dlrm import DLRM
 
     torch.manual_seed(seed)
     return DLRM(
         embedding_bag_collection=ebc,
-        dense_in_features=NUM_DENSE,
+        dense_in_features=(schema or model.schema()).dense_width,
         dense_arch_layer_sizes=list(model.dense_arch),
         over_arch_layer_sizes=list(model.over_arch),
     )
@@ -70,38 +76,42 @@ def dense_parameters(dlrm: DLRM) -> list[nn.Parameter]:
     return [p for n, p in dlrm.named_parameters() if not n.startswith("sparse_arch.")]
 
 
-def dense_arches(model: ModelSpec, seed: int) -> tuple[DenseArch, OverArch]:
-    """The DLRM's two MLPs as ``build_dense_dlrm(model, ebc, seed)`` initialises them,
+def dense_arches(model: ModelSpec, seed: int, schema: Schema | None = None) -> tuple[DenseArch, OverArch]:
+    """The DLRM's two MLPs as ``build_dense_dlrm(model, ebc, seed, schema)`` initialises them,
     without a DLRM or an embedding collection. Bit-identical because DLRM draws its
     initial values only in ``DenseArch`` then ``OverArch``, built here in that order from
     the same seed; the caller's random state is left as it was."""
     from torchrec.models.dlrm import DenseArch, OverArch, choose
 
+    schema = schema or model.schema()
+    features = len(schema.sparse)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        dense = DenseArch(in_features=NUM_DENSE, layer_sizes=list(model.dense_arch))
-        over_in = model.embedding_dim + choose(len(FEATURES), 2) + len(FEATURES)
+        dense = DenseArch(in_features=schema.dense_width, layer_sizes=list(model.dense_arch))
+        over_in = model.embedding_dim + choose(features, 2) + features
         return dense, OverArch(in_features=over_in, layer_sizes=list(model.over_arch))
 
 
-def initial_dense_vector(model: ModelSpec, seed: int) -> torch.Tensor:
+def initial_dense_vector(model: ModelSpec, seed: int, schema: Schema | None = None) -> torch.Tensor:
     """The flat initial MLP parameters, in :func:`dense_parameters` order."""
-    dense, over = dense_arches(model, seed)
+    dense, over = dense_arches(model, seed, schema)
     return torch.nn.utils.parameters_to_vector([*dense.parameters(), *over.parameters()]).detach()
 
 
-def initial_dense_array(model: ModelSpec, seed: int) -> np.ndarray:
+def initial_dense_array(model: ModelSpec, seed: int, schema: Schema | None = None) -> np.ndarray:
     """:func:`initial_dense_vector` as an array (what the dense PS starts from)."""
-    return initial_dense_vector(model, seed).numpy()
+    return initial_dense_vector(model, seed, schema).numpy()
 
 
-def make_kjt(sparse: np.ndarray) -> KeyedJaggedTensor:
-    """[N, 26] categorical ids (one per feature) -> key-major KJT with lengths 1."""
+def make_kjt(sparse: np.ndarray | Batch, keys: list[str] | None = None) -> KeyedJaggedTensor:
+    """A batch's ids (or ``[N, T]`` ids, one per feature) -> a key-major KJT. ``keys``:
+    the schema's feature names (default Criteo's)."""
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-    n, t = sparse.shape
-    values = torch.from_numpy(np.ascontiguousarray(sparse.T).reshape(-1))
-    return KeyedJaggedTensor.from_lengths_sync(keys=FEATURES[:t], values=values, lengths=torch.ones(n * t, dtype=torch.int32))
+    batch = sparse if isinstance(sparse, Batch) else Batch(np.zeros(len(sparse), np.float32), np.zeros((len(sparse), 0), np.float32), sparse)
+    values, lengths = batch.jagged()
+    keys = keys or CRITEO.feature_names[: batch.num_features]
+    return KeyedJaggedTensor.from_lengths_sync(keys=keys, values=torch.from_numpy(values), lengths=torch.from_numpy(lengths.reshape(-1)))
 
 
 @dataclass
@@ -141,13 +151,15 @@ class PSClient:
     get: Callable[[list[Any]], list[Any]]
     links: LocalLinks | None = None  # shared memory with the PS on this node (``set_routing``)
     latency_s: dict[int, float] = field(default_factory=dict)  # PS id -> injected link latency (chaos)
+    feature_tables: list[int] | None = None  # the table of each feature (None: feature i is table i)
     _seq: Any = field(default_factory=itertools.count)
 
     def __post_init__(self) -> None:
         if not isinstance(self.ps, dict):
             self.ps = dict(enumerate(self.ps))
-        self._table_sizes = torch.tensor(self.vmap.table_sizes, dtype=torch.int64)
-        self._raw = torch.tensor([t in self.vmap.dynamic for t in range(len(self.vmap.table_sizes))])  # dynamic: ids stay raw
+        ft = torch.tensor(self.feature_tables if self.feature_tables is not None else range(len(self.vmap.table_sizes)), dtype=torch.int64)
+        self._table_sizes = torch.tensor(self.vmap.table_sizes, dtype=torch.int64)[ft]  # per feature
+        self._raw = torch.tensor([t in self.vmap.dynamic for t in ft.tolist()], dtype=torch.bool)  # dynamic: ids stay raw
         self.timings = {"route_s": 0.0, "issue_pull_s": 0.0, "wait_pull_s": 0.0, "push_s": 0.0}
 
     def route(self, kjt: KeyedJaggedTensor, put: Callable[[Any], Any] | None = None) -> RoutedBatch:
@@ -162,7 +174,7 @@ class PSClient:
         rows = torch.remainder(values, torch.repeat_interleave(self._table_sizes, per_table))
         if self.vmap.dynamic:
             rows = torch.where(torch.repeat_interleave(self._raw, per_table), values, rows)
-        routed = route(rows, lengths, batch, self.vmap)
+        routed = route(rows, lengths, batch, self.vmap, self.feature_tables)
         if put is not None:
             links = self.links  # set_routing may replace it meanwhile: read it once
             for r in routed.requests:
@@ -275,8 +287,12 @@ class PSEmbeddingBagCollection(nn.Module):
     """``EmbeddingBagCollection`` look-alike whose tables live on PS actors."""
 
     def __init__(self, tables: list[EmbeddingBagConfig], client: PSClient | None = None) -> None:
+        from torchrec.modules.embedding_configs import PoolingType
+
         super().__init__()
         self._configs = tables
+        self._keys = [f for c in tables for f in c.feature_names]
+        self._mean = [i for i, (c, _) in enumerate((c, f) for c in tables for f in c.feature_names) if c.pooling == PoolingType.MEAN]
         self.client = client
         # id(kjt) -> (kjt, lookup); holding the kjt keeps its id from being reused.
         self._prefetched: dict[int, tuple[KeyedJaggedTensor, Lookup]] = {}
@@ -305,13 +321,18 @@ class PSEmbeddingBagCollection(nn.Module):
         pooled = self.client.wait(lookup).to(self._anchor.device, non_blocking=True)
         if self.training:
             pooled = _PooledFromPS.apply(self._anchor, pooled, lambda g: self._hold(lookup, g.cpu()))
+        if self._mean:  # the PS sums; a mean bag is its sum over its length (after the gradient hook: scaled too)
+            pooled = pooled * self._mean_scale(features).to(pooled.device)
         d = self._configs[0].embedding_dim
-        return KeyedTensor(
-            keys=[c.feature_names[0] for c in self._configs],
-            length_per_key=[d] * len(self._configs),
-            values=pooled,
-            key_dim=1,
-        )
+        return KeyedTensor(keys=self._keys, length_per_key=[d] * len(self._keys), values=pooled, key_dim=1)
+
+    def _mean_scale(self, features: KeyedJaggedTensor) -> torch.Tensor:
+        """[B, F*D]: 1 / bag length (1 for an empty bag) for mean features, 1 elsewhere."""
+        f, d = len(self._keys), self._configs[0].embedding_dim
+        lengths = features.lengths().view(f, -1).T.to(torch.float32)
+        scale = torch.ones_like(lengths)
+        scale[:, self._mean] = 1.0 / lengths[:, self._mean].clamp(min=1.0)
+        return scale.repeat_interleave(d, dim=1)
 
     def _hold(self, lookup: Lookup, grad: torch.Tensor) -> None:
         """Backward's gradient: held for the next prefetch to carry (an earlier batch's

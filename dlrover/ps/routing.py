@@ -48,14 +48,18 @@ class RoutedBatch:
     gather: torch.Tensor | None = None
 
 
-def route(values: torch.Tensor, lengths: torch.Tensor, batch: int, vmap: VShardMap) -> RoutedBatch:
-    """Route a key-major jagged batch (``values`` already row ids, ``lengths`` [T*B])."""
-    num_tables = lengths.numel() // batch
+def route(values: torch.Tensor, lengths: torch.Tensor, batch: int, vmap: VShardMap, feature_tables: list[int] | None = None) -> RoutedBatch:
+    """Route a key-major jagged batch (``values`` already row ids, ``lengths`` [F*B]).
+    ``feature_tables``: each feature's table, features of a table next to each other
+    (None: feature i looks up table i)."""
+    num_tables = lengths.numel() // batch  # features: bags per sample in the pooled output
+    ft = np.arange(num_tables) if feature_tables is None else np.asarray(feature_tables, dtype=np.int64)
+    shared = len(ft) != len(vmap.table_sizes)  # some table serves several features
     lens = lengths.numpy()
     single_hot = bool(lens.size) and int(lens.min()) == 1 and int(lens.max()) == 1
     bag_of_value = np.arange(num_tables * batch) if single_hot else np.repeat(np.arange(num_tables * batch), lens)
-    owner, local = vmap.route(values.numpy(), bag_of_value // batch)
-    if single_hot and vmap.num_ps == 1:
+    owner, local = vmap.route(values.numpy(), ft[bag_of_value // batch])
+    if single_hot and vmap.num_ps == 1 and not shared:
         # The common Criteo case on one PS: the request is the whole batch as it is.
         req = PSRequest(vmap.ps_ids[0], local, None, batch, covers_all=True)
         return RoutedBatch(batch, num_tables, [req], vmap.version)
@@ -72,9 +76,9 @@ def route(values: torch.Tensor, lengths: torch.Tensor, batch: int, vmap: VShardM
             ubags, counts = bags_k[first], np.diff(first, append=len(bags_k))
         bag_t = ubags // batch
         dest = (ubags - bag_t * batch) * num_tables + bag_t
-        per_table = np.bincount(bag_t, minlength=num_tables)
+        per_table = np.bincount(ft[bag_t], minlength=len(vmap.table_sizes))
         b_k = int(per_table.max())
-        if single_hot and b_k * num_tables == len(ubags):  # uniform: no offsets, no bag counts
+        if single_hot and not shared and b_k * num_tables == len(ubags):  # uniform: no offsets, no bag counts
             # The answer is TBE's [b_k, T*D]: its row i holds the i-th bag of every table.
             dest = dest.reshape(num_tables, b_k).T.reshape(-1)
             requests.append(PSRequest(k, local[picked], None, b_k, None, torch.from_numpy(dest)))

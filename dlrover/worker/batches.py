@@ -70,10 +70,11 @@ def batches_of(reader: FileReader, index: FileIndex, start: int, stop: int, batc
         yield batch, bad, a + batch_size >= stop
 
 
-def with_tensors(step: Step) -> Step:
-    """Fill in the model's inputs (KJT, dense features, labels) from the step's batch."""
+def with_tensors(step: Step, keys: list[str]) -> Step:
+    """Fill in the model's inputs (KJT keyed by the schema's ``keys``, dense features,
+    labels) from the step's batch."""
     b = step.batch
-    step.kjt = make_kjt(b.sparse)
+    step.kjt = make_kjt(b, keys)
     step.dense = torch.from_numpy(b.dense)
     step.labels = torch.from_numpy(b.labels)
     return step

@@ -10,6 +10,7 @@ import ray
 import torch
 
 from dlrover.data.criteo import Batch, FileIndex
+from dlrover.data.layout import DataLayout
 from dlrover.data.reader import FileReader
 from dlrover.data.synth import Oracle
 from dlrover.model.dlrm import PSClient, PSEmbeddingBagCollection, build_dense_dlrm, dense_parameters, table_configs
@@ -32,14 +33,17 @@ class Evaluator:
         on_bad_line: str,
         batch_size: int,
         files: dict[str, FileIndex],
+        layout: DataLayout,
         device: torch.device = torch.device("cpu"),
     ) -> None:
         # An injected link latency (chaos) holds for evaluation pulls too (one dict, shared).
-        eval_client = PSClient(client.ps, client.vmap, client.dim, f"{name}/eval", get=ray.get, latency_s=client.latency_s)
+        schema = layout.schema
+        eval_client = PSClient(client.ps, client.vmap, client.dim, f"{name}/eval", get=ray.get, latency_s=client.latency_s, feature_tables=schema.feature_tables())
         self.device = device
-        self.model = build_dense_dlrm(model, PSEmbeddingBagCollection(table_configs(model), eval_client), seed).to(device).eval()
+        ebc = PSEmbeddingBagCollection(table_configs(model, schema), eval_client)
+        self.model = build_dense_dlrm(model, ebc, seed, schema).to(device).eval()
         self.params = dense_parameters(self.model)
-        self.reader = FileReader(on_bad_line=on_bad_line)
+        self.reader = FileReader(on_bad_line=on_bad_line, layout=layout)
         self.batch_size = batch_size
         self.files = files
 
@@ -53,7 +57,7 @@ class Evaluator:
                 for batch, _bad, _last in batches_of(self.reader, self.files[path], start, stop, self.batch_size):
                     if len(batch) == 0:
                         continue
-                    step = with_tensors(Step(None, batch, False))
+                    step = with_tensors(Step(None, batch, False), self.reader.layout.schema.feature_names)
                     logits.append(self.model(step.dense.to(self.device), step.kjt).squeeze(-1).cpu().numpy())
                     labels.append(batch.labels)
                     batches.append((path, batch))

@@ -108,7 +108,7 @@ class ShardInput:
             step = Step(shard, batch, last, bad + carried_bad, BatchId(shard.shard_id, i))
             carried_bad = 0
             if len(batch):
-                with_tensors(step)
+                with_tensors(step, self._reader.layout.schema.feature_names)
                 # Routing and the object-store put of the ids are CPU work that
                 # can run here, off the training thread.
                 step.routed = self._client.route(step.kjt, put=ray.put)

@@ -75,11 +75,12 @@ class Worker:
         on_sigterm(lambda: master.preempted.remote(name))  # a notice: the master moves us off
         self.dense_ps = dense_ps
         self.files = files
-        self.reader = FileReader(on_bad_line=self.spec.on_bad_line)
-        self.client = PSClient(ps, vmap, self.spec.model.embedding_dim, name, get=ray.get)
-        self.ebc = PSEmbeddingBagCollection(table_configs(self.spec.model), self.client)
+        schema = spec.layout.schema
+        self.reader = FileReader(on_bad_line=self.spec.on_bad_line, layout=spec.layout)
+        self.client = PSClient(ps, vmap, self.spec.model.embedding_dim, name, get=ray.get, feature_tables=schema.feature_tables())
+        self.ebc = PSEmbeddingBagCollection(table_configs(self.spec.model, schema), self.client)
         self.device = torch.device(spec.device)
-        self.model = build_dense_dlrm(self.spec.model, self.ebc, self.spec.seed).to(self.device)
+        self.model = build_dense_dlrm(self.spec.model, self.ebc, self.spec.seed, schema).to(self.device)
         self.loss_fn = torch.nn.BCEWithLogitsLoss()
         self.chaos = ChaosState(node_slowdown())  # a slow node (tests, benchmarks)
         self._node = ray.get_runtime_context().get_node_id()  # in each report: the master measures nodes (PAL)
@@ -133,12 +134,13 @@ class Worker:
         except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
             return None
         here = ray.get_runtime_context().get_node_id()
-        m = self.spec.model
-        bags = self.spec.batch_size * len(m.table_sizes())
+        schema = self.spec.layout.schema
+        bags = self.spec.batch_size * len(schema.sparse)
+        ids = self.spec.batch_size * schema.max_ids_per_sample()
         local = {k for k, st in zip(ps, nodes) if st["node_id"] == here}
-        # Room for an answer of a whole batch, and for its ids and offsets when single-hot.
+        # Room for an answer of a whole batch, and for its ids and offsets.
         slots = ring_slots(self.spec.max_staleness)
-        return LocalLinks(self.name, local, bags * m.embedding_dim, wait=ray.wait, ids_capacity=2 * bags + 1, slots=slots)
+        return LocalLinks(self.name, local, bags * self.spec.model.embedding_dim, wait=ray.wait, ids_capacity=ids + bags + 1, slots=slots)
 
     def resume(self) -> None:
         """Let a paused loop go on (a checkpoint was taken meanwhile)."""
@@ -376,7 +378,7 @@ class Worker:
         evaluator = self._eval
         if evaluator is None:
             spec = self.spec
-            evaluator = self._eval = Evaluator(self.client, self.name, spec.model, spec.seed, spec.on_bad_line, spec.batch_size, self.files, self.device)
+            evaluator = self._eval = Evaluator(self.client, self.name, spec.model, spec.seed, spec.on_bad_line, spec.batch_size, self.files, spec.layout, self.device)
         return evaluator.evaluate(ranges, self.dense_ps)
 
     def ping(self) -> ProcessInfo:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from dlrover.data.layout import DataLayout
 from dlrover.spec import JobSpec, ModelSpec
 
 
@@ -13,6 +14,7 @@ class WorkerSpec:
     """The part of the job spec a worker uses (it gets nothing else)."""
 
     model: ModelSpec
+    layout: DataLayout  # the feature schema and how the files hold it
     seed: int
     batch_size: int
     on_bad_line: str
@@ -27,7 +29,7 @@ class WorkerSpec:
     def of(cls, spec: JobSpec) -> "WorkerSpec":
         d, t = spec.data, spec.train
         device = "cuda" if spec.resources.worker_gpu else "cpu"
-        return cls(spec.model, spec.seed, d.batch_size, d.on_bad_line, t.staleness, t.pull_ahead_bound, t.deterministic, t.log_every_s, device, t.dense_sync != "async")
+        return cls(spec.model, spec.layout(), spec.seed, d.batch_size, d.on_bad_line, t.staleness, t.pull_ahead_bound, t.deterministic, t.log_every_s, device, t.dense_sync != "async")
 
 
 def worker_threads(cpu: float, override: int | None) -> int:

@@ -1,0 +1,65 @@
+"""How a job's data files are laid out: the feature schema plus the file-level settings
+(format, header, delimiter) that the readers need. One record, built from the spec once,
+handed to every reader (workers, evaluation, predict, the baseline)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from dlrover.data.schema import CRITEO, Schema
+from dlrover.errors import DataError
+
+_TEXT_EXTS = (".tsv", ".txt", ".csv", ".gz", "")
+_PARQUET_EXTS = (".parquet", ".pq")
+
+
+@dataclass(frozen=True)
+class DataLayout:
+    """``format``: the spec's ``data.format``. A file's own format (:meth:`file_format`)
+    is ``tsv`` (Criteo's TSV), ``csv`` (delimited text with named columns) or ``parquet``."""
+
+    schema: Schema = CRITEO
+    format: str = "auto"
+    header: bool = True
+    delimiter: str | None = None
+    columns: tuple[str, ...] | None = None
+    on_long_bag: str = "truncate"
+
+    @property
+    def criteo(self) -> bool:
+        return self.schema.criteo
+
+    def file_format(self, path: str) -> str:
+        """``tsv``, ``csv`` or ``parquet`` for this file, from ``format`` or, with
+        ``auto``, its extension; unknown extensions are refused rather than guessed, so
+        a stray ``synth.json`` never gets parsed as data."""
+        name = os.path.basename(path).lower()
+        ext = os.path.splitext(name)[1]
+        if ext in _PARQUET_EXTS:
+            found = "parquet"
+        elif ext in _TEXT_EXTS:
+            found = "tsv" if self.criteo else "csv"
+        else:
+            raise DataError(
+                f"{path}: unknown data file extension {ext!r} "
+                "(expected .tsv, .txt, .csv, .gz, .parquet, .pq or none)"
+            )
+        want = {"auto": found, "criteo": "tsv", "tsv": "tsv" if self.criteo else "csv", "csv": "csv", "parquet": "parquet"}[self.format]
+        if want != found and not (found in ("tsv", "csv") and want in ("tsv", "csv")):
+            raise DataError(f"{path}: looks like {found} (by its extension) but data.format is {self.format}")
+        return want
+
+    def sep(self, path: str) -> str:
+        """The field delimiter of a delimited text file."""
+        if self.delimiter is not None:
+            return self.delimiter
+        if self.format == "tsv":
+            return "\t"
+        if self.format == "csv":
+            return ","
+        name = path.lower().removesuffix(".gz")
+        return "\t" if name.endswith((".tsv", ".txt")) else ","
+
+
+CRITEO_LAYOUT = DataLayout()
