@@ -54,7 +54,8 @@ class TableSpec(BaseModel):
     @model_validator(mode="after")
     def _fields_of_kind(self) -> "TableSpec":
         if self.kind is TableKind.HASHED:
-            given = sorted(self.model_fields_set & {"capacity_rows", "admit_after", "eviction", "ttl_steps"})
+            # by value, not by fields set: a spec written out as JSON (spec.json) lists every field
+            given = sorted(f for f in ("capacity_rows", "admit_after", "eviction", "ttl_steps") if getattr(self, f) != type(self).model_fields[f].default)
             if given:
                 raise ValueError(f"{given[0]}: only for kind: dynamic (this table is hashed)")
             return self

@@ -8,7 +8,8 @@ import pytest
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from dlrover.model.dlrm import FEATURES, PSClient
+from dlrover.data.schema import CRITEO
+from dlrover.model.dlrm import PSClient
 from dlrover.ps.dynamic import vshard_of
 from dlrover.ps.dynamic_tables import default_row
 from dlrover.ps.embedding_ps import EmbeddingPS
@@ -82,7 +83,7 @@ def _batch(rng: np.random.Generator, n: int) -> list[list[list[int]]]:
 def _kjt(bags: list[list[list[int]]]) -> KeyedJaggedTensor:
     values = torch.tensor([x for table in bags for bag in table for x in bag], dtype=torch.int64)
     lengths = torch.tensor([len(bag) for table in bags for bag in table], dtype=torch.int32)
-    return KeyedJaggedTensor.from_lengths_sync(keys=FEATURES, values=values, lengths=lengths)
+    return KeyedJaggedTensor.from_lengths_sync(keys=CRITEO.feature_names, values=values, lengths=lengths)
 
 
 def train_and_compare(client, local, rng, n: int, bags_per_step: int = 48, *, get) -> None:

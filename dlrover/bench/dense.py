@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dlrover.data.criteo import NUM_DENSE, NUM_SPARSE
+from dlrover.data.schema import CRITEO
 from dlrover.localhead import free_port
 from dlrover.spec import ModelSpec
 
@@ -60,9 +60,10 @@ class DenseBenchWorker:
         self.model = dense_mlps(seed)  # every worker starts from the same parameters
         self.params = list(self.model.parameters())
         g = torch.Generator().manual_seed(rank)
-        self.x = torch.randn(BATCH, NUM_DENSE, generator=g)
+        f = len(CRITEO.sparse)  # the bench's job trains Criteo's layout
+        self.x = torch.randn(BATCH, CRITEO.dense_width, generator=g)
         # The over arch's other input: the pairwise interactions and the pooled embeddings.
-        self.z = torch.randn(BATCH, NUM_SPARSE * (NUM_SPARSE - 1) // 2 + NUM_SPARSE, generator=g)
+        self.z = torch.randn(BATCH, f * (f - 1) // 2 + f, generator=g)
         self.y = (torch.rand(BATCH, generator=g) < 0.25).float()
 
     def initial(self) -> np.ndarray:
