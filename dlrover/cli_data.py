@@ -14,7 +14,7 @@ def add_data_parsers(add_parser: Callable[..., argparse.ArgumentParser]) -> None
     """Add ``data synth`` with ``add_parser`` (the CLI's ``subparsers.add_parser``)."""
     d = add_parser("data", help="data utilities")
     dsub = d.add_subparsers(dest="data_cmd", required=True, parser_class=type(d))
-    syn = dsub.add_parser("synth", help="write learnable synthetic Criteo TSV with a known best AUC")
+    syn = dsub.add_parser("synth", help="write learnable synthetic data (Criteo TSV, or a job spec's features) with a known best AUC")
     syn.add_argument("--out", required=True)
     syn.add_argument("--rows", type=positive_int, default=100_000)
     syn.add_argument("--files", type=positive_int, default=4)
@@ -22,9 +22,20 @@ def add_data_parsers(add_parser: Callable[..., argparse.ArgumentParser]) -> None
     syn.add_argument("--gzip", action="store_true")
     syn.add_argument("--high-cardinality", action="store_true", help="4 tables of Zipf ids over --distinct-ids values, every id weighted alike (hashed tables collide)")
     syn.add_argument("--distinct-ids", type=positive_int, help="values per large table with --high-cardinality (default 10,000,000)")
+    syn.add_argument("--schema", metavar="SPEC.yaml", help="data for this job spec's features: and data layout (CSV, TSV or Parquet, as its data.format or paths say)")
 
 
 def cmd_data(args: argparse.Namespace) -> int:
+    if args.schema is not None:
+        if args.high_cardinality or args.gzip:
+            raise DLRoverError("--schema: not with --high-cardinality or --gzip")
+        from dlrover.data.synth_schema import SchemaSynthConfig, generate_for_schema, synth_format
+        from dlrover.spec import load_spec
+
+        spec = load_spec(args.schema)
+        info = generate_for_schema(args.out, spec.layout(), SchemaSynthConfig(args.rows, args.files, args.seed), synth_format(spec))
+        print(f"wrote {info['rows']:,} rows in {len(info['files'])} files to {args.out}; ctr {info['ctr']:.3f}; best possible auc {info['best_auc']:.4f}")
+        return 0
     if args.distinct_ids is not None and not args.high_cardinality:
         raise DLRoverError("--distinct-ids: only with --high-cardinality")
     if args.high_cardinality:

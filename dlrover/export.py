@@ -1,8 +1,8 @@
 """``dlrover export RUN_DIR --out DIR``: a finished job's model as a self-contained
 directory that :class:`dlrover.serving.ServedModel` (torch only) loads.
 
-The job's ``final.pt`` (``<checkpoint.dir>/<job_id>/final.pt``, written by the master
-when the job ends) holds the global tables, the flat dense parameter vector and each
+The job's ``final.pt`` (``<checkpoint.dir>/<job_id>/final.pt``, else in the run
+directory, written by the master when the job succeeds) holds the global tables, the flat dense parameter vector and each
 dynamic table's id map, which only dlrover's model code can put back into a DLRM. Here
 the dense part becomes a ``torch.export`` program (graph and weights in one file, no
 Python class needed to load it) and the tables plain tensors, with a manifest that says
@@ -74,12 +74,11 @@ def run_spec(run_dir: Path) -> JobSpec:
 
 
 def find_final_model(run_dir: Path) -> tuple[Path, JobSpec]:
-    """``<checkpoint.dir>/<job_id>/final.pt`` of a run directory, and the job's spec."""
+    """A run's ``final.pt`` (``<checkpoint.dir>/<job_id>/``, else the run directory's),
+    and the job's spec."""
     spec = run_spec(run_dir)
-    if not spec.checkpoint.dir:
-        raise DataError(f"{run_dir / 'spec.json'}: checkpoint.dir is not set, so the job saved no final.pt (rerun with --set checkpoint.dir=DIR)")
     job_id = run_dir.resolve().name  # the driver names a run directory after its job
-    path = Path(spec.checkpoint.dir) / job_id / "final.pt"
+    path = (Path(spec.checkpoint.dir) / job_id if spec.checkpoint.dir else run_dir) / "final.pt"
     if not path.is_file():
         raise DataError(f"{path}: no such file (written when job {job_id} finishes; did it?)")
     return path, spec

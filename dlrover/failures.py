@@ -71,7 +71,7 @@ class Failure:
     samples_replayed: int | None = None
     rollback_s: float | None = None  # the rollback's (or partial recovery's) own time
     restarts: int | None = None
-    updates_lost: int | None = None  # bags a replaced PS had applied since its checkpoint (partial)
+    updates_lost: int | None = None  # ids a replaced PS had applied since its checkpoint (partial)
 
     @property
     def cause_class(self) -> CauseClass:

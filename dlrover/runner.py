@@ -50,10 +50,16 @@ def ensure_data(spec: JobSpec) -> None:
     except (OSError, ValueError):
         cfg = {}
     if (cfg.get("rows"), cfg.get("files"), cfg.get("seed")) != (s.rows, s.files, s.seed):
-        from dlrover.data.synth import SynthConfig, generate
+        if spec.features is not None:
+            from dlrover.data.synth_schema import SchemaSynthConfig, generate_for_schema, synth_format
 
-        print(f"[dlrover] generating synthetic Criteo data: {s.rows:,} rows in {s.files} files -> {s.out}", file=sys.stderr)
-        generate(s.out, SynthConfig(rows=s.rows, files=s.files, seed=s.seed), progress=True)
+            print(f"[dlrover] generating synthetic data for the job's features: {s.rows:,} rows in {s.files} files -> {s.out}", file=sys.stderr)
+            generate_for_schema(s.out, spec.layout(), SchemaSynthConfig(s.rows, s.files, s.seed), synth_format(spec))
+        else:
+            from dlrover.data.synth import SynthConfig, generate
+
+            print(f"[dlrover] generating synthetic Criteo data: {s.rows:,} rows in {s.files} files -> {s.out}", file=sys.stderr)
+            generate(s.out, SynthConfig(rows=s.rows, files=s.files, seed=s.seed), progress=True)
     expand_paths(spec.data.paths)
 
 

@@ -198,7 +198,8 @@ def one_error_line(capsys) -> str:
     return err[0]
 
 
-def test_export_of_a_run_without_a_checkpoint_dir_names_spec_json_and_the_setting(tmp_path, synth_dir, capsys):
+def test_export_of_an_unfinished_run_names_the_final_pt_it_lacks(tmp_path, synth_dir, capsys):
+    """Without checkpoint.dir a job leaves its model in its run directory."""
     from conftest import small_spec
 
     run = tmp_path / "runs" / "t-1"
@@ -206,7 +207,7 @@ def test_export_of_a_run_without_a_checkpoint_dir_names_spec_json_and_the_settin
     (run / "spec.json").write_text(small_spec(synth_dir).model_dump_json())
     assert main(["export", str(run), "--out", str(tmp_path / "m")]) == 2
     line = one_error_line(capsys)
-    assert f"{run / 'spec.json'}: checkpoint.dir is not set" in line
+    assert f"{run / 'final.pt'}: no such file (written when job t-1 finishes; did it?)" in line
     assert main(["export", str(tmp_path / "nope"), "--out", str(tmp_path / "m")]) == 2
     assert f"{tmp_path / 'nope'}: no such run directory" in one_error_line(capsys)
 

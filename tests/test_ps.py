@@ -151,15 +151,19 @@ def test_restoring_no_payloads_puts_back_the_seed_rows_under_the_new_map():
         np.testing.assert_array_equal(w, want)
 
 
-def test_bags_on_counts_exactly_the_bags_routing_sends_to_each_ps():
-    """Partial recovery counts a dead PS's lost updates with ``bags_on``: it must agree
+def test_ids_on_counts_exactly_the_ids_routing_sends_to_each_ps():
+    """Partial recovery counts a dead PS's lost updates with ``ids_on``: it must agree
     with the route the workers' pushes take."""
+    from dlrover.data.criteo import Batch
+
     vmap = VShardMap.round_robin(SIZES, 16, 3)
     sparse = np.random.default_rng(5).integers(0, 2**40, size=(500, len(SIZES)))
+    batch = Batch(np.zeros(500, np.float32), np.zeros((500, 0), np.float32), sparse)
     routed = PSClient([None] * 3, vmap, 8, "w", get=None).route(make_kjt(sparse))
+    ids, tables = batch.jagged()[0], batch.features_of_ids()
     for r in routed.requests:
-        assert vmap.bags_on(sparse, [r.ps]) == r.dest.numel()
-    assert vmap.bags_on(sparse, [0, 1, 2]) == sparse.size
+        assert vmap.ids_on(ids, tables, [r.ps]) == r.dest.numel()
+    assert vmap.ids_on(ids, tables, [0, 1, 2]) == sparse.size
 
 
 @pytest.mark.parametrize("num_ps", [1, 2])

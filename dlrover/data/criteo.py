@@ -68,6 +68,11 @@ class Batch:
     def num_ids(self) -> int:
         return int(self.sparse.size if self.lengths is None else self.lengths.sum())
 
+    def features_of_ids(self) -> np.ndarray:
+        """The feature of each id of :meth:`jagged`'s ids."""
+        _, lengths = self.jagged()
+        return np.repeat(np.arange(len(lengths)), lengths.sum(axis=1))
+
     def jagged(self) -> tuple[np.ndarray, np.ndarray]:
         """(feature-major ids, lengths ``[T, N]``) whatever the layout."""
         if self.lengths is not None:

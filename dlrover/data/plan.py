@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from dlrover.data.criteo import FileIndex, expand_paths, index_file
+from dlrover.data.layout import DataLayout
+from dlrover.data.reader import FileReader
 from dlrover.data.shards import ShardQueue, split_rows
 from dlrover.errors import DataError
 from dlrover.spec import JobSpec
@@ -56,6 +58,18 @@ class DataPlan:
             clock=clock,
             cuts=self.cuts(),
         )
+
+    def training_ids(self, layout: DataLayout, read_rows: int = 65_536) -> tuple[int, int]:
+        """(ids, bags cut to max_len) in one epoch's training rows, as the readers count
+        them (bad lines skipped): what the PS must have applied, epoch after epoch."""
+        if layout.criteo:  # one id per feature and row, always (a missing value is id 0)
+            return -1, 0
+        reader, ids, cut = FileReader(on_bad_line="skip", cache_files=0, layout=layout), 0, 0
+        for path, rows in self.train_rows.items():
+            for a in range(0, rows, read_rows):
+                batch, _ = reader.read(self.files[path], a, min(rows, a + read_rows))
+                ids, cut = ids + batch.num_ids, cut + batch.long_bags
+        return ids, cut
 
     def eval_ranges(self, shard_rows: int) -> list[tuple[str, int, int]]:
         out = []

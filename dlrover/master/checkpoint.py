@@ -208,7 +208,9 @@ class Checkpointer:
             ray.get([nbytes for nbytes, _ in snaps], timeout=timeout_s)  # and so each payload is in the object store
             changed = ray.get(changed, timeout=timeout_s)
             # What each PS had applied at the cut: partial recovery reports a dead one's.
-            bags = {str(k): int(st["rows_updated"]) for k, st in zip(ps, ray.get([h.stats.remote() for h in ps.values()], timeout=timeout_s))}
+            stats = ray.get([h.stats.remote() for h in ps.values()], timeout=timeout_s)
+            bags = {str(k): int(st["rows_updated"]) for k, st in zip(ps, stats)}
+            ids = {str(k): int(st["ids_updated"]) for k, st in zip(ps, stats)}
             dense = lz.dense.state(timeout_s)
             cut = m.books.cut(trained)
         except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError) as e:
@@ -225,7 +227,7 @@ class Checkpointer:
         self._seq += 1
         ckpt = Checkpoint(self._seq, now, cut.queue, held_samples(cut.queue), cut.bad_lines, cut.steps, dense, refs, pause, extra=dict(extra or {}))
         ckpt.extra["config"] = lz.config(exclude=m.books.draining()).to_dict()
-        ckpt.extra["ps_bags"] = bags
+        ckpt.extra["ps_bags"], ckpt.extra["ps_ids"] = bags, ids
         ckpt.extra["vmap"] = {"table_sizes": lz.vmap.table_sizes, "num_vshards": lz.vmap.num_vshards, "owner": lz.vmap.owner.tolist(), "version": lz.vmap.version}
         if self.chain is not None:
             self.chain.add_cut(ckpt.seq, lz.vmap.table_sizes, changed)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Protocol
 
+from dlrover.data.plan import DataPlan
 from dlrover.failures import Failure
 from dlrover.master.books import ShardBooks
 from dlrover.master.events import EventLog
@@ -18,6 +19,7 @@ from dlrover.spec import JobSpec
 class Job(Protocol):
     job_id: str
     spec: JobSpec
+    data: DataPlan  # the files, their row counts, the training and held-out rows
     clock: Callable[[], float]
     t0: float  # clock value at the job's start: job time = clock() - t0
     events: EventLog
@@ -35,3 +37,5 @@ class Job(Protocol):
     chaos: Any  # ChaosInjector
 
     def crash(self) -> None: ...
+
+    def run_directory(self) -> str: ...

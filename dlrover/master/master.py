@@ -197,8 +197,11 @@ class JobMaster:
 
     # -- master restarts (dlrover.master.persist) ---------------------------------------
     def _state_path(self) -> str:
-        run_dir = self.run_dir or os.path.join(tempfile.gettempdir(), "dlrover-runs", self.job_id)
-        return os.path.join(run_dir, "master_state.json")
+        return os.path.join(self.run_directory(), "master_state.json")
+
+    def run_directory(self) -> str:
+        """Where the run's files go: the driver's run directory, else one under the temp dir."""
+        return self.run_dir or os.path.join(tempfile.gettempdir(), "dlrover-runs", self.job_id)
 
     def _persist(self, crash_at_s: float | None = None) -> None:
         now = self.clock() - self.t0
@@ -271,6 +274,7 @@ class JobMaster:
         ps_stats = ray.get([ps.stats.remote() for ps in self.launcher.ps.values()]) + self.control.retired_ps_stats
         # Each (sample, feature) bag is pushed to exactly one PS: this counts applied updates.
         summary["ps_bags_updated"] = int(sum(s["rows_updated"] for s in ps_stats))
+        summary["ps_ids_updated"] = int(sum(s["ids_updated"] for s in ps_stats))
         summary["dynamic_tables"] = total_counts(ps_stats)  # hits, admissions, evictions (dlrover bench embeddings)
         dense = self.launcher.dense.stats()
         summary.update(dense_summary(dense, self.spec.train.dense_sync))
@@ -293,7 +297,7 @@ class JobMaster:
 
         if self.spec.checkpoint.dir:
             return self.spec.checkpoint.dir.rstrip("/") + "/" + self.job_id
-        return os.path.join(os.path.dirname(self._state_path()), "checkpoints")
+        return os.path.join(self.run_directory(), "checkpoints")
 
     # -- internals --------------------------------------------------------------------------------
     # -- the job loop's context (dlrover.master.states.JobContext) ----------------------

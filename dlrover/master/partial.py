@@ -20,9 +20,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import numpy as np
 import ray
 
 from dlrover.data.criteo import FileIndex
+from dlrover.data.layout import DataLayout
 from dlrover.data.reader import FileReader
 from dlrover.data.shards import ShardQueue
 from dlrover.failures import CheckpointRef, Failure, LostPs
@@ -41,7 +43,7 @@ class PartialRecovery:
     checkpoint: CheckpointRef
     recovery_s: float
     replaced: dict[str, str]  # dead PS -> its replacement (actor names)
-    lost: Any  # ObjectRef of ``count_bags``: the updates lost with the dead PS
+    lost: Any  # ObjectRef of ``count_ids``: the updates lost with the dead PS
 
     def apply_to(self, failure: Failure) -> None:
         failure.checkpoint, failure.rollback_s, failure.samples_replayed = self.checkpoint, self.recovery_s, 0
@@ -49,14 +51,15 @@ class PartialRecovery:
 
 
 @ray.remote(num_cpus=0)
-def count_bags(files: dict[str, FileIndex], ranges: list[tuple[str, int, int]], vmap: VShardMap, ps_ids: list[int]) -> int:
-    """Bags of the lines ``ranges`` that the PS ``ps_ids`` own under ``vmap`` (bad lines
+def count_ids(files: dict[str, FileIndex], ranges: list[tuple[str, int, int]], vmap: VShardMap, ps_ids: list[int], layout: DataLayout) -> int:
+    """Ids of the lines ``ranges`` that the PS ``ps_ids`` own under ``vmap`` (bad lines
     trained nothing: skipped)."""
-    reader, total = FileReader(on_bad_line="skip", cache_files=0), 0
+    reader, total = FileReader(on_bad_line="skip", cache_files=0, layout=layout), 0
+    feature_tables = np.asarray(layout.schema.feature_tables())
     for path, start, stop in ranges:
         for a in range(start, stop, READ_ROWS):
             batch, _ = reader.read(files[path], a, min(stop, a + READ_ROWS))
-            total += vmap.bags_on(batch.sparse, ps_ids)
+            total += vmap.ids_on(batch.jagged()[0], feature_tables[batch.features_of_ids()], ps_ids)
     return total
 
 
@@ -87,7 +90,7 @@ def recover_partially(m: Job, pending: dict[Any, str], lost_ps: LostPs) -> Parti
     ray.get([h.restore.remote(vmap, refs) if k in new else h.reconfigure.remote(vmap, []) for k, h in lz.ps.items()])
     lz.vmap = vmap
     ranges = m.books.queue.lines_since(ShardQueue.from_state_dict(ckpt.queue))
-    lost = count_bags.remote(lz.files, ranges, at_death, list(lost_ps.ps))
+    lost = count_ids.remote(lz.files, ranges, at_death, list(lost_ps.ps), m.spec.layout())
     ray.get([h.set_routing.remote(dict(lz.ps), vmap, lz.dense) for h in lz.workers.values()])
     for name in lz.workers:
         pending[lz.start(name)] = name
@@ -97,5 +100,6 @@ def recover_partially(m: Job, pending: dict[Any, str], lost_ps: LostPs) -> Parti
     back = PartialRecovery(CheckpointRef(ckpt.seq, round(ckpt.at_s, 3), source), round((m.clock() - m.t0) - t0, 3), names, lost)
     m.events.add("partial_recovery", checkpoint=asdict(back.checkpoint), recovery_s=back.recovery_s, generation=m.books.generation,
                  replaced=names, lines_lost=sum(b - a for _, a, b in ranges),
-                 bags_at_checkpoint={lz.ps_name(k): ckpt.extra.get("ps_bags", {}).get(str(k)) for k in lost_ps.ps})
+                 bags_at_checkpoint={lz.ps_name(k): ckpt.extra.get("ps_bags", {}).get(str(k)) for k in lost_ps.ps},
+                 ids_at_checkpoint={lz.ps_name(k): ckpt.extra.get("ps_ids", {}).get(str(k)) for k in lost_ps.ps})
     return back

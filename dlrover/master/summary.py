@@ -80,6 +80,8 @@ def summary_of(m: Job, metrics: dict) -> dict:
     bad = b.bad_lines + q.prefix_bad_lines
     expected = q.samples_expected - bad
     trained = q.samples_done
+    ids, cut = m.data.training_ids(spec.layout())
+    ids_expected = len(spec.schema.sparse) * expected if ids < 0 else ids * spec.data.epochs
     return {
         "job_id": m.job_id,
         "status": m.status.value,
@@ -87,6 +89,8 @@ def summary_of(m: Job, metrics: dict) -> dict:
         "samples_trained": int(trained),
         "samples_lost": int(max(expected - trained, 0)),
         "bad_lines_skipped": int(bad),
+        "ids_expected": int(ids_expected),  # ids in the trained rows: each updates the PS exactly once (ps_ids_updated)
+        "long_bags_truncated": int(cut * spec.data.epochs),
         "auc": metrics.get("auc"),
         "logloss": metrics.get("logloss"),
         "best_auc": metrics.get("best_auc"),
@@ -125,17 +129,15 @@ def final_id_maps(m: Job) -> dict[int, IdMap]:
 
 def export_final(m: Job) -> None:
     """Write the trained model (global embedding tables, dense parameters, the dynamic
-    tables' id maps) to ``checkpoint.dir/<job_id>/final.pt`` when a checkpoint directory
-    is set.
+    tables' id maps) to ``checkpoint.dir/<job_id>/final.pt``, or without a checkpoint
+    directory to the run directory's ``final.pt`` (what ``dlrover export`` reads).
 
     The global tables are assembled in files mapped into memory, one PS's rows of one
     table at a time: a model of several GB passes through the page cache, which the
     kernel can write back, instead of being gathered in the master's own memory."""
     spec = m.spec
-    if not spec.checkpoint.dir:
-        return
     sizes, dim = spec.schema.table_sizes(), spec.model.embedding_dim
-    out = os.path.join(spec.checkpoint.dir, m.job_id)
+    out = os.path.join(spec.checkpoint.dir, m.job_id) if spec.checkpoint.dir else m.run_directory()
     os.makedirs(out, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out, prefix=".final-") as scratch:
         tables = [torch.from_file(os.path.join(scratch, f"t{t}"), shared=True, size=n * dim).view(n, dim) for t, n in enumerate(sizes)]

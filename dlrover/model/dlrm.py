@@ -322,17 +322,18 @@ class PSEmbeddingBagCollection(nn.Module):
         if self.training:
             pooled = _PooledFromPS.apply(self._anchor, pooled, lambda g: self._hold(lookup, g.cpu()))
         if self._mean:  # the PS sums; a mean bag is its sum over its length (after the gradient hook: scaled too)
-            pooled = pooled * self._mean_scale(features).to(pooled.device)
+            pooled = pooled / self._mean_divisor(features).to(pooled.device)
         d = self._configs[0].embedding_dim
         return KeyedTensor(keys=self._keys, length_per_key=[d] * len(self._keys), values=pooled, key_dim=1)
 
-    def _mean_scale(self, features: KeyedJaggedTensor) -> torch.Tensor:
-        """[B, F*D]: 1 / bag length (1 for an empty bag) for mean features, 1 elsewhere."""
+    def _mean_divisor(self, features: KeyedJaggedTensor) -> torch.Tensor:
+        """[B, F*D]: the bag's length (1 for an empty bag) for mean features, 1 elsewhere.
+        A division, as TorchRec's mean pooling: the same floats bit for bit."""
         f, d = len(self._keys), self._configs[0].embedding_dim
         lengths = features.lengths().view(f, -1).T.to(torch.float32)
-        scale = torch.ones_like(lengths)
-        scale[:, self._mean] = 1.0 / lengths[:, self._mean].clamp(min=1.0)
-        return scale.repeat_interleave(d, dim=1)
+        divisor = torch.ones_like(lengths)
+        divisor[:, self._mean] = lengths[:, self._mean].clamp(min=1.0)
+        return divisor.repeat_interleave(d, dim=1)
 
     def _hold(self, lookup: Lookup, grad: torch.Tensor) -> None:
         """Backward's gradient: held for the next prefetch to carry (an earlier batch's

@@ -50,6 +50,7 @@ class Pulled:
     out: torch.Tensor
     rows: torch.Tensor  # the TBE batch's flat rows, for the dirty-row trackers
     pins: dict[int, np.ndarray]  # dynamic tables' rows held until the push
+    ids: int = 0  # ids of the request (unadmitted ones too): its push updates their bags
 
 
 class EmbeddingPS(VShardMoves):
@@ -85,7 +86,7 @@ class EmbeddingPS(VShardMoves):
         self._dropped: set[str] = set()  # workers gone: their late pulls keep no graph
         self._lock = threading.Lock()
         # ids: ids looked up by pulls plus ids updated by pushes, the work busy_s was spent on
-        self._stats = {"pulls": 0, "pushes": 0, "ids": 0, "rows_updated": 0, "duplicates": 0, "busy_s": 0.0}
+        self._stats = {"pulls": 0, "pushes": 0, "ids": 0, "rows_updated": 0, "ids_updated": 0, "duplicates": 0, "busy_s": 0.0}
         self.applied = AppliedLog()  # batches applied: a batch pushed again is skipped
         self._started = time.monotonic()
         self._proc = psutil.Process()
@@ -173,7 +174,7 @@ class EmbeddingPS(VShardMoves):
         if training:
             out = tables(batch.indices, batch.offsets)
             with self._lock:
-                self._pending[key] = Pulled(out, batch.indices, tr.pins if tr is not None else {})
+                self._pending[key] = Pulled(out, batch.indices, tr.pins if tr is not None else {}, num_ids)
         else:
             with torch.no_grad():
                 out = tables(batch.indices, batch.offsets)
@@ -213,6 +214,7 @@ class EmbeddingPS(VShardMoves):
         self._stats["pushes"] += 1
         self._stats["ids"] += p.rows.numel()
         self._stats["rows_updated"] += bags
+        self._stats["ids_updated"] += p.ids
         self._stats["busy_s"] += time.perf_counter() - t0
         return bags
 

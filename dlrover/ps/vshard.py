@@ -117,13 +117,14 @@ class VShardMap:
     def num_ps(self) -> int:
         return len(np.unique(self.owner))
 
-    def bags_on(self, sparse: np.ndarray, ps_ids: list[int]) -> int:
-        """How many bags of a batch of raw ids (``[N, tables]``, one id per bag, as the
-        workers route them) go to the PS ``ps_ids``."""
-        sparse = np.asarray(sparse, dtype=np.int64)
-        vs = np.remainder(sparse, np.asarray(self.table_sizes, dtype=np.int64)) % self.num_vshards
-        for t in self.dynamic:
-            vs[:, t] = vshard_of(sparse[:, t], self.num_vshards)
+    def ids_on(self, ids: np.ndarray, tables: np.ndarray, ps_ids: list[int]) -> int:
+        """How many of these raw ids (``tables``: the table of each) go to the PS
+        ``ps_ids``, routed as the workers route them."""
+        ids, tables = np.asarray(ids, dtype=np.int64), np.asarray(tables, dtype=np.int64)
+        vs = np.remainder(ids, np.asarray(self.table_sizes, dtype=np.int64)[tables]) % self.num_vshards
+        raw = np.isin(tables, self.dynamic) if self.dynamic else None
+        if raw is not None:
+            vs[raw] = vshard_of(ids[raw], self.num_vshards)
         return int(np.isin(self.owner[vs], ps_ids).sum())
 
     def reassigned(self, ps_ids: list[int], load: dict[int, float] | None = None) -> "VShardMap":
