@@ -22,10 +22,29 @@ def add_data_parsers(add_parser: Callable[..., argparse.ArgumentParser]) -> None
     syn.add_argument("--gzip", action="store_true")
     syn.add_argument("--high-cardinality", action="store_true", help="4 tables of Zipf ids over --distinct-ids values, every id weighted alike (hashed tables collide)")
     syn.add_argument("--distinct-ids", type=positive_int, help="values per large table with --high-cardinality (default 10,000,000)")
+    mh = dsub.add_parser("multihot", help="MLPerf DLRM-DCNv2's multi-hot days (day_*_sparse_multi_hot.npz) from TorchRec's .npy days")
+    mh.add_argument("--in", dest="in_dir", required=True, help="a directory of day_*_{labels,dense,sparse}.npy (TorchRec's tsv_to_npys)")
+    mh.add_argument("--out", required=True)
+    mh.add_argument("--bag-sizes", required=True, type=int_list, help="26 comma-separated bag sizes (MLPerf: 3,2,1,2,6,1,1,1,1,7,3,8,1,6,9,5,1,1,1,12,100,27,10,3,1,1)")
+    mh.add_argument("--num-embeddings", required=True, type=int_list, help="26 comma-separated table sizes: the ids' range per feature")
+    mh.add_argument("--seed", type=int, default=0)
     syn.add_argument("--schema", metavar="SPEC.yaml", help="data for this job spec's features: and data layout (CSV, TSV or Parquet, as its data.format or paths say)")
 
 
+def int_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated integers") from None
+
+
 def cmd_data(args: argparse.Namespace) -> int:
+    if args.data_cmd == "multihot":
+        from dlrover.data.npy import write_multi_hot
+
+        days = write_multi_hot(args.in_dir, args.out, args.bag_sizes, args.num_embeddings, args.seed)
+        print(f"wrote {len(days)} multi-hot days ({sum(args.bag_sizes)} ids a sample) to {args.out}")
+        return 0
     if args.schema is not None:
         if args.high_cardinality or args.gzip:
             raise DLRoverError("--schema: not with --high-cardinality or --gzip")

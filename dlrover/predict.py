@@ -16,9 +16,9 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from dlrover.data.criteo import expand_paths, index_file
+from dlrover.data.criteo import index_file
 from dlrover.data.layout import CRITEO_LAYOUT, DataLayout
-from dlrover.data.reader import FileReader
+from dlrover.data.reader import FileReader, data_files
 from dlrover.data.schema import FeaturesSpec, resolve
 from dlrover.errors import DataError
 from dlrover.paths import out_dir
@@ -27,10 +27,11 @@ from dlrover.serving import Manifest, ServedModel
 
 def layout_of(manifest: Manifest) -> DataLayout:
     """How the files the model trained on were laid out, as its manifest says."""
-    if manifest.features is None:
-        return CRITEO_LAYOUT
     d = manifest.data
-    schema = resolve(FeaturesSpec.model_validate(manifest.features), {}, 1, npy=d.get("format") == "torchrec_npy")
+    if manifest.features is None and not d:  # exported before manifests carried the layout
+        return CRITEO_LAYOUT
+    features = FeaturesSpec.model_validate(manifest.features) if manifest.features is not None else None
+    schema = resolve(features, {}, 1, npy=d.get("format") == "torchrec_npy")
     columns = tuple(d["columns"]) if d.get("columns") else None
     return DataLayout(schema, d.get("format", "auto"), d.get("header", True), d.get("delimiter"), columns)
 
@@ -43,11 +44,11 @@ def predict(model_dir: str | Path, data: str, out: str | Path, batch_size: int =
     row order; score = click probability); returns the number of rows scored. The CSV
     appears only complete: it is written beside ``out`` and renamed at the end."""
     model = ServedModel.load(model_dir)
+    layout = layout_of(model.manifest)
     try:
-        paths = expand_paths([data])
+        paths = data_files([data], layout)
     except DataError as e:  # worded for a spec's field; here DATA is an argument
         raise DataError(str(e).removeprefix("data.paths: ")) from None
-    layout = layout_of(model.manifest)
     indexes = [index_file(p, layout=layout) for p in paths]
     total = sum(idx.rows for idx in indexes)
     reader = FileReader(on_bad_line="fail", layout=layout)

@@ -38,11 +38,11 @@ def ensure_data(spec: JobSpec) -> None:
     ``synth.json`` is written last, so a generation that was interrupted (or one with
     another row count or seed) is regenerated instead of being trained on silently.
     """
-    from dlrover.data.criteo import expand_paths
+    from dlrover.data.reader import data_files
 
     s = spec.data.synth
     if s is None:
-        expand_paths(spec.data.paths)
+        data_files(spec.data.paths, spec.layout())
         return
     meta = Path(s.out) / "synth.json"
     try:
@@ -60,7 +60,7 @@ def ensure_data(spec: JobSpec) -> None:
 
             print(f"[dlrover] generating synthetic Criteo data: {s.rows:,} rows in {s.files} files -> {s.out}", file=sys.stderr)
             generate(s.out, SynthConfig(rows=s.rows, files=s.files, seed=s.seed), progress=True)
-    expand_paths(spec.data.paths)
+    data_files(spec.data.paths, spec.layout())
 
 
 def required_cpus(spec: JobSpec) -> float:

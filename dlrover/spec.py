@@ -18,7 +18,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from dlrover.data.remote import unknown_protocol
 from dlrover.data.layout import DataLayout
-from dlrover.data.schema import FeaturesSpec, Schema, resolve
+from dlrover.data.schema import CRITEO_DENSE, CRITEO_SPARSE, FeaturesSpec, Schema, resolve
 from dlrover.errors import SpecError, format_validation_error
 from dlrover.optimizer_spec import OptimizerSpec
 from dlrover.paths import is_url
@@ -353,8 +353,14 @@ class JobSpec(SpecSection):
     @model_validator(mode="after")
     def _layout(self) -> "JobSpec":
         d = self.data
-        if self.features is None and d.format in ("csv", "torchrec_npy"):
-            raise ValueError(f"data.format: {d.format} needs features: (the columns to train on)")
+        if self.features is None and d.format == "csv":
+            raise ValueError("data.format: csv needs features: (the columns to train on)")
+        if self.features is not None and d.format == "torchrec_npy":
+            known = {"label": ["label"], "dense": CRITEO_DENSE, "sparse": CRITEO_SPARSE}
+            f = self.features
+            for kind, cols in (("label", [f.label.column]), ("dense", [c.column for c in f.dense]), ("sparse", [c.column for c in f.sparse])):
+                if bad := [c for c in cols if c not in known[kind]]:
+                    raise ValueError(f"features.{kind}: {bad[0]!r}: torchrec_npy columns are label, I1..I13 and C1..C26")
         if self.features is not None and d.format == "criteo":
             raise ValueError("data.format: criteo is Criteo's own layout; with features: use csv, tsv or parquet")
         if d.columns is not None and d.header:

@@ -294,6 +294,10 @@ def index_file(path: str, stride: int | None = None, layout: DataLayout = CRITEO
     if stride < 1:
         raise ValueError(f"stride must be >= 1, got {stride}")
     fmt = layout.file_format(path)
+    if fmt == "npy":
+        from dlrover.data.npy import NpyDay
+
+        return FileIndex(path, fmt, NpyDay.open(path).rows, None, stride)
     if not remote and not os.path.isfile(path):
         raise DataError(f"{path}: no such file")
     if fmt == "parquet":  # the footer only: a ranged read at the end of the file

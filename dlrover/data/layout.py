@@ -17,7 +17,8 @@ _PARQUET_EXTS = (".parquet", ".pq")
 @dataclass(frozen=True)
 class DataLayout:
     """``format``: the spec's ``data.format``. A file's own format (:meth:`file_format`)
-    is ``tsv`` (Criteo's TSV), ``csv`` (delimited text with named columns) or ``parquet``."""
+    is ``tsv`` (Criteo's TSV), ``csv`` (delimited text with named columns), ``parquet`` or
+    ``npy`` (a day of TorchRec's preprocessed Criteo)."""
 
     schema: Schema = CRITEO
     format: str = "auto"
@@ -34,6 +35,8 @@ class DataLayout:
         """``tsv``, ``csv`` or ``parquet`` for this file, from ``format`` or, with
         ``auto``, its extension; unknown extensions are refused rather than guessed, so
         a stray ``synth.json`` never gets parsed as data."""
+        if self.format == "torchrec_npy":
+            return "npy"  # a day of a directory (dlrover.data.npy)
         name = os.path.basename(path).lower()
         ext = os.path.splitext(name)[1]
         if ext in _PARQUET_EXTS:

@@ -6,9 +6,9 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from dlrover.data.criteo import FileIndex, expand_paths, index_file
+from dlrover.data.criteo import FileIndex, index_file
 from dlrover.data.layout import DataLayout
-from dlrover.data.reader import FileReader
+from dlrover.data.reader import FileReader, data_files
 from dlrover.data.shards import ShardQueue, split_rows
 from dlrover.errors import DataError
 from dlrover.spec import JobSpec
@@ -25,7 +25,7 @@ class DataPlan:
     @classmethod
     def build(cls, spec: JobSpec) -> "DataPlan":
         layout = spec.layout()
-        files = {p: index_file(p, layout=layout) for p in expand_paths(spec.data.paths)}
+        files = {p: index_file(p, layout=layout) for p in data_files(spec.data.paths, layout)}
         train = {p: idx.rows - int(idx.rows * spec.data.eval_fraction) for p, idx in files.items()}
         if not any(train.values()):  # else the job would "succeed" having trained nothing
             rows, n = sum(idx.rows for idx in files.values()), len(files)
@@ -62,7 +62,7 @@ class DataPlan:
     def training_ids(self, layout: DataLayout, read_rows: int = 65_536) -> tuple[int, int]:
         """(ids, bags cut to max_len) in one epoch's training rows, as the readers count
         them (bad lines skipped): what the PS must have applied, epoch after epoch."""
-        if layout.criteo:  # one id per feature and row, always (a missing value is id 0)
+        if layout.criteo and layout.format != "torchrec_npy":  # one id per feature and row, always (a missing value is id 0)
             return -1, 0
         reader, ids, cut = FileReader(on_bad_line="skip", cache_files=0, layout=layout), 0, 0
         for path, rows in self.train_rows.items():

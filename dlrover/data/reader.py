@@ -11,9 +11,10 @@ from typing import Any
 import numpy as np
 
 from dlrover.data.columns import empty_rows, table_to_rows
-from dlrover.data.criteo import Batch, FileIndex, line_bounds, open_binary, read_bytes
+from dlrover.data.criteo import Batch, FileIndex, expand_paths, line_bounds, open_binary, read_bytes
 from dlrover.data.delimited import parse_delimited
 from dlrover.data.layout import CRITEO_LAYOUT, DataLayout
+from dlrover.data.npy import NpyDay, npy_days
 from dlrover.data.parquet import open_parquet, read_row_group
 from dlrover.data.remote import read_range, size_of
 from dlrover.paths import is_url
@@ -21,6 +22,11 @@ from dlrover.data.tsv import check_on_bad_line, parse_buffer, read_whole_tsv
 from dlrover.errors import DataError
 
 Rows = tuple[Batch, np.ndarray, list[str]]  # good rows, ordinals of the bad ones, why
+
+
+def data_files(patterns: list[str], layout: DataLayout) -> list[str]:
+    """The files (for ``torchrec_npy``: the days) that ``data.paths`` name."""
+    return npy_days(patterns) if layout.format == "torchrec_npy" else expand_paths(patterns)
 
 
 class FileReader:
@@ -41,6 +47,7 @@ class FileReader:
         self.cache_files = max(0, int(cache_files))
         self._cache: OrderedDict[tuple[str, int], Rows] = OrderedDict()
         self._parquet: OrderedDict[str, Any] = OrderedDict()  # open Parquet files (footers read)
+        self._days: OrderedDict[str, NpyDay] = OrderedDict()  # memory-mapped .npy days
 
     def read(self, index: FileIndex, start: int, stop: int) -> tuple[Batch, int]:
         """Rows [start, stop) of ``index.path`` (rows = non-blank lines, 0-based);
@@ -53,6 +60,8 @@ class FileReader:
             return self._read_seek(index, start, stop)
         if index.fmt == "parquet" and index.groups is not None:
             return self._read_groups(index, start, stop)
+        if index.fmt == "npy":
+            return self._read_day(index, start, stop)
         return self._pick(self._whole(index), start, stop)
 
     def _pick(self, rows: Rows, start: int, stop: int) -> tuple[Batch, int]:
@@ -80,6 +89,19 @@ class FileReader:
             parts.append(batch)
             skipped += bad
         return Batch.concat(parts) if parts else empty_rows(self.layout)[0], skipped
+
+    def _read_day(self, index: FileIndex, start: int, stop: int) -> tuple[Batch, int]:
+        if index.path not in self._days:
+            self._days[index.path] = NpyDay.open(index.path)
+            while len(self._days) > 4:
+                self._days.popitem(last=False)
+        day = self._days[index.path]
+        if day.rows != index.rows:
+            raise DataError(f"{index.path}: has {day.rows} rows but was indexed with {index.rows}; was it modified during the job?")
+        batch, bad, reasons = day.read(self.layout, start, stop)
+        if len(bad) and self.on_bad_line == "fail":
+            raise DataError(reasons[0])
+        return batch, len(bad)
 
     def _group(self, path: str, group: int, first_row: int) -> Rows:
         if path not in self._parquet:
