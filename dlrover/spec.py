@@ -33,6 +33,7 @@ class ModelSpec(SpecSection):
     ``tables``: per-table settings by table name (``C4``); integer keys (``3``, meaning
     ``C4``) only for Criteo's layout, without ``features:``."""
 
+    arch: Literal["dlrm"] = Field("dlrm", description="the interaction: TorchRec's DLRM (pairwise dot products)")
     embedding_dim: int = Field(16, ge=1, le=1024)
     num_embeddings: int | list[int] = 100_000
     dense_arch: list[int] = Field(default_factory=lambda: [512, 256, 16])
