@@ -15,7 +15,7 @@ import torch
 import torchrec.optim as trec_optim
 from torchrec.modules.fused_embedding_modules import FusedEmbeddingBagCollection
 
-from dlrover.data.criteo import Batch
+from dlrover.data.batch import Batch
 from dlrover.data.reader import FileReader
 from dlrover.data.plan import DataPlan
 from dlrover.metrics.evaluation import evaluate_scores

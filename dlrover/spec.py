@@ -17,62 +17,15 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from dlrover.data.remote import unknown_protocol
-from dlrover.data.layout import DataLayout
-from dlrover.data.schema import CRITEO_DENSE, CRITEO_SPARSE, FeaturesSpec, Schema, resolve
+from dlrover.data.layout import DataLayout, check_layout
+from dlrover.data.schema import FeaturesSpec, Schema
+from dlrover.model.spec import ModelSpec
 from dlrover.errors import SpecError, format_validation_error
 from dlrover.optimizer_spec import OptimizerSpec
 from dlrover.paths import is_url
 from dlrover.spec_base import SpecSection
 from dlrover.ps.dense_rounds import DenseSync
-from dlrover.table_spec import TableSpec, check_capacities
-
-
-class ModelSpec(SpecSection):
-    """DLRM shape. ``num_embeddings``: the rows of a hashed table that ``tables`` gives
-    none, one size for all tables or a list (one per table, in order of first use).
-    ``tables``: per-table settings by table name (``C4``); integer keys (``3``, meaning
-    ``C4``) only for Criteo's layout, without ``features:``."""
-
-    arch: Literal["dlrm"] = Field("dlrm", description="the interaction: TorchRec's DLRM (pairwise dot products)")
-    embedding_dim: int = Field(16, ge=1, le=1024)
-    num_embeddings: int | list[int] = 100_000
-    dense_arch: list[int] = Field(default_factory=lambda: [512, 256, 16])
-    over_arch: list[int] = Field(default_factory=lambda: [512, 256, 1])
-    tables: dict[int | str, TableSpec] = Field(default_factory=dict)  # unlisted: hashed
-
-    def schema(self, features: FeaturesSpec | None = None, npy: bool = False) -> Schema:
-        """The feature schema these tables complete (Criteo's without ``features``)."""
-        return resolve(features, self.tables, self.num_embeddings, npy)
-
-    def short(self, schema: Schema) -> str:
-        """``DLRM 26x40000x16 dense 64-16 over 128-64-1``: tables x rows x dim, MLP widths."""
-        sizes = schema.table_sizes()
-        rows = str(sizes[0]) if len(set(sizes)) == 1 else f"{min(sizes)}..{max(sizes)}"
-        mlp = lambda widths: "-".join(map(str, widths))  # noqa: E731
-        return f"DLRM {len(sizes)}x{rows}x{self.embedding_dim} dense {mlp(self.dense_arch)} over {mlp(self.over_arch)}"
-
-    @field_validator("num_embeddings")
-    @classmethod
-    def _sizes(cls, v: int | list[int]) -> int | list[int]:
-        sizes = [v] if isinstance(v, int) else v
-        if any(s < 1 for s in sizes):
-            raise ValueError("table sizes must be >= 1")
-        return v
-
-    @field_validator("dense_arch", "over_arch")
-    @classmethod
-    def _layers(cls, v: list[int]) -> list[int]:
-        if not v or any(x < 1 for x in v):
-            raise ValueError("needs at least one layer, each size >= 1")
-        return v
-
-    @model_validator(mode="after")
-    def _shapes(self) -> "ModelSpec":
-        if self.dense_arch[-1] != self.embedding_dim:
-            raise ValueError(f"dense_arch: last layer ({self.dense_arch[-1]}) must equal embedding_dim ({self.embedding_dim})")
-        if self.over_arch[-1] != 1:
-            raise ValueError(f"over_arch: last layer must be 1 (one logit), got {self.over_arch[-1]}")
-        return self
+from dlrover.table_spec import check_capacities
 
 
 class SynthSpec(SpecSection):
@@ -354,18 +307,7 @@ class JobSpec(SpecSection):
     @model_validator(mode="after")
     def _layout(self) -> "JobSpec":
         d = self.data
-        if self.features is None and d.format == "csv":
-            raise ValueError("data.format: csv needs features: (the columns to train on)")
-        if self.features is not None and d.format == "torchrec_npy":
-            known = {"label": ["label"], "dense": CRITEO_DENSE, "sparse": CRITEO_SPARSE}
-            f = self.features
-            for kind, cols in (("label", [f.label.column]), ("dense", [c.column for c in f.dense]), ("sparse", [c.column for c in f.sparse])):
-                if bad := [c for c in cols if c not in known[kind]]:
-                    raise ValueError(f"features.{kind}: {bad[0]!r}: torchrec_npy columns are label, I1..I13 and C1..C26")
-        if self.features is not None and d.format == "criteo":
-            raise ValueError("data.format: criteo is Criteo's own layout; with features: use csv, tsv or parquet")
-        if d.columns is not None and d.header:
-            raise ValueError("data.columns: only for files without a header (set data.header: false)")
+        check_layout(self.features, d.format, d.header, d.columns)
         self.schema  # resolving it checks model.tables against the features
         check_capacities(self.model.tables, self.train.vshards)  # named as the user keyed them
         return self

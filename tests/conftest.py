@@ -129,6 +129,17 @@ def fault_free(ray_local, synth_dir_auc, tmp_path_factory):
     return s
 
 
+def gathered_table(ray, ps, table: int, like):
+    """Table ``table`` as the PS actors ``ps`` hold it between them (an array like ``like``)."""
+    import numpy as np
+
+    got = np.zeros_like(like)
+    for h in ps:
+        rows, vals = ray.get(h.table_rows.remote(table))
+        got[rows] = vals
+    return got
+
+
 def batches_expected(spec) -> int:
     """Batches a job trains: each shard's rows in ``batch_size`` chunks (data without bad
     lines), counted from the same shard queue the master builds."""

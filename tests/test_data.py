@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from sklearn.metrics import roc_auc_score
 
-from dlrover.data.criteo import NUM_DENSE, NUM_SPARSE, Batch, detect_format, expand_paths, index_file
+from dlrover.data.batch import Batch
+from dlrover.data.criteo import NUM_DENSE, NUM_SPARSE, detect_format, expand_paths, index_file
 from dlrover.data.parquet import tsv_to_parquet
 from dlrover.data.reader import FileReader
 from dlrover.data.synth import Oracle, SynthConfig, best_auc, generate

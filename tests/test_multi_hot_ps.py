@@ -10,7 +10,8 @@ import pytest
 import torch
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-from dlrover.data.criteo import Batch
+from conftest import gathered_table
+from dlrover.data.batch import Batch
 from dlrover.model.dlrm import PSClient, PSEmbeddingBagCollection, make_kjt, table_configs
 from dlrover.ps.embedding_ps import EmbeddingPS
 from dlrover.ps.vshard import VShardMap
@@ -103,10 +104,6 @@ def test_a_step_through_the_ps_updates_rows_as_a_local_step_does(ray_local):
     for t, table in enumerate(SCHEMA.tables):
         w = local.embedding_bags[f"t_{table.name}"].weight
         expected = (w - lr * w.grad).detach().numpy()
-        got = np.zeros_like(expected)
-        for h in ps:
-            rows, vals = ray_local.get(h.table_rows.remote(t))
-            got[rows] = vals
-        np.testing.assert_allclose(got, expected, atol=1e-5)
+        np.testing.assert_allclose(gathered_table(ray_local, ps, t, expected), expected, atol=1e-5)
     ids = sum(ray_local.get(h.stats.remote())["ids_updated"] for h in ps)
     assert ids == batch.num_ids

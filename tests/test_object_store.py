@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from conftest import small_spec
-from dlrover.data.criteo import REMOTE_STRIDE, Batch, FileIndex, index_file
+from dlrover.data.batch import Batch
+from dlrover.data.criteo import REMOTE_STRIDE, FileIndex, index_file
 from dlrover.data.plan import DataPlan
 from dlrover.data.reader import FileReader
 from dlrover.data.synth import SynthConfig, generate

@@ -7,6 +7,7 @@ import pytest
 import torch
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
+from conftest import gathered_table
 from dlrover.model.dlrm import PSClient, PSEmbeddingBagCollection, make_kjt, table_configs
 from dlrover.ps.embedding_ps import EmbeddingPS
 from dlrover.ps.migration import DirtyRows
@@ -86,11 +87,7 @@ def test_gradients_reach_the_right_rows(ray_local, shm):
     for t in range(26):
         w = local.embedding_bags[f"t_C{t + 1}"].weight
         expected = (w - lr * w.grad).detach().numpy()
-        got = np.zeros_like(expected)
-        for h in ps:
-            rows, vals = ray_local.get(h.table_rows.remote(t))
-            got[rows] = vals
-        np.testing.assert_allclose(got, expected, atol=1e-5)
+        np.testing.assert_allclose(gathered_table(ray_local, ps, t, expected), expected, atol=1e-5)
 
 
 def test_vshard_map_layout_covers_every_row_once():
@@ -154,7 +151,7 @@ def test_restoring_no_payloads_puts_back_the_seed_rows_under_the_new_map():
 def test_ids_on_counts_exactly_the_ids_routing_sends_to_each_ps():
     """Partial recovery counts a dead PS's lost updates with ``ids_on``: it must agree
     with the route the workers' pushes take."""
-    from dlrover.data.criteo import Batch
+    from dlrover.data.batch import Batch
 
     vmap = VShardMap.round_robin(SIZES, 16, 3)
     sparse = np.random.default_rng(5).integers(0, 2**40, size=(500, len(SIZES)))

@@ -12,7 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from dlrover.data.columns import hash_ids
-from dlrover.data.criteo import Batch, index_file
+from dlrover.data.batch import Batch
+from dlrover.data.criteo import index_file
 from dlrover.data.reader import FileReader
 from dlrover.errors import DataError
 from dlrover.spec import spec_from_dict

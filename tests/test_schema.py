@@ -63,7 +63,7 @@ def test_features_sharing_a_table_are_laid_out_next_to_each_other():
 def test_dense_columns_are_log1p_by_default_and_none_for_torchrec_npy():
     s = _spec().schema
     assert [d.transform for d in s.dense] == [Transform.LOG1P, Transform.NONE]
-    npy = spec_from_dict({"features": {"label": "y", "dense": ["d"], "sparse": ["s"]}, "data": {"paths": ["x"], "format": "torchrec_npy"}}).schema
+    npy = spec_from_dict({"features": {"label": "label", "dense": ["I1"], "sparse": ["C1"]}, "data": {"paths": ["x"], "format": "torchrec_npy"}}).schema
     assert npy.dense[0].transform is Transform.NONE
 
 

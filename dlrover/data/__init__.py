@@ -1,6 +1,7 @@
 """Data: Criteo readers, synthetic data with a known best AUC, and dynamic sharding."""
 
-from dlrover.data.criteo import NUM_DENSE, NUM_SPARSE, Batch, FileIndex, detect_format, expand_paths, index_file
+from dlrover.data.batch import Batch
+from dlrover.data.criteo import NUM_DENSE, NUM_SPARSE, FileIndex, detect_format, expand_paths, index_file
 from dlrover.data.parquet import tsv_to_parquet
 from dlrover.data.reader import FileReader
 from dlrover.data.shards import Shard, ShardQueue

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from dlrover.data.criteo import Batch
+from dlrover.data.batch import Batch
 from dlrover.data.layout import DataLayout
 from dlrover.data.schema import IdKind, SparseFeature, Transform
 from dlrover.data.tsv import hex_words

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from dlrover.data.schema import CRITEO, Schema
+from dlrover.data.schema import CRITEO, CRITEO_DENSE, CRITEO_SPARSE, FeaturesSpec, Schema
 from dlrover.errors import DataError
 
 _TEXT_EXTS = (".tsv", ".txt", ".csv", ".gz", "")
@@ -66,3 +66,19 @@ class DataLayout:
 
 
 CRITEO_LAYOUT = DataLayout()
+
+
+def check_layout(features: FeaturesSpec | None, fmt: str, header: bool, columns: list[str] | None) -> None:
+    """The spec's ``data`` settings fit its ``features`` (a ValueError naming the field)."""
+    if features is None and fmt == "csv":
+        raise ValueError("data.format: csv needs features: (the columns to train on)")
+    if features is not None and fmt == "criteo":
+        raise ValueError("data.format: criteo is Criteo's own layout; with features: use csv, tsv or parquet")
+    if columns is not None and header:
+        raise ValueError("data.columns: only for files without a header (set data.header: false)")
+    if features is not None and fmt == "torchrec_npy":
+        known = {"label": ["label"], "dense": CRITEO_DENSE, "sparse": CRITEO_SPARSE}
+        named = {"label": [features.label.column], "dense": [c.column for c in features.dense], "sparse": [c.column for c in features.sparse]}
+        for kind, cols in named.items():
+            if bad := [c for c in cols if c not in known[kind]]:
+                raise ValueError(f"features.{kind}: {bad[0]!r}: torchrec_npy columns are label, I1..I13 and C1..C26")

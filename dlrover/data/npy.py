@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dlrover.data.criteo import Batch
+from dlrover.data.batch import Batch
 from dlrover.data.layout import DataLayout
 from dlrover.data.schema import CRITEO_DENSE, CRITEO_SPARSE, Transform
 from dlrover.errors import DataError

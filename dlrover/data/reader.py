@@ -11,7 +11,8 @@ from typing import Any
 import numpy as np
 
 from dlrover.data.columns import empty_rows, table_to_rows
-from dlrover.data.criteo import Batch, FileIndex, expand_paths, line_bounds, open_binary, read_bytes
+from dlrover.data.batch import Batch
+from dlrover.data.criteo import FileIndex, expand_paths, line_bounds, open_binary, read_bytes
 from dlrover.data.delimited import parse_delimited
 from dlrover.data.layout import CRITEO_LAYOUT, DataLayout
 from dlrover.data.npy import NpyDay, npy_days

@@ -27,7 +27,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from dlrover.data.criteo import NUM_DENSE, NUM_SPARSE, Batch
+from dlrover.data.batch import Batch
+from dlrover.data.criteo import NUM_DENSE, NUM_SPARSE
 from dlrover.data.planted import calibrate, dense_log, sigmoid
 from dlrover.data.synth_highcard import GENERATOR as HIGHCARD_GENERATOR, HighCardOracle
 from dlrover.data.synth_schema import GENERATOR as SCHEMA_GENERATOR

@@ -24,7 +24,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from dlrover.data.criteo import NUM_DENSE, NUM_SPARSE, Batch
+from dlrover.data.batch import Batch
+from dlrover.data.criteo import NUM_DENSE, NUM_SPARSE
 from dlrover.data.planted import calibrate, dense_log, sigmoid
 from dlrover.errors import DLRoverError
 from dlrover.hashing import splitmix64

@@ -13,7 +13,8 @@ import re
 
 import numpy as np
 
-from dlrover.data.criteo import DENSE_COLUMNS, NUM_DENSE, NUM_FIELDS, NUM_SPARSE, SPARSE_COLUMNS, Batch, RawRows, open_binary, read_bytes
+from dlrover.data.batch import Batch
+from dlrover.data.criteo import DENSE_COLUMNS, NUM_DENSE, NUM_FIELDS, NUM_SPARSE, SPARSE_COLUMNS, RawRows, open_binary, read_bytes
 from dlrover.errors import DataError
 
 _PIECE = 1 << 20  # bytes parsed at once

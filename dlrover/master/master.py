@@ -196,9 +196,6 @@ class JobMaster:
             self.launcher.shutdown()
 
     # -- master restarts (dlrover.master.persist) ---------------------------------------
-    def _state_path(self) -> str:
-        return os.path.join(self.run_directory(), "master_state.json")
-
     def run_directory(self) -> str:
         """Where the run's files go: the driver's run directory, else one under the temp dir."""
         return self.run_dir or os.path.join(tempfile.gettempdir(), "dlrover-runs", self.job_id)
@@ -217,10 +214,10 @@ class JobMaster:
             chaos_fired=self.chaos.fired if self.chaos else [],
             chaos_s=self.chaos.chaos_s() if self.chaos else 0.0,
             restarts=self.restarts,
-        ).save(self._state_path())
+        ).save(os.path.join(self.run_directory(), "master_state.json"))
 
     def _load_state(self) -> MasterState | None:
-        state = MasterState.load(self._state_path(), self.job_id)
+        state = MasterState.load(os.path.join(self.run_directory(), "master_state.json"), self.job_id)
         if state is None:
             return None
         self.t0 = self.clock() - (time.time() - state.started_wall)
@@ -272,9 +269,8 @@ class JobMaster:
         self.recovery.finish()
         summary = summary_of(self, metrics)
         ps_stats = ray.get([ps.stats.remote() for ps in self.launcher.ps.values()]) + self.control.retired_ps_stats
-        # Each (sample, feature) bag is pushed to exactly one PS: this counts applied updates.
-        summary["ps_bags_updated"] = int(sum(s["rows_updated"] for s in ps_stats))
-        summary["ps_ids_updated"] = int(sum(s["ids_updated"] for s in ps_stats))
+        for key, stat in (("ps_bags_updated", "rows_updated"), ("ps_ids_updated", "ids_updated")):  # the updates applied
+            summary[key] = int(sum(s[stat] for s in ps_stats))
         summary["dynamic_tables"] = total_counts(ps_stats)  # hits, admissions, evictions (dlrover bench embeddings)
         dense = self.launcher.dense.stats()
         summary.update(dense_summary(dense, self.spec.train.dense_sync))
@@ -288,13 +284,13 @@ class JobMaster:
             shutil.rmtree(self._checkpoint_root(), ignore_errors=True)
         summary.update(reliability_fields(self, summary))
         self.checkpointer.release()  # trained: the export below needs the memory more
-        export_final(self)
+        if self.status == JobStatus.SUCCEEDED or self.spec.checkpoint.dir:  # (a failed job's model: only where asked)
+            export_final(self)
         self._publish(force=True)
         return summary
 
     def _checkpoint_root(self) -> str:
         """Durable checkpoints: ``checkpoint.dir/<job_id>``, else ``<run dir>/checkpoints``."""
-
         if self.spec.checkpoint.dir:
             return self.spec.checkpoint.dir.rstrip("/") + "/" + self.job_id
         return os.path.join(self.run_directory(), "checkpoints")

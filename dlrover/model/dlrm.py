@@ -29,7 +29,7 @@ from dlrover.ps.applied import BatchId
 from dlrover.ps.routing import RoutedBatch, assemble, route, split_grad
 from dlrover.ps.shm import LocalLinks, ShmSlice
 from dlrover.ps.vshard import VShardMap
-from dlrover.data.criteo import Batch
+from dlrover.data.batch import Batch
 from dlrover.data.schema import CRITEO, Schema
 from dlrover.spec import ModelSpec
 from dlrover.table_spec import Pooling

@@ -10,7 +10,8 @@ from typing import Any, Callable
 
 import torch
 
-from dlrover.data.criteo import Batch, FileIndex
+from dlrover.data.batch import Batch
+from dlrover.data.criteo import FileIndex
 from dlrover.data.reader import FileReader
 from dlrover.data.shards import Shard
 from dlrover.model.dlrm import make_kjt

@@ -9,7 +9,8 @@ import numpy as np
 import ray
 import torch
 
-from dlrover.data.criteo import Batch, FileIndex
+from dlrover.data.batch import Batch
+from dlrover.data.criteo import FileIndex
 from dlrover.data.layout import DataLayout
 from dlrover.data.reader import FileReader
 from dlrover.data.synth import Oracle
