@@ -19,7 +19,6 @@ from pathlib import Path
 import torch
 from pydantic import ValidationError
 from torch import nn
-from torchrec.models.dlrm import InteractionArch
 
 from dlrover.data.schema import Schema, Transform
 from dlrover.errors import DataError, SpecError, format_validation_error
@@ -38,9 +37,8 @@ class DenseHead(nn.Module):
     def __init__(self, model: ModelSpec, schema: Schema, dense_vector: torch.Tensor) -> None:
         super().__init__()
         self.num_tables, self.dim = len(schema.sparse), model.embedding_dim
-        self.dense_arch, self.over_arch = dense_arches(model, seed=0, schema=schema)  # weights set just below
-        self.inter_arch = InteractionArch(num_sparse_features=self.num_tables)
-        params = [*self.dense_arch.parameters(), *self.over_arch.parameters()]  # dlrm.dense_parameters order
+        self.dense_arch, self.inter_arch, self.over_arch = dense_arches(model, seed=0, schema=schema)  # weights set just below
+        params = [p for arch in (self.dense_arch, self.inter_arch, self.over_arch) for p in arch.parameters()]  # dlrm.dense_parameters order
         want = sum(p.numel() for p in params)
         if dense_vector.numel() != want:
             raise ValueError(f"dense: {dense_vector.numel()} parameters, the job's model has {want}")

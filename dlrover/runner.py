@@ -49,12 +49,12 @@ def ensure_data(spec: JobSpec) -> None:
         cfg = json.loads(meta.read_text()).get("config", {})
     except (OSError, ValueError):
         cfg = {}
-    if (cfg.get("rows"), cfg.get("files"), cfg.get("seed")) != (s.rows, s.files, s.seed):
+    if (cfg.get("rows"), cfg.get("files"), cfg.get("seed"), cfg.get("fixed_bags", False)) != (s.rows, s.files, s.seed, s.bags == "fixed"):
         if spec.features is not None:
             from dlrover.data.synth_schema import SchemaSynthConfig, generate_for_schema, synth_format
 
             print(f"[dlrover] generating synthetic data for the job's features: {s.rows:,} rows in {s.files} files -> {s.out}", file=sys.stderr)
-            generate_for_schema(s.out, spec.layout(), SchemaSynthConfig(s.rows, s.files, s.seed), synth_format(spec))
+            generate_for_schema(s.out, spec.layout(), SchemaSynthConfig(s.rows, s.files, s.seed, s.bags == "fixed"), synth_format(spec))
         else:
             from dlrover.data.synth import SynthConfig, generate
 

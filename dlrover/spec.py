@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import re
-from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
@@ -29,12 +28,14 @@ from dlrover.table_spec import check_capacities
 
 
 class SynthSpec(SpecSection):
-    """Synthetic Criteo data generated on first use when ``data.paths`` match nothing."""
+    """Synthetic data generated on first use when ``data.paths`` match nothing: Criteo's
+    layout, or with ``features:`` the job's own (``dlrover.data.synth_schema``)."""
 
     out: str
     rows: int = Field(300_000, ge=100)
     files: int = Field(4, ge=1)
     seed: int = 0
+    bags: Literal["variable", "fixed"] = Field("variable", description="with features: a multi-valued column's 0..max_len ids a row, or always max_len (MLPerf's multi-hot)")
 
 
 class DataSpec(SpecSection):
@@ -291,9 +292,10 @@ class JobSpec(SpecSection):
             count = max(count, math.floor(budget / cpu + 1e-9))
         return min(count, self.train.vshards) if role == "ps" else count
 
-    @cached_property
+    @property
     def schema(self) -> Schema:
-        """The feature schema every part of the job follows (:mod:`dlrover.data.schema`)."""
+        """The feature schema every part of the job follows (:mod:`dlrover.data.schema`).
+        Resolved on each use, not cached: ``model_copy(update=...)`` must not keep a stale one."""
         return self.model.schema(self.features, npy=self.data.format == "torchrec_npy")
 
     def model_short(self) -> str:

@@ -1,7 +1,8 @@
 """A user's own data on real actors: a CSV click log with a header and 22 string-id
 columns (no dense column), and Parquet with a variable-length ``list<int64>`` column
 pooled by mean. Each job trains every row's ids exactly once, reaches the AUC of a
-single-process TorchRec model of the same schema, and its export scores as it does."""
+single-process TorchRec model of the same schema, and its export scores as it does; so
+does the Parquet schema under DLRM_DCN."""
 
 from __future__ import annotations
 
@@ -50,7 +51,16 @@ def parquet_job(ray_local, tmp_path_factory):
     return _trained(spec, "parquet", tmp)
 
 
-@pytest.mark.parametrize("job", ["csv_job", "parquet_job"])
+@pytest.fixture(scope="module")
+def dcn_job(ray_local, tmp_path_factory):
+    """The Parquet schema under TorchRec's DLRM_DCN (a low-rank cross network)."""
+    tmp = tmp_path_factory.mktemp("own_dcn")
+    spec = _spec(tmp / "data", WATCHES, "*.parquet", tables={"history": {"pooling": "mean"}})
+    model = {**spec.model.model_dump(), "arch": "dcn", "dcn": {"num_layers": 2, "low_rank_dim": 4}, "over_arch": [32, 1]}
+    return _trained(spec_from_dict({**spec.model_dump(mode="json", exclude_unset=True), "model": model}), "parquet", tmp)
+
+
+@pytest.mark.parametrize("job", ["csv_job", "parquet_job", "dcn_job"])
 def test_every_id_of_every_row_is_trained_exactly_once(job, request):
     s = request.getfixturevalue(job)["summary"]
     assert s["status"] == "succeeded" and s["samples_trained"] == s["samples_expected"] == 2 * 45_000
@@ -73,7 +83,7 @@ def test_auc_matches_single_process_torchrec_of_the_same_schema(job, request):
     assert abs(s["auc"] - local.metrics["auc"]) <= 0.01, (s["auc"], local.metrics["auc"])
 
 
-@pytest.mark.parametrize("job", ["csv_job", "parquet_job"])
+@pytest.mark.parametrize("job", ["csv_job", "parquet_job", "dcn_job"])
 def test_the_exported_model_scores_as_the_trained_model(job, request):
     """``dlrover export`` of the run (its model is in the run directory: no checkpoint.dir
     needed), then ``dlrover predict`` of the held-out file: equal to the trained model's

@@ -47,7 +47,7 @@ def bench_model() -> ModelSpec:
 def dense_mlps(seed: int = 0) -> torch.nn.ModuleDict:
     from dlrover.model.dlrm import dense_arches
 
-    dense, over = dense_arches(bench_model(), seed)
+    dense, _, over = dense_arches(bench_model(), seed)  # the bench's DLRM: a dot interaction, no parameters
     return torch.nn.ModuleDict({"dense": dense, "over": over})
 
 

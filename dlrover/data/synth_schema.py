@@ -3,7 +3,7 @@
 Every sparse feature has a vocabulary of tokens (Zipf-popular, each with a weight drawn
 once), every dense column a coefficient on its transformed value; a row's click
 probability is ``sigmoid(bias + sum of the features' contributions)``. A multi-valued
-feature holds 0..max_len tokens a row and contributes their mean weight where its table
+feature holds 0..max_len tokens a row (always max_len with ``fixed_bags``) and contributes their mean weight where its table
 pools by mean, their sum otherwise, so the schema's own model can represent the truth.
 Single-valued features are missing in ``MISSING`` of the rows (an empty value).
 
@@ -41,12 +41,13 @@ class SchemaSynthConfig:
     rows: int = 100_000
     files: int = 4
     seed: int = 0
+    fixed_bags: bool = False  # every multi-valued bag holds max_len ids (MLPerf's materialised multi-hot)
 
 
 class _Truth:
     """The generator's model: token weights, popularity, dense coefficients."""
 
-    def __init__(self, layout: DataLayout, seed: int) -> None:
+    def __init__(self, layout: DataLayout, seed: int, fixed_bags: bool = False) -> None:
         s = layout.schema
         rng = np.random.default_rng([seed, 11])
         f = len(s.sparse)
@@ -56,7 +57,7 @@ class _Truth:
         self.popularity = [(1.0 / np.arange(1, v + 1) ** 1.1) / np.sum(1.0 / np.arange(1, v + 1) ** 1.1) for v in self.vocab]
         self.dense_mu = rng.uniform(0.5, 3.0, len(s.dense))
         self.dense_coef = rng.normal(0, 0.5, len(s.dense))
-        self.schema = s
+        self.schema, self.fixed_bags = s, fixed_bags
 
     def sample(self, rng: np.random.Generator, n: int) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray, np.ndarray]:
         """Per feature (token indices flat, lengths [n]); dense raw values [n, D]; logits [n]."""
@@ -64,7 +65,7 @@ class _Truth:
         bags = []
         for i, feat in enumerate(self.schema.sparse):
             if feat.multi:
-                lengths = rng.integers(0, feat.max_len + 1, n)
+                lengths = np.full(n, feat.max_len) if self.fixed_bags else rng.integers(0, feat.max_len + 1, n)
             else:
                 lengths = (rng.random(n) >= MISSING).astype(np.int64)
             tokens = rng.choice(self.vocab[i], size=int(lengths.sum()), p=self.popularity[i])
@@ -129,7 +130,7 @@ def generate_for_schema(out_dir: str, layout: DataLayout, cfg: SchemaSynthConfig
     from sklearn.metrics import roc_auc_score
 
     s = layout.schema
-    truth = _Truth(layout, cfg.seed)
+    truth = _Truth(layout, cfg.seed, cfg.fixed_bags)
     os.makedirs(out_dir, exist_ok=True)
     ext = {"csv": "csv", "tsv": "tsv", "parquet": "parquet"}[fmt]
     names = [f"part-{i:05d}.{ext}" for i in range(cfg.files)]
@@ -160,7 +161,7 @@ def generate_for_schema(out_dir: str, layout: DataLayout, cfg: SchemaSynthConfig
         os.replace(tmp, path)
     labels, p_all = np.concatenate(labels_all), np.concatenate(probs)
     meta = {
-        "generator": GENERATOR, "config": {"rows": cfg.rows, "files": cfg.files, "seed": cfg.seed, "format": fmt},
+        "generator": GENERATOR, "config": {"rows": cfg.rows, "files": cfg.files, "seed": cfg.seed, "format": fmt, "fixed_bags": cfg.fixed_bags},
         "files": names, "rows": cfg.rows, "ctr": float(labels.mean()),
         "best_auc": float(roc_auc_score(labels, p_all)) if 0 < labels.sum() < len(labels) else None,
     }  # fmt: skip

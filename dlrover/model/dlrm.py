@@ -59,16 +59,20 @@ def table_configs(model: ModelSpec, schema: Schema | None = None) -> list[Embedd
 
 
 def build_dense_dlrm(model: ModelSpec, ebc: nn.Module, seed: int, schema: Schema | None = None) -> DLRM:
-    """DLRM with deterministic dense init (same seed -> same MLP weights everywhere)."""
-    from torchrec.models.dlrm import DLRM
+    """TorchRec's ``DLRM`` (``model.arch: dlrm``) or ``DLRM_DCN`` (``dcn``) with
+    deterministic dense init (same seed -> same MLP weights everywhere)."""
+    from torchrec.models.dlrm import DLRM, DLRM_DCN
 
     torch.manual_seed(seed)
-    return DLRM(
+    shape = dict(
         embedding_bag_collection=ebc,
         dense_in_features=(schema or model.schema()).dense_width,
         dense_arch_layer_sizes=list(model.dense_arch),
         over_arch_layer_sizes=list(model.over_arch),
     )
+    if model.arch == "dcn":
+        return DLRM_DCN(**shape, dcn_num_layers=model.dcn.num_layers, dcn_low_rank_dim=model.dcn.low_rank_dim)
+    return DLRM(**shape)
 
 
 def dense_parameters(dlrm: DLRM) -> list[nn.Parameter]:
@@ -76,26 +80,33 @@ def dense_parameters(dlrm: DLRM) -> list[nn.Parameter]:
     return [p for n, p in dlrm.named_parameters() if not n.startswith("sparse_arch.")]
 
 
-def dense_arches(model: ModelSpec, seed: int, schema: Schema | None = None) -> tuple[DenseArch, OverArch]:
-    """The DLRM's two MLPs as ``build_dense_dlrm(model, ebc, seed, schema)`` initialises them,
-    without a DLRM or an embedding collection. Bit-identical because DLRM draws its
-    initial values only in ``DenseArch`` then ``OverArch``, built here in that order from
-    the same seed; the caller's random state is left as it was."""
-    from torchrec.models.dlrm import DenseArch, OverArch, choose
+def dense_arches(model: ModelSpec, seed: int, schema: Schema | None = None) -> tuple[DenseArch, nn.Module, OverArch]:
+    """The dense part of ``build_dense_dlrm(model, ebc, seed, schema)`` as it initialises
+    it, without a DLRM or an embedding collection: (bottom MLP, interaction, top MLP), in
+    :func:`dense_parameters` order. Bit-identical because the DLRM draws its initial
+    values only in these modules, built here in its order from the same seed (DLRM_DCN
+    first builds DLRM's top MLP, then replaces it: drawn here too); the caller's random
+    state is left as it was."""
+    from torchrec.models.dlrm import DenseArch, InteractionArch, InteractionDCNArch, OverArch, choose
+    from torchrec.modules.crossnet import LowRankCrossNet
 
     schema = schema or model.schema()
-    features = len(schema.sparse)
+    features, d = len(schema.sparse), model.embedding_dim
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         dense = DenseArch(in_features=schema.dense_width, layer_sizes=list(model.dense_arch))
-        over_in = model.embedding_dim + choose(features, 2) + features
-        return dense, OverArch(in_features=over_in, layer_sizes=list(model.over_arch))
+        over = OverArch(in_features=d + choose(features, 2) + features, layer_sizes=list(model.over_arch))
+        if model.arch != "dcn":
+            return dense, InteractionArch(num_sparse_features=features), over
+        cross = LowRankCrossNet(in_features=(features + 1) * d, num_layers=model.dcn.num_layers, low_rank=model.dcn.low_rank_dim)
+        over = OverArch(in_features=(features + 1) * d, layer_sizes=list(model.over_arch))
+        return dense, InteractionDCNArch(num_sparse_features=features, crossnet=cross), over
 
 
 def initial_dense_vector(model: ModelSpec, seed: int, schema: Schema | None = None) -> torch.Tensor:
     """The flat initial MLP parameters, in :func:`dense_parameters` order."""
-    dense, over = dense_arches(model, seed, schema)
-    return torch.nn.utils.parameters_to_vector([*dense.parameters(), *over.parameters()]).detach()
+    params = [p for arch in dense_arches(model, seed, schema) for p in arch.parameters()]
+    return torch.nn.utils.parameters_to_vector(params).detach()
 
 
 def initial_dense_array(model: ModelSpec, seed: int, schema: Schema | None = None) -> np.ndarray:
