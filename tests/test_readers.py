@@ -163,3 +163,25 @@ def test_a_parquet_list_column_without_max_len_is_refused(tmp_path):
     pq.write_table(pa.table({"y": [1], "items": pa.array([[1, 2]], pa.list_(pa.int64()))}), path)
     with pytest.raises(DataError, match="column items holds lists: give it max_len"):
         _read(path, _layout({"label": "y", "sparse": ["items"]}))
+
+
+def test_synth_for_a_schema_writes_learnable_rows_the_readers_read(tmp_path, capsys):
+    """``dlrover data synth --schema``: the spec's columns and layout, variable-length
+    bags of 0..max_len ids, a missing single value as an empty field, the best AUC."""
+    import json
+
+    from dlrover.cli import main
+
+    spec = tmp_path / "job.yaml"
+    spec.write_text(
+        "features: {label: click, dense: [price], sparse: [site, {column: genres, separator: '|', max_len: 4}, {column: uid, ids: int}]}\n"
+        f"data: {{paths: ['{tmp_path}/out/*.csv']}}\n"
+    )
+    assert main(["data", "synth", "--schema", str(spec), "--out", str(tmp_path / "out"), "--rows", "2000", "--files", "2"]) == 0
+    meta = json.loads((tmp_path / "out" / "synth.json").read_text())
+    assert meta["rows"] == 2000 and 0.6 < meta["best_auc"] < 1.0 and "best possible auc" in capsys.readouterr().out
+    layout = spec_from_dict({"features": {"label": "click", "dense": ["price"], "sparse": ["site", {"column": "genres", "separator": "|", "max_len": 4}, {"column": "uid", "ids": "int"}]}, "data": {"paths": ["x"]}}).layout()
+    batch, bad = _read(tmp_path / "out" / "part-00000.csv", layout)
+    assert bad == 0 and len(batch) == 1000
+    lengths = batch.jagged()[1]
+    assert set(lengths[1].tolist()) == {0, 1, 2, 3, 4} and 0 < int((lengths[2] == 0).sum()) < 100  # uid: ~2% missing

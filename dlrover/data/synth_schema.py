@@ -100,11 +100,11 @@ def _column(feat: SparseFeature, tokens: np.ndarray, lengths: np.ndarray, parque
 
     values = _tokens(feat, tokens, layout_text=not parquet)
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
-    if not feat.multi:
+    if not feat.multi:  # a missing value: null (an empty field in text)
         mask = lengths == 0
-        full = np.zeros(len(lengths), dtype=values.dtype) if values.dtype.kind != "U" else np.full(len(lengths), "", dtype=values.dtype)
+        full = np.zeros(len(lengths), dtype=values.dtype)
         full[~mask] = values
-        return pa.array(full, mask=mask if parquet else None) if values.dtype.kind != "U" or parquet else pa.array(full)
+        return pa.array(full, mask=mask)
     listed = pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
     if parquet and feat.separator is None:
         return listed
