@@ -62,14 +62,12 @@ def parse_delimited(data: bytes, path: str, first_line_no: int, names: list[str]
     invalid: list[int] = []
     try:
         table = _parse(data, names, sep, _types(layout, as_text=False), invalid)
-    except Exception as e:  # noqa: BLE001 - a value of the wrong type somewhere: find it as text
-        if not isinstance(e, pa.ArrowInvalid):
-            raise DataError(f"{path}:{first_line_no}: cannot parse: {e}") from None
+    except pa.ArrowInvalid:  # a value of the wrong type somewhere: parse as text to find it
         invalid = []
         try:
             table = _parse(data, names, sep, _types(layout, as_text=True), invalid)
-        except pa.ArrowInvalid as e2:
-            raise DataError(f"{path}:{first_line_no}: cannot parse: {e2}") from None
+        except pa.ArrowInvalid as e:
+            raise DataError(f"{path}:{first_line_no}: cannot parse: {e}") from None
     parse_bad = np.searchsorted(row_lines, np.asarray(invalid, np.int64) - 1)
     good = np.setdiff1d(np.arange(len(row_lines)), parse_bad)  # the table's rows, as row ordinals
     if len(good) != table.num_rows:
