@@ -120,7 +120,9 @@ def test_slow_ps_is_detected_by_its_call_time_and_replaced_without_losing_an_upd
     others = [v for a, v in per_id.items() if a != fired["actor"]]
     assert others and per_id[fired["actor"]] > 1.5 * max(others), per_id  # what the master measured of the delayed PS
     plans = [e for e in events if e["kind"] == "scale_begin"]
-    assert plans and plans[0]["reason"].startswith("slow PS: " + fired["actor"]), plans
+    # The delayed PS is slow per id; on a busy machine it may also be the hottest, and the
+    # plan then names both rules: the slow-PS one must be there.
+    assert plans and "slow PS: " + fired["actor"] in plans[0]["reason"], plans
     assert [e["kind"] for e in s["scale_events"]] == ["replace"], s["scale_events"]
     assert s["final_config"]["ps"] == 2
     (f,) = [f for f in s["failures"] if f["kind"] == "straggler"]
