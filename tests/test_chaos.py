@@ -123,8 +123,10 @@ def test_slow_ps_is_detected_by_its_call_time_and_replaced_without_losing_an_upd
     # The delayed PS is slow per id; on a busy machine it may also be the hottest, and the
     # plan then names both rules: the slow-PS one must be there.
     assert plans and "slow PS: " + fired["actor"] in plans[0]["reason"], plans
-    assert [e["kind"] for e in s["scale_events"]] == ["replace"], s["scale_events"]
-    assert s["final_config"]["ps"] == 2
+    # Replaced; on a busy machine (every PS hot) a scale-out may come first: a third PS.
+    kinds = [e["kind"] for e in s["scale_events"]]
+    assert kinds.count("replace") == 1 and set(kinds) <= {"replace", "scale_out"}, s["scale_events"]
+    assert s["final_config"]["ps"] == 2 + kinds.count("scale_out")
     (f,) = [f for f in s["failures"] if f["kind"] == "straggler"]
     assert f["actor"] == fired["actor"] and f["at_s"] <= f["detected_s"] <= f["recovered_s"]
     assert abs(s["auc"] - fault_free_auc(spec, tmp_path)) < 0.01
