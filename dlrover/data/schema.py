@@ -149,18 +149,15 @@ class Schema:
         return [d.column for d in self.dense]
 
     @property
+    def columns(self) -> list[str]:
+        """Every column a file must hold: the label, the dense and the sparse ones."""
+        return [self.label.column, *self.dense_columns, *self.feature_names]
+
+    @property
     def dense_width(self) -> int:
         """The dense arch's input: one constant 1.0 column when the schema has no dense
         column, so that the MLP still gets an input (and learns a bias through it)."""
         return max(1, len(self.dense))
-
-    @property
-    def single_hot(self) -> bool:
-        return not any(f.multi for f in self.sparse)
-
-    @property
-    def shared_tables(self) -> bool:
-        return len(self.tables) != len(self.sparse)
 
     def table_sizes(self) -> list[int]:
         return [t.rows for t in self.tables]
