@@ -20,15 +20,27 @@ def grid(v: str) -> list[tuple[int, int]]:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def data_formats(v: str) -> list[str]:
+    """An argparse type: ``NAME,...`` of ``dlrover bench data``'s formats."""
+    from dlrover.bench.readers import CASES
+
+    known = [c.name for c in CASES]
+    names = [x.strip() for x in v.split(",") if x.strip()]
+    if not names or (bad := [n for n in names if n not in known]):
+        raise argparse.ArgumentTypeError(f"expected formats among {', '.join(known)}, got {v!r}")
+    return names
+
+
 def add_bench_parsers(add_parser: Callable[..., argparse.ArgumentParser]) -> None:
     """Add ``bench`` and its subcommands with ``add_parser`` (the CLI's ``subparsers.add_parser``)."""
     b = add_parser("bench", help="benchmarks, printed as ratios against a baseline")
     bsub = b.add_subparsers(dest="bench_cmd", required=True, parser_class=Parser)
     tp = bsub.add_parser("throughput", help="dlrover (each actor layout that fits the cores) vs single-process TorchRec")
     tp.add_argument("--json", action="store_true")
-    tp.add_argument("--rows", type=positive_int, default=1_000_000, help="at most this many training rows")
-    tp.add_argument("--batch-size", type=positive_int, default=2048)
-    tp.add_argument("--steps", type=positive_int, default=300, help="timed baseline steps; dlrover trains the same rows")
+    tp.add_argument("--rows", type=positive_int, help="at most this many training rows (default 1,000,000)")
+    tp.add_argument("--batch-size", type=positive_int, help="default 2048")
+    tp.add_argument("--steps", type=positive_int, help="timed baseline steps; dlrover trains the same rows (default 300)")
+    tp.add_argument("--job", metavar="SPEC.yaml", help="compare on this job's model, data and batch size instead (one epoch), e.g. jobs/dcn_multihot.yaml")
     el = bsub.add_parser("elastic", help="live rescale (plan -> first step, PS migration pause) vs stop-checkpoint-restart")
     el.add_argument("--json", action="store_true")
     el.add_argument("--rows", type=positive_int, default=1_500_000)
@@ -96,15 +108,21 @@ def add_bench_parsers(add_parser: Callable[..., argparse.ArgumentParser]) -> Non
     pl.add_argument("--rows", type=positive_int, default=120_000)
     pl.add_argument("--epochs", type=positive_int, default=4)
     pl.add_argument("--slowdown", type=number(float, 1.0, True, "a number above 1"), default=3.0, help="how many times the CPU per step workers on the slow node spend (default 3)")
+    da = bsub.add_parser("data", help="rows/s of each data reader vs pandas code producing the same arrays, single-threaded")
+    da.add_argument("--json", action="store_true")
+    da.add_argument("--rows", type=positive_int, default=200_000, help="rows of each format's file (default 200,000)")
+    da.add_argument("--repeats", type=positive_int, default=3, help="reads of each side; the best counts (default 3)")
+    da.add_argument("--formats", type=data_formats, metavar="NAME,...", help="criteo_tsv, csv_header, parquet_lists, torchrec_npy, mlperf_npz (default all)")
     em = bsub.add_parser("embeddings", help="hashed vs dynamic large tables at equal memory on high-cardinality data: AUC, samples/s, memory, evictions")
     em.add_argument("--json", action="store_true")
     em.add_argument("--quick", action="store_true", help="60k rows, 4k-row tables (smoke run)")
+    em.add_argument("--multi-hot", action="store_true", help="on a click log with string ids and a multi-valued history (mean pooling) instead of Criteo's layout")
 
 
 # ``dlrover bench NAME``: (module in dlrover.bench, its runner, its printer, the runner's
 # keyword arguments from the command line's). sim-calibration is below.
 BENCHES: dict[str, tuple[str, str, str, Callable[[argparse.Namespace], dict]]] = {
-    "throughput": ("throughput", "run_throughput_bench", "print_throughput", lambda a: {"rows": a.rows, "batch_size": a.batch_size, "steps": a.steps}),
+    "throughput": ("throughput", "run_throughput_bench", "print_throughput", lambda a: {"rows": a.rows, "batch_size": a.batch_size, "steps": a.steps, "job": a.job}),
     "elastic": ("elastic", "run_elastic_bench", "print_elastic", lambda a: {"rows": a.rows, "num_embeddings": a.num_embeddings}),
     "recovery": ("recovery", "run_recovery_bench", "print_recovery", lambda a: {"quick": a.quick}),
     "checkpoint": ("checkpoint", "run_checkpoint_bench", "print_checkpoint", lambda a: {"quick": a.quick}),
@@ -114,7 +132,8 @@ BENCHES: dict[str, tuple[str, str, str, Callable[[argparse.Namespace], dict]]] =
     "bigtable": ("bigtable", "run_bigtable_bench", "print_bigtable", lambda a: {"quick": a.quick}),
     "ps-lookup": ("ps_lookup", "run_ps_lookup_bench", "print_ps_lookup", lambda a: {"ps_counts": a.ps, "quick": a.quick}),
     "perf-model": ("perf_model", "run_perf_model_bench", "print_perf_model", lambda a: {"window_s": a.window_s, "repeats": a.repeats}),
-    "embeddings": ("embeddings", "run_embeddings_bench", "print_embeddings", lambda a: {"quick": a.quick}),
+    "data": ("readers", "run_data_bench", "print_data", lambda a: {"rows": a.rows, "repeats": a.repeats, "formats": a.formats}),
+    "embeddings": ("embeddings", "run_embeddings_bench", "print_embeddings", lambda a: {"quick": a.quick, "multi_hot": a.multi_hot}),
     "slow-ps": ("slow_ps", "run_slow_ps_bench", "print_slow_ps", lambda a: {"rows": a.rows, "delay_ms": a.delay_ms}),
     "pal": ("pal", "run_pal_bench", "print_pal", lambda a: {"rows": a.rows, "epochs": a.epochs, "slowdown": a.slowdown}),
     "coding": ("coding", "run_coding_bench", "print_coding", lambda a: {

@@ -2,10 +2,12 @@
 fits the cores, and a layout that is faster only by learning worse does not count."""
 
 import numpy as np
+import pytest
 import torch
 
 from dlrover.baseline import build_local_model
-from dlrover.bench.throughput import AUC_TOLERANCE, Layout, Measured, bench_spec, layouts, rate_layouts
+from dlrover.bench.throughput import AUC_TOLERANCE, Layout, Measured, bench_spec, job_bench_spec, layouts, rate_layouts, run_throughput_bench
+from dlrover.errors import DLRoverError
 from dlrover.model.dlrm import table_configs
 from dlrover.ps.tables import init_rows
 
@@ -40,3 +42,16 @@ def test_the_fastest_layout_counts_only_if_it_learns_as_well_as_the_baseline():
     assert best["layout"] == "slow" and best["ratio"] == 0.8
     assert [r["counts"] for r in rows] == [True, False]
     assert rate_layouts([{"layout": "no eval", "samples_per_s": 1.0, "auc": None}], base) is None
+
+
+def test_a_job_file_is_benched_in_its_own_layout_too_for_one_epoch_in_order():
+    spec = job_bench_spec("jobs/dcn_multihot.yaml", Layout(2, 1.0, 2))
+    assert (spec.resources.workers, spec.resources.ps, spec.data.epochs, spec.data.shuffle, spec.policy.name) == (2, 2, 1, False, "static")
+    assert spec.model.arch == "dcn" and spec.schema.max_ids_per_sample() == 214
+    assert layouts(2, Layout(2, 1.0, 2))[-1].label == "2w x 1cpu + 2ps"
+    assert layouts(2, Layout(2, 1.0, 1)) == layouts(2)  # already measured
+
+
+def test_flags_of_the_synthetic_bench_are_refused_with_a_job():
+    with pytest.raises(DLRoverError, match="--rows, --batch-size and --steps do not apply with --job"):
+        run_throughput_bench(rows=1000, job="jobs/dcn_multihot.yaml")

@@ -1,8 +1,11 @@
 """``dlrover bench embeddings``: hashed vs dynamic large tables at equal memory, on
-high-cardinality data (:mod:`dlrover.data.synth_highcard`).
+high-cardinality data: Criteo's layout (:mod:`dlrover.data.synth_highcard`) or, with
+``--multi-hot``, a click log of string ids with a multi-valued history pooled by mean
+(:mod:`dlrover.data.synth_clicklog`).
 
-Two real jobs (1 worker + 1 PS) train the same DLRM on the same rows; only the
-``LARGE`` tables differ. The dynamic job gives each ``CAPACITY`` rows and an id map; the
+Two real jobs (1 worker + 1 PS) train the same DLRM on the same rows; only the large
+tables differ. The dynamic job gives each ``capacity`` rows (fewer than the ids it
+admits, so that eviction runs throughout) and an id map; the
 hashed job gives each the rows the same bytes buy: a dynamic row costs its weights and
 optimizer state plus the map (``MAP_STATES`` int64 per row) plus the PS's sorted key
 indexes (two int64 each for the admitted and the waiting id a row position holds), so
@@ -33,17 +36,21 @@ SPARSE_LR = 0.05
 @dataclass
 class EmbeddingsBenchConfig:
     rows: int
-    distinct_ids: int
-    large: int  # tables C1.. with distinct_ids values (dynamic in one job)
+    distinct_ids: int  # Criteo: values of each large table; click log: items (users: half)
+    large: int  # the high-cardinality tables (dynamic in one job)
     capacity: int  # rows of each large table in the dynamic job
     batch_size: int
     admit_after: int = 1
     eviction: str = "lfu"
     seed: int = 23
+    data: str = "criteo"  # criteo: synth_highcard's TSV; clicklog: string ids, a multi-hot history (synth_clicklog)
 
 
-FULL = EmbeddingsBenchConfig(rows=2_000_000, distinct_ids=10_000_000, large=4, capacity=65_536, batch_size=2048)
+# capacities below the ids each large table admits, so that eviction runs all along
+FULL = EmbeddingsBenchConfig(rows=2_000_000, distinct_ids=10_000_000, large=4, capacity=32_768, batch_size=2048)
 QUICK = EmbeddingsBenchConfig(rows=60_000, distinct_ids=10_000_000, large=4, capacity=4096, batch_size=1024)
+FULL_MULTI_HOT = EmbeddingsBenchConfig(rows=1_000_000, distinct_ids=5_000_000, large=3, capacity=65_536, batch_size=2048, data="clicklog")
+QUICK_MULTI_HOT = EmbeddingsBenchConfig(rows=40_000, distinct_ids=5_000_000, large=3, capacity=4096, batch_size=1024, data="clicklog")
 
 
 class EmbeddingsBenchError(DLRoverError):
@@ -60,29 +67,45 @@ def hashed_rows(capacity: int, dim: int = DIM) -> int:
     return round(capacity * (row_bytes(dim) + MAP_BYTES_PER_ROW) / row_bytes(dim))
 
 
+def small_tables(cfg: EmbeddingsBenchConfig) -> int:
+    from dlrover.data.synth_clicklog import FEATURES
+
+    return (26 if cfg.data == "criteo" else len(FEATURES["sparse"])) - cfg.large
+
+
 def table_sizes(cfg: EmbeddingsBenchConfig, large_rows: int) -> list[int]:
-    return [large_rows] * cfg.large + [SMALL_ROWS] * (26 - cfg.large)
+    return [large_rows] * cfg.large + [SMALL_ROWS] * small_tables(cfg)
 
 
 def model_mb(cfg: EmbeddingsBenchConfig, dynamic: bool) -> float:
     """Bytes of all tables (weights, optimizer state and, dynamic, the id maps), in MB."""
     if dynamic:
         large = cfg.large * cfg.capacity * (row_bytes() + MAP_BYTES_PER_ROW)
-        return (large + (26 - cfg.large) * SMALL_ROWS * row_bytes()) / 2**20
+        return (large + small_tables(cfg) * SMALL_ROWS * row_bytes()) / 2**20
     return sum(table_sizes(cfg, hashed_rows(cfg.capacity))) * row_bytes() / 2**20
 
 
 def bench_spec(data_dir: str, cfg: EmbeddingsBenchConfig, dynamic: bool) -> JobSpec:
-    tables = {t: {"kind": "dynamic", "capacity_rows": cfg.capacity, "admit_after": cfg.admit_after, "eviction": cfg.eviction} for t in range(cfg.large)}
+    from dlrover.data.synth_clicklog import FEATURES, LARGE
+
+    dyn = {"kind": "dynamic", "capacity_rows": cfg.capacity, "admit_after": cfg.admit_after, "eviction": cfg.eviction}
+    if cfg.data == "criteo":
+        features, paths, keys = None, os.path.join(data_dir, "*.tsv"), list(range(cfg.large))
+    else:
+        features, paths, keys = FEATURES, os.path.join(data_dir, "*.csv"), LARGE
+    tables: dict = {k: dict(dyn) if dynamic else {} for k in keys}
+    if cfg.data == "clicklog":
+        tables["history"]["pooling"] = "mean"  # the generator's history is its items' mean weight
     return spec_from_dict(
         {
-            "name": f"bench-embeddings-{'dynamic' if dynamic else 'hashed'}",
+            "name": f"bench-embeddings-{cfg.data}-{'dynamic' if dynamic else 'hashed'}",
             "seed": cfg.seed,
+            **({"features": features} if features else {}),
             "model": {
                 "embedding_dim": DIM, "num_embeddings": table_sizes(cfg, cfg.capacity if dynamic else hashed_rows(cfg.capacity)),
-                "dense_arch": [64, DIM], "over_arch": [128, 64, 1], "tables": tables if dynamic else {},
+                "dense_arch": [64, DIM], "over_arch": [128, 64, 1], "tables": {k: v for k, v in tables.items() if v},
             },
-            "data": {"paths": [os.path.join(data_dir, "*.tsv")], "epochs": 1, "batch_size": cfg.batch_size, "eval_fraction": 0.1, "shard_rows": 8 * cfg.batch_size},
+            "data": {"paths": [paths], "epochs": 1, "batch_size": cfg.batch_size, "eval_fraction": 0.1, "shard_rows": 8 * cfg.batch_size},
             "resources": {"workers": 1, "ps": 1, "worker_cpu": 1, "ps_cpu": 1, "worker_memory_mb": 2048, "ps_memory_mb": 2048},
             "optimizer": {"sparse": {"name": "rowwise_adagrad", "lr": SPARSE_LR}, "dense": {"name": "adagrad", "lr": 0.01}},
             "train": {"log_every_s": 1.0},
@@ -112,16 +135,26 @@ def _job(spec: JobSpec, runs_dir: str) -> dict:
     }  # fmt: skip
 
 
-def run_embeddings_bench(quick: bool = False, work_dir: str | None = None) -> dict:
-    from dlrover.data.synth_highcard import HighCardConfig, generate_highcard
+def generate(cfg: EmbeddingsBenchConfig, data: str) -> dict:
+    """The bench's rows: high-cardinality Criteo TSV, or the click log (CSV, string ids)."""
+    if cfg.data == "criteo":
+        from dlrover.data.synth_highcard import HighCardConfig, generate_highcard
 
-    cfg = QUICK if quick else FULL
+        _log(f"generating {cfg.rows:,} high-cardinality rows ({cfg.large} tables of {cfg.distinct_ids:,} Zipf ids) -> {data}")
+        return generate_highcard(data, HighCardConfig(rows=cfg.rows, files=4, seed=cfg.seed, distinct_ids=cfg.distinct_ids, large_tables=cfg.large), progress=False)
+    from dlrover.data.synth_clicklog import ClickLogConfig, generate_clicklog
+
+    _log(f"generating a {cfg.rows:,}-row click log ({cfg.distinct_ids // 2:,} users, {cfg.distinct_ids:,} items, string ids, 1..20 history items a row) -> {data}")
+    return generate_clicklog(data, ClickLogConfig(rows=cfg.rows, files=4, seed=cfg.seed, users=cfg.distinct_ids // 2, items=cfg.distinct_ids), progress=False)
+
+
+def run_embeddings_bench(quick: bool = False, work_dir: str | None = None, multi_hot: bool = False) -> dict:
+    cfg = (QUICK_MULTI_HOT if quick else FULL_MULTI_HOT) if multi_hot else (QUICK if quick else FULL)
     own = work_dir is None
     work = work_dir or tempfile.mkdtemp(prefix="dlrover-embeddings-")
     try:
         data = os.path.join(work, "data")
-        _log(f"generating {cfg.rows:,} high-cardinality rows ({cfg.large} tables of {cfg.distinct_ids:,} Zipf ids) -> {data}")
-        meta = generate_highcard(data, HighCardConfig(rows=cfg.rows, files=4, seed=cfg.seed, distinct_ids=cfg.distinct_ids, large_tables=cfg.large), progress=False)
+        meta = generate(cfg, data)
         _log(f"distinct ids seen per large table: {meta['distinct_ids_seen']}; best possible AUC {meta['best_auc']:.4f}")
         out: dict = {"config": asdict(cfg), "hashed_rows": hashed_rows(cfg.capacity), "dynamic_rows": cfg.capacity,
                      "distinct_ids_seen": meta["distinct_ids_seen"], "best_auc": meta["best_auc"]}  # fmt: skip
@@ -136,6 +169,9 @@ def run_embeddings_bench(quick: bool = False, work_dir: str | None = None) -> di
             if kind == "dynamic":
                 out["dynamic_counts"] = r["dynamic_tables"]
         out["evictions"] = out["dynamic_counts"].get("evicted", 0)
+        out["admitted"] = out["dynamic_counts"].get("admitted", 0)
+        out["speed_ratio"] = out["samples_per_s_dynamic"] / out["samples_per_s_hashed"]
+        out["auc_gain"] = out["auc_dynamic"] - out["auc_hashed"]
         return out
     finally:
         if own:
@@ -144,15 +180,16 @@ def run_embeddings_bench(quick: bool = False, work_dir: str | None = None) -> di
 
 def print_embeddings(r: dict) -> None:
     c = r["config"]
-    print(f"{r['config']['rows']:,} rows, {c['large']} large tables of {c['distinct_ids']:,} Zipf ids (seen per table: {', '.join(f'{n:,}' for n in r['distinct_ids_seen'])})")
+    what = "high-cardinality Criteo TSV" if c["data"] == "criteo" else "click log (string ids, multi-hot history, mean pooling)"
+    print(f"{c['rows']:,} rows of {what}, {c['large']} large tables (distinct ids seen per table: {', '.join(f'{n:,}' for n in r['distinct_ids_seen'])})")
     print(f"  large tables: hashed {r['hashed_rows']:,} rows vs dynamic {r['dynamic_rows']:,} rows + id map (admit after {c['admit_after']}, {c['eviction']})")
     print(f"{'':12s}{'AUC':>8s}{'samples/s':>11s}{'tables MB':>11s}{'PS RSS MB':>11s}")
     for kind in ("hashed", "dynamic"):
         print(f"{kind:12s}{r[f'auc_{kind}']:>8.4f}{r[f'samples_per_s_{kind}']:>11,.0f}{r[f'memory_mb_{kind}']:>11.1f}{r[f'ps_rss_mb_{kind}']:>11.0f}")
-    print(f"  generator's best possible AUC {r['best_auc']:.4f}; dynamic - hashed AUC {r['auc_dynamic'] - r['auc_hashed']:+.4f}")
+    print(f"  generator's best possible AUC {r['best_auc']:.4f}; dynamic - hashed AUC {r['auc_gain']:+.4f}; dynamic/hashed samples/s {r['speed_ratio']:.2f}x")
     d = r["dynamic_counts"]
     looked = max(d.get("lookups", 0), 1)
     print(
         f"  dynamic tables: {d.get('lookups', 0):,} lookups, hits {d.get('hits', 0) / looked:.1%}, default row {d.get('defaults', 0) / looked:.1%}, "
-        f"admitted {d.get('admitted', 0):,} ids, evicted {d.get('evicted', 0):,}"
+        f"admitted {d.get('admitted', 0):,} ids, evicted {d.get('evicted', 0):,} ({d.get('evicted', 0) / max(d.get('admitted', 0), 1):.0%} of admitted)"
     )

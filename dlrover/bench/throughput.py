@@ -2,7 +2,8 @@
 
 Both sides train the same DLRM (26 tables, dim 16, MLP 512-256) on the same synthetic
 Criteo files, read through the same reader, with the same batch size and optimizers, for
-one epoch over the same rows, and are scored on the same held-out rows. The baseline is a
+one epoch over the same rows, and are scored on the same held-out rows. ``--job`` puts a
+job file's model (DLRM or DCN), schema, data and batch size in their place. The baseline is a
 plain training loop in this process over a ``FusedEmbeddingBagCollection``, with one
 intra-op thread and with every core (the faster counts). dlrover runs its real actors on
 an embedded local Ray in each actor layout that fits the cores: one worker whose MLP uses
@@ -19,11 +20,13 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from dlrover.errors import DLRoverError
 from dlrover.spec import JobSpec, spec_from_dict
 from dlrover.bench.progress import bench_data
 
@@ -33,25 +36,27 @@ EVAL_FRACTION = 0.1
 
 @dataclass(frozen=True)
 class Layout:
-    """How dlrover spreads the job over the cores (always with one embedding PS: it is
-    10-20% busy here, and a second one costs more routing than it serves)."""
+    """How dlrover spreads the job over the cores (by default with one embedding PS: on
+    Criteo's layout it is 10-20% busy, and a second one costs more routing than it serves)."""
 
     workers: int
     worker_cpu: float
+    ps: int = 1
 
     @property
     def label(self) -> str:
-        return f"{self.workers}w x {self.worker_cpu:g}cpu + 1ps"
+        return f"{self.workers}w x {self.worker_cpu:g}cpu + {self.ps}ps"
 
 
-def layouts(cores: int) -> list[Layout]:
+def layouts(cores: int, job: Layout | None = None) -> list[Layout]:
     """Intra-op threads in one worker, and (with more than one core) one single-threaded
     worker per core: on CPUs the second often wins, since an OpenMP team stalls whenever
-    any of its threads is preempted by the PS or an input thread."""
+    any of its threads is preempted by the PS or an input thread. A job's own layout
+    (``--job``) is measured too."""
     out = [Layout(1, float(cores))]
     if cores > 1:
         out.append(Layout(cores, 1.0))
-    return out
+    return out + ([job] if job is not None and job not in out else [])
 
 
 def bench_spec(
@@ -121,36 +126,56 @@ def measure_dlrover(spec: JobSpec, runs_dir: str) -> Measured:
     return Measured(summary["throughput_samples_per_s"], summary.get("auc"))
 
 
-def run_throughput_bench(rows: int = 1_000_000, batch_size: int = 2048, steps: int = 300) -> dict:
+def job_bench_spec(path: str, layout: Layout) -> JobSpec:
+    """A job file as the bench runs it: one epoch, in order, the static policy, in ``layout``."""
+    from dlrover.spec import load_spec
+
+    sets = {"data.epochs": 1, "data.shuffle": False, "policy.name": "static", "resources.workers": layout.workers,
+            "resources.worker_cpu": layout.worker_cpu, "resources.ps": layout.ps, "resources.ps_cpu": 1}  # fmt: skip
+    return load_spec(path, [(k, str(v)) for k, v in sets.items()])
+
+
+def run_throughput_bench(rows: int | None = None, batch_size: int | None = None, steps: int | None = None, job: str | None = None) -> dict:
     """Baseline (1 thread, every core), each dlrover layout, the baseline again (the
-    machine is noisy: the best baseline run counts)."""
-    train_rows = min(rows, steps * batch_size)
-    rows = int(np.ceil(train_rows / (1 - EVAL_FRACTION) / 2)) * 2  # 2 files, each split
-    data_dir = bench_data(f"criteo-{rows}")
+    machine is noisy: the best baseline run counts). ``job``: a job file to compare on
+    instead (its model, data and batch size; one epoch)."""
     cores = os.cpu_count() or 1
+    if job is not None:
+        if rows is not None or batch_size is not None or steps is not None:
+            raise DLRoverError("bench throughput: --rows, --batch-size and --steps do not apply with --job (the job's data and batch size are used)")
+        own = job_bench_spec(job, Layout(1, 1.0)).resources
+        job_layout = Layout(own.workers, own.worker_cpu, own.ps)
+        spec_for: Callable[[Layout], JobSpec] = lambda layout: job_bench_spec(job, layout)  # noqa: E731
+    else:
+        batch_size = batch_size or 2048
+        train_rows = min(rows or 1_000_000, (steps or 300) * batch_size)
+        total = int(np.ceil(train_rows / (1 - EVAL_FRACTION) / 2)) * 2  # 2 files, each split
+        data_dir = bench_data(f"criteo-{total}")
+        job_layout = None
+        spec_for = lambda layout: bench_spec(data_dir, total, batch_size, workers_cpu=layout.worker_cpu, workers=layout.workers, eval_fraction=EVAL_FRACTION)  # noqa: E731
 
-    def spec_for(layout: Layout) -> JobSpec:
-        return bench_spec(data_dir, rows, batch_size, workers_cpu=layout.worker_cpu, workers=layout.workers, eval_fraction=EVAL_FRACTION)
-
+    from dlrover.data.plan import DataPlan
     from dlrover.runner import ensure_data
 
-    ensure_data(spec_for(Layout(1, 1.0)))
+    first = spec_for(Layout(1, 1.0))
+    ensure_data(first)
+    train_rows = sum(DataPlan.build(first).train_rows.values())
     runs: list[tuple[Measured, int]] = []
 
     def baseline(threads: int) -> None:
         print(f"[bench] baseline: single-process TorchRec, {threads} thread(s), {train_rows:,} training rows", file=sys.stderr)
-        runs.append((measure_baseline(spec_for(Layout(1, 1.0)), threads=threads), threads))
+        runs.append((measure_baseline(first, threads=threads), threads))
         print(f"[bench]   {runs[-1][0].samples_per_s:,.0f} samples/s, held-out AUC {runs[-1][0].auc:.4f}", file=sys.stderr)
 
     for threads in sorted({1, cores}):
         baseline(threads)
     rows_out = []
-    for layout in layouts(cores):
+    for layout in layouts(cores, job_layout):
         print(f"[bench] dlrover: {layout.label}, {train_rows:,} training rows", file=sys.stderr)
         with tempfile.TemporaryDirectory() as runs_dir:
             got = measure_dlrover(spec_for(layout), runs_dir)
         print(f"[bench]   {got.samples_per_s:,.0f} samples/s, held-out AUC {got.auc:.4f}", file=sys.stderr)
-        rows_out.append({"layout": layout.label, "workers": layout.workers, "worker_cpu": layout.worker_cpu, "ps": 1,
+        rows_out.append({"layout": layout.label, "workers": layout.workers, "worker_cpu": layout.worker_cpu, "ps": layout.ps,
                          "samples_per_s": got.samples_per_s, "auc": got.auc})  # fmt: skip
     baseline(max(runs, key=lambda r: r[0].samples_per_s)[1])
     base, base_threads = max(runs, key=lambda r: r[0].samples_per_s)
@@ -163,7 +188,9 @@ def run_throughput_bench(rows: int = 1_000_000, batch_size: int = 2048, steps: i
         "ratio": best["ratio"] if best else None,
         "layouts": rows_out,
         "baseline_runs": [{"threads": t, "samples_per_s": m.samples_per_s, "auc": m.auc} for m, t in runs],
-        "batch_size": batch_size,
+        "job": job or "synthetic Criteo, DLRM (26 tables x 100k rows, dim 16)",
+        "model": first.model_short(),
+        "batch_size": first.data.batch_size,
         "train_rows": train_rows,
         "cores": cores,
         "baseline_threads": base_threads,
@@ -182,6 +209,7 @@ def rate_layouts(rows: list[dict], base: Measured) -> dict | None:
 
 
 def print_throughput(result: dict) -> None:
+    print(f"{result['job']}: {result['model']}, {result['train_rows']:,} training rows, batch {result['batch_size']}, {result['cores']} cores")
     print(f"baseline (single-process TorchRec, FusedEmbeddingBagCollection, {result['baseline_threads']} thread(s)): "
           f"{result['baseline_samples_per_s']:,.0f} samples/s, held-out AUC {result['baseline_auc']:.4f}")  # fmt: skip
     for r in result["layouts"]:

@@ -65,12 +65,14 @@ def _npz_member(path: str, zf: zipfile.ZipFile, name: str) -> np.ndarray:
 
 @dataclass
 class NpyDay:
-    """A day's arrays, memory-mapped."""
+    """A day's arrays, memory-mapped: the single-hot ``[N, 26]`` matrix, or MLPerf's
+    multi-hot members (one ``[N, bag]`` array per Criteo feature)."""
 
     stem: str
     labels: np.ndarray
     dense: np.ndarray
-    sparse: list[np.ndarray]  # one [N] or [N, bag] array per Criteo feature
+    one_hot: np.ndarray | None
+    multi_hot: list[np.ndarray] | None
 
     @classmethod
     def open(cls, stem: str) -> "NpyDay":
@@ -85,30 +87,32 @@ class NpyDay:
 
         labels, dense = load("labels"), load("dense")
         npz = f"{stem}_sparse_multi_hot.npz"
+        one_hot, multi_hot = None, None
         if os.path.isfile(npz):
             try:
                 with zipfile.ZipFile(npz) as zf:
-                    sparse = [_npz_member(npz, zf, f"{j}.npy") for j in range(len(CRITEO_SPARSE))]
+                    multi_hot = [_npz_member(npz, zf, f"{j}.npy") for j in range(len(CRITEO_SPARSE))]
             except (KeyError, zipfile.BadZipFile) as e:
                 raise DataError(f"{npz}: not MLPerf's multi-hot archive (members 0..25): {e}") from None
-            names = [npz] * len(sparse)
+            sparse_rows, width = {npz: len(a) for a in multi_hot}, len(multi_hot)
         else:
             one_hot = load("sparse")
-            sparse, names = [one_hot[:, j] for j in range(one_hot.shape[1])], [f"{stem}_sparse.npy"] * one_hot.shape[1]
-        rows = {f"{stem}_labels.npy": len(labels), f"{stem}_dense.npy": len(dense), **{n: len(a) for n, a in zip(names, sparse)}}
+            sparse_rows, width = {f"{stem}_sparse.npy": len(one_hot)}, one_hot.shape[1] if one_hot.ndim == 2 else 0
+        rows = {f"{stem}_labels.npy": len(labels), f"{stem}_dense.npy": len(dense), **sparse_rows}
         if len(set(rows.values())) > 1:
             shown = ", ".join(f"{os.path.basename(n)} {r:,}" for n, r in rows.items())
             raise DataError(f"{stem}: the day's files hold different row counts ({shown})")
-        if dense.ndim != 2 or dense.shape[1] != len(CRITEO_DENSE) or len(sparse) != len(CRITEO_SPARSE):
-            raise DataError(f"{stem}: expected {len(CRITEO_DENSE)} dense and {len(CRITEO_SPARSE)} sparse columns, got dense {list(dense.shape)} and {len(sparse)} sparse")
-        return cls(stem, labels, dense, sparse)
+        if dense.ndim != 2 or dense.shape[1] != len(CRITEO_DENSE) or width != len(CRITEO_SPARSE):
+            raise DataError(f"{stem}: expected {len(CRITEO_DENSE)} dense and {len(CRITEO_SPARSE)} sparse columns, got dense {list(dense.shape)} and {width} sparse")
+        return cls(stem, labels, dense, one_hot, multi_hot)
 
     @property
     def rows(self) -> int:
         return len(self.labels)
 
     def read(self, layout: DataLayout, start: int, stop: int) -> tuple[Batch, np.ndarray, list[str]]:
-        """Rows [start, stop) -> (good rows, bad row ordinals within them, reasons)."""
+        """Rows [start, stop) -> (good rows, bad row ordinals within them, reasons). Each
+        array is copied once, from the mapped file into the batch."""
         s = layout.schema
         labels = np.asarray(self.labels[start:stop]).reshape(-1).astype(np.float32)
         if s.label.threshold is not None:
@@ -117,23 +121,47 @@ class NpyDay:
         reasons = [f"{self.stem}_labels.npy:{start + int(r) + 1}: label must be 0 or 1" for r in bad.tolist()]
         n = len(labels)
         if s.dense:
-            cols = [CRITEO_DENSE.index(d.column) for d in s.dense]
-            dense = np.asarray(self.dense[start:stop][:, cols], dtype=np.float32)
+            dense = _columns(self.dense[start:stop], [CRITEO_DENSE.index(d.column) for d in s.dense], np.float32)
             for j, d in enumerate(s.dense):
                 if d.transform is Transform.LOG1P:
                     dense[:, j] = np.log1p(np.maximum(dense[:, j], 0))
         else:
             dense = np.ones((n, 1), np.float32)
-        arrays = [np.asarray(self.sparse[CRITEO_SPARSE.index(f.column)][start:stop], dtype=np.int64) for f in s.sparse]
-        keep = np.ones(n, bool)
-        keep[bad] = False
-        if all(a.ndim == 1 for a in arrays):
-            batch = Batch(labels[keep], dense[keep], np.stack(arrays, axis=1)[keep])
+        cols = [CRITEO_SPARSE.index(f.column) for f in s.sparse]
+        if self.one_hot is not None:
+            batch = Batch(labels, dense, _columns(self.one_hot[start:stop], cols, np.int64))
         else:
-            arrays = [(a if a.ndim == 2 else a[:, None])[keep] for a in arrays]
-            lengths = np.stack([np.full(int(keep.sum()), a.shape[1], np.int32) for a in arrays])
-            batch = Batch(labels[keep], dense[keep], np.concatenate([a.reshape(-1) for a in arrays]), lengths)
+            assert self.multi_hot is not None
+            parts = [self.multi_hot[c] for c in cols]
+            widths = [1 if a.ndim == 1 else a.shape[1] for a in parts]
+            ids = np.empty(n * sum(widths), np.int64)
+            at = 0
+            for a, w in zip(parts, widths):
+                ids[at : at + n * w].reshape(a[start:stop].shape)[...] = a[start:stop]
+                at += n * w
+            batch = Batch(labels, dense, ids, np.repeat(np.asarray(widths, np.int32)[:, None], n, axis=1))
+        if len(bad):
+            keep = np.ones(n, bool)
+            keep[bad] = False
+            batch = _rows(batch, keep)
         return batch, bad, reasons
+
+
+def _columns(block: np.ndarray, cols: list[int], dtype: type) -> np.ndarray:
+    """Columns ``cols`` of a mapped ``[n, k]`` block as a new ``dtype`` array (one copy
+    when they are all of them, in order)."""
+    if cols == list(range(block.shape[1])):
+        return np.asarray(block, dtype=dtype).copy() if block.dtype == dtype else block.astype(dtype)
+    return block[:, cols].astype(dtype)
+
+
+def _rows(batch: Batch, keep: np.ndarray) -> Batch:
+    """The rows of ``batch`` where ``keep`` (rare: a day with bad labels)."""
+    if batch.lengths is None:
+        return Batch(batch.labels[keep], batch.dense[keep], batch.sparse[keep])
+    ids, lengths = batch.jagged()
+    kept = np.repeat(np.tile(keep, len(lengths)), lengths.reshape(-1))
+    return Batch(batch.labels[keep], batch.dense[keep], ids[kept], np.ascontiguousarray(lengths[:, keep]))
 
 
 def write_multi_hot(in_dir: str, out_dir: str, bag_sizes: list[int], num_embeddings: list[int], seed: int = 0) -> list[str]:
