@@ -115,3 +115,29 @@ def test_the_exported_model_scores_as_the_trained_model(job, request):
         want = torch.sigmoid(model(torch.from_numpy(batch.dense), local_kjt(batch, spec.schema)).squeeze(-1)).numpy()
     assert got.shape == (idx.rows, 2) and (got[:, 0] == batch.labels).all()
     np.testing.assert_allclose(got[:, 1], want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("job", ["csv_job", "parquet_job"])
+def test_rows_without_the_label_column_are_scored_alike(job, request):
+    """New rows to score hold no label: predict writes one score a row, the same scores."""
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    from dlrover.cli import main
+
+    trained = request.getfixturevalue(job)
+    spec, tmp = trained["spec"], trained["tmp"]
+    model = tmp / "model-unlabeled"
+    assert main(["export", str(trained["run"]), "--out", str(model)]) == 0
+    data = sorted((tmp / "data").glob("part-*"))[-1]
+    label = spec.schema.label.column
+    bare = tmp / f"unlabeled{data.suffix}"
+    if data.suffix == ".parquet":
+        pq.write_table(pq.read_table(data).drop_columns([label]), bare)
+    else:
+        pacsv.write_csv(pacsv.read_csv(data).drop_columns([label]), bare)
+    assert main(["predict", str(model), str(data), "--out", str(tmp / "with.csv")]) == 0
+    assert main(["predict", str(model), str(bare), "--out", str(tmp / "without.csv")]) == 0
+    assert (tmp / "without.csv").read_text().splitlines()[0] == "score"
+    with_label = np.loadtxt(tmp / "with.csv", delimiter=",", skiprows=1)
+    np.testing.assert_array_equal(np.loadtxt(tmp / "without.csv", skiprows=1), with_label[:, 1])

@@ -85,6 +85,8 @@ def _numbers(col: Any, column: str, probs: _Problems) -> tuple[np.ndarray, np.nd
 
 
 def labels_of(table: Any, layout: DataLayout, path: str, probs: _Problems) -> np.ndarray:
+    if not layout.labeled:
+        return np.full(table.num_rows, np.nan, np.float32)
     label = layout.schema.label
     values, missing = _numbers(_column(table, label.column, path), label.column, probs)
     probs.add(missing, label.column, "label is missing")

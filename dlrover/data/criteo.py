@@ -172,7 +172,7 @@ def read_bytes(f: IO[bytes], path: str, n: int = -1) -> bytes:
 
 def _missing_columns(path: str, names: list[str], layout: DataLayout, where: str) -> None:
     """A schema column the file does not have is an error naming both."""
-    missing = [c for c in layout.schema.columns if c not in set(names)]
+    missing = [c for c in layout.required_columns if c not in set(names)]
     if missing:
         raise DataError(f"{path}: column {missing[0]!r} of the schema is not in the file's {where} ({', '.join(names[:12])}{', ...' if len(names) > 12 else ''})")
 

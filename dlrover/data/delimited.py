@@ -27,8 +27,8 @@ def _types(layout: DataLayout, as_text: bool) -> dict[str, Any]:
 
     s = layout.schema
     if as_text:
-        return {c: pa.string() for c in s.columns}
-    types = {s.label.column: pa.float64(), **{c: pa.float64() for c in s.dense_columns}}
+        return {c: pa.string() for c in layout.required_columns}
+    types = {c: pa.float64() for c in ([s.label.column] if layout.labeled else []) + s.dense_columns}
     for f in s.sparse:
         types[f.column] = pa.int64() if f.ids is IdKind.INT and not f.multi else pa.string()
     return types

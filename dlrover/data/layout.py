@@ -26,10 +26,17 @@ class DataLayout:
     delimiter: str | None = None
     columns: tuple[str, ...] | None = None
     on_long_bag: str = "truncate"
+    labeled: bool = True  # False: rows to score, whose files need not hold the label column
 
     @property
     def criteo(self) -> bool:
         return self.schema.criteo
+
+    @property
+    def required_columns(self) -> list[str]:
+        """The columns a file must hold: the schema's, less the label where not ``labeled``."""
+        cols = self.schema.columns
+        return cols if self.labeled else cols[1:]
 
     def file_format(self, path: str) -> str:
         """``tsv``, ``csv`` or ``parquet`` for this file, from ``format`` or, with

@@ -71,6 +71,20 @@ class DataPlan:
                 ids, cut = ids + batch.num_ids, cut + batch.long_bags
         return ids, cut
 
+    def ids_per_sample(self, layout: DataLayout, rows: int = 8192) -> float:
+        """Mean ids a training row carries, what the PS's work per sample grows with (the
+        performance model's ``k``), from the first ``rows`` training rows of the first file;
+        Criteo's own layout has one per sparse feature, known without reading."""
+        if layout.criteo and layout.format != "torchrec_npy":
+            return float(len(layout.schema.sparse))
+        path = next((p for p, n in self.train_rows.items() if n > 0), None)
+        if path is not None:
+            reader = FileReader(on_bad_line="skip", cache_files=0, layout=layout)
+            batch, _ = reader.read(self.files[path], 0, min(rows, self.train_rows[path]))
+            if len(batch):
+                return batch.num_ids / len(batch)
+        return float(layout.schema.max_ids_per_sample())
+
     def eval_ranges(self, shard_rows: int) -> list[tuple[str, int, int]]:
         out = []
         cuts = self.cuts()

@@ -106,14 +106,14 @@ class FileReader:
 
     def _group(self, path: str, group: int, first_row: int) -> Rows:
         if path not in self._parquet:
-            self._parquet[path] = open_parquet(path, None if self.layout.criteo else self.layout.schema.columns)
+            self._parquet[path] = open_parquet(path, None if self.layout.criteo else self.layout.required_columns)
             while len(self._parquet) > 2:
                 self._parquet.popitem(last=False)
         if self.layout.criteo:
             raw, bad, reasons = read_row_group(self._parquet[path], path, group, first_row)
             return raw.batch(), bad, reasons
         try:
-            table = self._parquet[path].read_row_group(group, columns=self.layout.schema.columns)
+            table = self._parquet[path].read_row_group(group, columns=self.layout.required_columns)
         except Exception as e:  # noqa: BLE001 - pyarrow raises several types for a bad file
             raise DataError(f"{path}: not a readable Parquet file: {e}") from None
         return table_to_rows(table, self.layout, path, lambda o: [f"{path}:{first_row + int(i) + 1}" for i in o])

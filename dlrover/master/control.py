@@ -68,6 +68,7 @@ class Controller:
             history=self.store.similar(self.signature, self.dataset),
             warmup_s=spec.policy.warmup_s,
             cores=cores,
+            ids_per_sample=data.ids_per_sample(spec.layout()),
         )
         self.model = self.driver.model
         self.retired_ps_stats: list[dict] = []

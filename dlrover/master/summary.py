@@ -91,6 +91,7 @@ def summary_of(m: Job, metrics: dict) -> dict:
         "bad_lines_skipped": int(bad),
         "ids_expected": int(ids_expected),  # ids in the trained rows: each updates the PS exactly once (ps_ids_updated)
         "long_bags_truncated": int(cut * spec.data.epochs),
+        "ids_per_sample": m.control.model.ids_per_sample,  # the performance model's k (mean ids a training row carries)
         "auc": metrics.get("auc"),
         "logloss": metrics.get("logloss"),
         "best_auc": metrics.get("best_auc"),

@@ -312,7 +312,8 @@ class DLRoverRMPolicy(Policy):
         def thr_of(keys: list[Key]) -> np.ndarray:
             if not keys:
                 return np.zeros(0)
-            pred = throughput_rows(view.model.params, np.asarray(keys), view.model.batch_size, view.model.cores) * calib  # memory does not enter the model
+            m = view.model
+            pred = throughput_rows(m.params, np.asarray(keys), m.batch_size, m.cores, m.ids_per_sample) * calib  # memory does not enter the model
             return np.array([measured.get(x, p) for x, p in zip(keys, pred)], dtype=np.float64)
 
         kappa = k.min_elasticity

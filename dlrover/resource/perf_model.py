@@ -1,21 +1,24 @@
 """Resource-performance model of one job: step time as a function of its configuration.
 
 The DLRover-RM / Optimus form, extended with CPU terms, for ``w`` workers of ``cw`` CPUs
-each, ``p`` parameter servers of ``cp`` CPUs each and a per-worker batch of ``B``, on a
-host of ``cores`` physical cores::
+each, ``p`` parameter servers of ``cp`` CPUs each, a per-worker batch of ``B`` and ``k``
+ids a sample, on a host of ``cores`` physical cores::
 
-    T_iter = t0 + t1 * B / cw + t2 * w / (p * cp) + t3 * w / p + t4 * w
+    T_iter = t0 + t1 * B / cw + (k / 26) * (t2 * w / (p * cp) + t3 * w / p) + t4 * w
              + t5 * B * o + t6 * B * o**2,   o = max(0, w * cw + p * cp - cores)
     throughput = w * B / T_iter                                  (samples/s)
 
-The last two terms are the host's: Ray's CPUs are a scheduling budget, and where a
-cluster advertises more of them than its nodes have cores (a laptop, the 2-core dev
-machine, a node with ``--num-cpus`` above its core count), every CPU asked beyond the
-cores slows each batch's compute (``t5``, contention for the cores), and the threads
-asked beyond them also get in each other's way, pairwise (``t6``: the coherency term of
-Gunther's Universal Scalability Law, quadratic in the excess: preempted OpenMP teams
-wait at their barriers, caches are shared). Where the cores are unknown (``cores=inf``)
-both are zero.
+The PS's work (lookups, pooling, row updates, ids sent) grows with the ids a step carries,
+so its terms scale with ``k`` over Criteo's 26 (``REFERENCE_IDS``): ``t2`` and ``t3`` are
+per Criteo-equivalent sample, the same for a 26-id job and a 214-id one.
+
+The last two terms are the host's: Ray's CPUs are a scheduling budget, and where a cluster
+advertises more of them than its nodes have cores (a laptop, the 2-core dev machine, a node
+with ``--num-cpus`` above its core count), every CPU asked beyond the cores slows each
+batch's compute (``t5``, contention for the cores), and the threads asked beyond them also
+get in each other's way, pairwise (``t6``: the coherency term of Gunther's Universal
+Scalability Law, quadratic in the excess: preempted OpenMP teams wait at their barriers,
+caches are shared). Where the cores are unknown (``cores=inf``) both are zero.
 
 ``T_iter`` is linear in non-negative coefficients, so a handful of measured windows fit
 it with NNLS. Online the data rarely vary every variable, so a term whose feature the
@@ -42,8 +45,8 @@ class PerfParams(NamedTuple):
 
     t0: float  # fixed per-step overhead (s)
     t1: float  # worker compute: t1 * B / cw
-    t2: float  # PS compute:     t2 * w / (p * cp)
-    t3: float  # PS communication/contention: t3 * w / p
+    t2: float  # PS compute:     (k / 26) * t2 * w / (p * cp), per Criteo-equivalent ids
+    t3: float  # PS communication/contention: (k / 26) * t3 * w / p
     t4: float  # shared-resource contention: t4 * w
     t5: float = 0.0  # host over-commit: t5 * B * max(0, w * cw + p * cp - cores)
     t6: float = 0.0  # threads over the cores in each other's way: t6 * B * max(0, w * cw + p * cp - cores)**2
@@ -53,6 +56,8 @@ class PerfParams(NamedTuple):
 # The host terms are the fit of `dlrover bench perf-model`'s 60 windows of 2026-11-27
 # (three runs, 10 configurations each, 2 windows per configuration; docs/ELASTIC.md).
 DEFAULT_PRIOR = PerfParams(t0=0.004, t1=2.0e-5, t2=0.004, t3=0.003, t4=0.004, t5=4.4e-6, t6=3.3e-6)
+
+REFERENCE_IDS = 26.0  # Criteo's layout (one id per sparse feature): the ids a sample the PS terms' prior was measured at
 
 N_TERMS = len(PerfParams._fields)
 # The host's terms: pinned to the prior as they are, not scaled with the job (``fit_params``).
@@ -98,38 +103,56 @@ def over_commit(w: Any, p: Any, cw: Any, cp: Any, cores: float) -> Any:
     return np.maximum(0.0, w * cw + p * cp - cores)
 
 
-def features(w: Any, p: Any, cw: Any, cp: Any, batch: Any, cores: float = math.inf) -> np.ndarray:
+def _ps_share(ids_per_sample: float) -> float:
+    """``k / REFERENCE_IDS``, the factor of the PS terms (``k`` validated)."""
+    return _positive("ids_per_sample", ids_per_sample) / REFERENCE_IDS
+
+
+def at_ids(params: PerfParams, ids_per_sample: float) -> PerfParams:
+    """``params`` with the PS terms scaled to ``ids_per_sample``: the coefficients that give at
+    Criteo's 26 ids the step times ``params`` give at ``k`` (for forms of ``T_iter`` without ``k``)."""
+    r = _ps_share(ids_per_sample)
+    return params._replace(t2=params.t2 * r, t3=params.t3 * r)
+
+
+def features(w: Any, p: Any, cw: Any, cp: Any, batch: Any, cores: float = math.inf, ids_per_sample: float = REFERENCE_IDS) -> np.ndarray:
     """Design matrix ``[N, 7]`` of ``T_iter``, one row per configuration (inputs broadcast)."""
+    r = _ps_share(ids_per_sample)
     w, p, cw, cp, b = _broadcast(w, p, cw, cp, batch)
     o = over_commit(w, p, cw, cp, cores)
-    return np.stack([np.ones_like(w), b / cw, w / (p * cp), w / p, w, b * o, b * o * o], axis=1)
+    return np.stack([np.ones_like(w), b / cw, r * w / (p * cp), r * w / p, w, b * o, b * o * o], axis=1)
 
 
-def _t_iter(params: PerfParams, w: Any, p: Any, cw: Any, cp: Any, b: Any, cores: float) -> Any:
+def _t_iter(params: PerfParams, w: Any, p: Any, cw: Any, cp: Any, b: Any, cores: float, r: float) -> Any:
     t0, t1, t2, t3, t4, t5, t6 = params
     o = over_commit(w, p, cw, cp, cores)
-    return t0 + t1 * b / cw + t2 * w / (p * cp) + t3 * w / p + t4 * w + (t5 + t6 * o) * b * o
+    return t0 + t1 * b / cw + r * (t2 * w / (p * cp) + t3 * w / p) + t4 * w + (t5 + t6 * o) * b * o
 
 
-def step_time(params: PerfParams, w: Any, p: Any, cw: Any, cp: Any, batch: Any, cores: float = math.inf) -> np.ndarray:
+def step_time(
+    params: PerfParams, w: Any, p: Any, cw: Any, cp: Any, batch: Any, cores: float = math.inf, ids_per_sample: float = REFERENCE_IDS
+) -> np.ndarray:
     """Seconds per step of one worker, shape ``[N]`` (``features @ params``, unrolled)."""
-    return _t_iter(params, *_broadcast(w, p, cw, cp, batch), cores)
+    return _t_iter(params, *_broadcast(w, p, cw, cp, batch), cores, _ps_share(ids_per_sample))
 
 
-def throughput(params: PerfParams, w: Any, p: Any, cw: Any, cp: Any, batch: Any, cores: float = math.inf) -> np.ndarray:
+def throughput(
+    params: PerfParams, w: Any, p: Any, cw: Any, cp: Any, batch: Any, cores: float = math.inf, ids_per_sample: float = REFERENCE_IDS
+) -> np.ndarray:
     """Samples per second of the whole job (every worker finishes a batch per step), ``[N]``."""
     x = _broadcast(w, p, cw, cp, batch)
-    return x[0] * x[4] / _t_iter(params, *x, cores)
+    return x[0] * x[4] / _t_iter(params, *x, cores, _ps_share(ids_per_sample))
 
 
-def throughput_rows(params: PerfParams, rows: np.ndarray, batch: int, cores: float = math.inf) -> np.ndarray:
+def throughput_rows(params: PerfParams, rows: np.ndarray, batch: int, cores: float = math.inf, ids_per_sample: float = REFERENCE_IDS) -> np.ndarray:
     """:func:`throughput` of configurations given as ``[N, 4]`` rows ``(w, p, cw, cp)``,
     for the policies' searches (hot: called at every step of a search)."""
+    r = _ps_share(ids_per_sample)
     rows = np.asarray(rows, dtype=np.float64)
     if not (rows > 0).all():
         raise ValueError("workers, ps, worker_cpu and ps_cpu must be positive")
     w, p, cw, cp = rows.T
-    return w * batch / _t_iter(params, w, p, cw, cp, batch, cores)
+    return w * batch / _t_iter(params, w, p, cw, cp, batch, cores, r)
 
 
 def config_rows(configs: list[Config]) -> np.ndarray:
@@ -148,11 +171,9 @@ def _positive(name: str, x: Any) -> float:
 
 
 def _identifiable(a: np.ndarray, max_free: int) -> np.ndarray:
-    """Greedy rank check over the columns of ``a`` in term order (Gram-Schmidt).
-
-    A column is kept if enough of it lies outside the span of those kept before it, so
-    the overhead ``t0`` is always chosen first and later, collinear terms are pinned.
-    """
+    """Greedy rank check over the columns of ``a`` in term order (Gram-Schmidt): a column is
+    kept if enough of it lies outside the span of those kept before it, so the overhead
+    ``t0`` is always chosen first and later, collinear terms are pinned."""
     keep = np.zeros(a.shape[1], dtype=bool)
     basis: list[np.ndarray] = []
     for j in range(a.shape[1]):
@@ -173,13 +194,12 @@ def _identifiable(a: np.ndarray, max_free: int) -> np.ndarray:
 
 
 def _relative_rows(X: np.ndarray, t: np.ndarray, wts: np.ndarray, theta_prior: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The regression on relative error: rows ``a = X sqrt(w) / t`` against ``b = sqrt(w)``
-    (``= t * sqrt(w) / t``), and the prior fitted to them, the values a term the data
-    cannot identify is pinned to: the host terms as the prior has them, the job's terms
-    under one least-squares scale to what the host terms leave of each step. (Should the
-    prior's host terms alone exceed the steps, the whole prior is scaled instead.)"""
-    r = np.sqrt(wts) / t
-    a, b = X * r[:, None], np.sqrt(wts)
+    """The regression on relative error, rows ``a = X sqrt(w) / t`` against ``b = sqrt(w)``, and
+    the prior fitted to them (what a term the data cannot identify is pinned to): the host
+    terms as the prior has them, the job's under one least-squares scale to what the host
+    terms leave of each step (the whole prior, should its host terms alone exceed the steps)."""
+    b = np.sqrt(wts)
+    a = X * (b / t)[:, None]
     return a, b, _anchor(a, b, theta_prior)
 
 
@@ -196,21 +216,16 @@ def _anchor(a: np.ndarray, b: np.ndarray, theta_prior: np.ndarray) -> np.ndarray
     return scale(a @ theta_prior, b) * theta_prior
 
 
-def fit_params(
-    X: np.ndarray, t_iter: np.ndarray, prior: PerfParams, weights: np.ndarray | None = None
-) -> tuple[PerfParams, tuple[bool, ...]]:
-    """NNLS fit of measured step times, minimising weighted squared *relative* errors.
-
-    Relative errors because step times span orders of magnitude across configurations and
-    the noise of a measured window is roughly multiplicative. Terms the data cannot
-    identify (see ``_identifiable``) are pinned to the prior fitted to the data
-    (``_anchor``): a job twice as heavy as the prior's is likely twice as slow in each of
-    its own terms, and so one point already moves every prediction, and a second point
-    never undoes that for the directions it does not explore. The host terms are not
-    scaled: how much a CPU asked beyond the cores costs a sample is the machine's, and
-    scaling it with a compute-heavy job's step overstated it 1.4x (docs/ELASTIC.md).
-    Returns the params and, per term, whether the data identified it.
-    """
+def fit_params(X: np.ndarray, t_iter: np.ndarray, prior: PerfParams, weights: np.ndarray | None = None) -> tuple[PerfParams, tuple[bool, ...]]:
+    """NNLS fit of measured step times, minimising weighted squared *relative* errors (step
+    times span orders of magnitude across configurations; a window's noise is roughly
+    multiplicative). Terms the data cannot identify (``_identifiable``) are pinned to the
+    prior fitted to the data (``_anchor``): a job twice as heavy as the prior's is likely
+    twice as slow in each of its own terms, so one point already moves every prediction,
+    and a second never undoes that for the directions it does not explore. The host terms
+    are not scaled: what a CPU asked beyond the cores costs a sample is the machine's
+    (scaled with a compute-heavy job's step, it came out 1.4x too high; docs/ELASTIC.md).
+    Returns the params and, per term, whether the data identified it."""
     X = np.asarray(X, dtype=np.float64).reshape(-1, N_TERMS)
     t = np.asarray(t_iter, dtype=np.float64).ravel()
     wts = np.ones_like(t) if weights is None else np.asarray(weights, dtype=np.float64).ravel()
@@ -234,19 +249,16 @@ def fit_params(
     return PerfParams(*map(float, theta)), tuple(bool(x) for x in free)
 
 
-def coefficient_cov(
-    X: np.ndarray, t_iter: np.ndarray, params: PerfParams, prior: PerfParams, weights: np.ndarray | None = None
-) -> np.ndarray:
-    """Posterior covariance ``[N_TERMS, N_TERMS]`` of the coefficients under a Bayesian linear model
-    of the same relative-error regression :func:`fit_params` solves: each coefficient a
-    priori the prior fitted to the data (as the fit pins it) give or take ``PRIOR_REL_SD``
-    of it (a term the prior sets to 0 may still bring ``ZERO_TERM_SHARE``
-    of a measured step), and each window's relative error ``sigma``, the fit's residual
-    spread per degree of freedom but never below ``NOISE_FLOOR``. Weights count relative
-    to their mean (a window's length in seconds must not make it 30x surer). The measured
-    directions shrink to ``sigma``; a combination no window measured keeps the prior's
-    spread. (The prediction itself stays the NNLS fit: the posterior mean would give up
-    the non-negativity that keeps extrapolations sane.)"""
+def coefficient_cov(X: np.ndarray, t_iter: np.ndarray, params: PerfParams, prior: PerfParams, weights: np.ndarray | None = None) -> np.ndarray:
+    """Posterior covariance ``[N_TERMS, N_TERMS]`` of the coefficients, a Bayesian linear model of
+    the relative-error regression :func:`fit_params` solves: each coefficient a priori the
+    prior fitted to the data (as the fit pins it) give or take ``PRIOR_REL_SD`` of it (a
+    term the prior sets to 0 may still bring ``ZERO_TERM_SHARE`` of a measured step), each
+    window's relative error ``sigma`` the fit's residual spread per degree of freedom, at
+    least ``NOISE_FLOOR``. Weights count relative to their mean (a window's length in seconds
+    must not make it 30x surer). Measured directions shrink to ``sigma``, unmeasured ones
+    keep the prior's spread. (The prediction stays the NNLS fit: the posterior mean would
+    give up the non-negativity that keeps extrapolations sane.)"""
     X = np.asarray(X, dtype=np.float64).reshape(-1, N_TERMS)
     t = np.asarray(t_iter, dtype=np.float64).ravel()
     wts = np.ones_like(t) if weights is None else np.asarray(weights, dtype=np.float64).ravel()
@@ -266,12 +278,14 @@ def coefficient_cov(
     return (cov + cov.T) / 2
 
 
-def relative_sd_rows(cov: np.ndarray, params: PerfParams, rows: np.ndarray, batch: int, cores: float = math.inf) -> np.ndarray:
+def relative_sd_rows(
+    cov: np.ndarray, params: PerfParams, rows: np.ndarray, batch: int, cores: float = math.inf, ids_per_sample: float = REFERENCE_IDS
+) -> np.ndarray:
     """The model's relative uncertainty about the throughput of ``[N, 4]`` configurations
     ``(w, p, cw, cp)``: ``sqrt(phi^T cov phi)`` over the predicted step time ``phi^T theta``,
     at most ``MAX_REL_SD`` (the linearisation means nothing beyond). Small near measured
     configurations, the prior's spread where no window says anything."""
-    phi = features(*np.asarray(rows, dtype=np.float64).T, batch, cores)
+    phi = features(*np.asarray(rows, dtype=np.float64).T, batch, cores, ids_per_sample)
     var = np.maximum(np.einsum("ni,ij,nj->n", phi, cov, phi), 0.0)
     sd = np.sqrt(var) / (phi @ np.asarray(params, dtype=np.float64))
     return np.clip(np.nan_to_num(sd, nan=MAX_REL_SD, posinf=MAX_REL_SD), 0.0, MAX_REL_SD)
@@ -282,12 +296,12 @@ class PerfModel:
 
     With no points it predicts from the prior; each ``observe`` refits at once, so right
     after it ``predict`` of the measured configuration is close to the measurement (equal
-    to it while the data identify no more terms than distinct configurations).
-    """
+    to it while the data identify no more terms than distinct configurations)."""
 
-    def __init__(self, batch_size: int, prior: PerfParams | None = None, cores: float = math.inf) -> None:
+    def __init__(self, batch_size: int, prior: PerfParams | None = None, cores: float = math.inf, ids_per_sample: float = REFERENCE_IDS) -> None:
         """``cores``: physical cores of the nodes the job runs on (``inf``: unknown, or never
-        over-committed), for the host terms ``t5`` and ``t6``."""
+        over-committed), for the host terms ``t5`` and ``t6``; ``ids_per_sample``: the
+        job's ``k``, for the PS terms (the prior's are Criteo's, ``REFERENCE_IDS``)."""
         if not (isinstance(batch_size, (int, np.integer)) and batch_size > 0):
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
         if not (isinstance(cores, (int, float, np.integer, np.floating)) and cores > 0):
@@ -298,6 +312,7 @@ class PerfModel:
         self.batch_size = int(batch_size)
         self.prior = prior
         self.cores = float(cores)
+        self.ids_per_sample = _positive("ids_per_sample", ids_per_sample)
         self._rows: list[tuple[int, int, float, float, float, float]] = []  # w, p, cw, cp, thr, weight
         self._params = prior
         self._identified: tuple[bool, ...] = (False,) * N_TERMS
@@ -331,14 +346,11 @@ class PerfModel:
         if not self._rows:
             return np.zeros((0, N_TERMS)), np.zeros(0), np.zeros(0)
         w, p, cw, cp, thr, wt = (np.array(c, dtype=np.float64) for c in zip(*self._rows))
-        return features(w, p, cw, cp, self.batch_size, self.cores), w * self.batch_size / thr, wt
+        return features(w, p, cw, cp, self.batch_size, self.cores, self.ids_per_sample), w * self.batch_size / thr, wt
 
     def _refit(self) -> None:
         self._cov = None
-        if not self._rows:
-            self._params, self._identified = self.prior, (False,) * N_TERMS
-            return
-        X, t_iter, wt = self._design()
+        X, t_iter, wt = self._design()  # no points: fit_params gives the prior back
         self._params, self._identified = fit_params(X, t_iter, self.prior, wt)
 
     def predict(self, config: Config) -> float:
@@ -348,7 +360,7 @@ class PerfModel:
     def predict_many(self, configs: list[Config]) -> np.ndarray:
         if not configs:
             return np.zeros(0)
-        return throughput_rows(self._params, config_rows(configs), self.batch_size, self.cores)
+        return throughput_rows(self._params, config_rows(configs), self.batch_size, self.cores, self.ids_per_sample)
 
     def relative_sd(self, rows: np.ndarray) -> np.ndarray:
         """How unsure the model is of each ``[N, 4]`` configuration's throughput (relative
@@ -356,7 +368,7 @@ class PerfModel:
         if self._cov is None:
             X, t_iter, wt = self._design()
             self._cov = coefficient_cov(X, t_iter, self._params, self.prior, wt)
-        return relative_sd_rows(self._cov, self._params, rows, self.batch_size, self.cores)
+        return relative_sd_rows(self._cov, self._params, rows, self.batch_size, self.cores, self.ids_per_sample)
 
     def points(self) -> pd.DataFrame:
         """The observations, one row each, in the order they came."""
@@ -368,24 +380,20 @@ class PerfModel:
         return {
             "batch_size": self.batch_size,
             "cores": self.cores if math.isfinite(self.cores) else None,
+            "ids_per_sample": self.ids_per_sample,
             "prior": dict(self.prior._asdict()),
-            "points": [
-                dict(zip(_POINT_COLUMNS, (w, p, cw, cp, self.batch_size, thr, wt)))
-                for w, p, cw, cp, thr, wt in self._rows
-            ],
+            "points": self.points().to_dict("records"),
             "params": dict(self._params._asdict()),  # informational
         }
 
     @classmethod
     def from_dict(cls, d: dict) -> PerfModel:
-        model = cls(int(d["batch_size"]), PerfParams(**d["prior"]), d.get("cores") or math.inf)
+        model = cls(int(d["batch_size"]), PerfParams(**d["prior"]), d.get("cores") or math.inf, d.get("ids_per_sample", REFERENCE_IDS))
         for pt in d.get("points", []):
             model._add(pt["workers"], pt["ps"], pt["worker_cpu"], pt["ps_cpu"], pt["throughput"], pt.get("weight", 1.0))
         model._refit()
         return model
 
     def __repr__(self) -> str:
-        terms = ", ".join(
-            f"{k}={v:.3g}{'' if ok else '*'}" for (k, v), ok in zip(self._params._asdict().items(), self._identified)
-        )
-        return f"PerfModel(B={self.batch_size}, cores={self.cores:g}, n={self.n_points}, {terms})  (* = pinned to the prior)"
+        terms = ", ".join(f"{k}={v:.3g}{'' if ok else '*'}" for (k, v), ok in zip(self._params._asdict().items(), self._identified))
+        return f"PerfModel(B={self.batch_size}, cores={self.cores:g}, k={self.ids_per_sample:g}, n={self.n_points}, {terms})  (* = pinned to the prior)"

@@ -61,7 +61,7 @@ def grid_best(
     if len(w) == 0:
         return start
     batch = getattr(view.model, "batch_size", view.batch_size)
-    thr = np.asarray(throughput(view.model.params, w, p, cw, cp, batch, view.model.cores), dtype=np.float64).ravel() * calib
+    thr = np.asarray(throughput(view.model.params, w, p, cw, cp, batch, view.model.cores, view.model.ids_per_sample), dtype=np.float64).ravel() * calib
     u = np.log(np.maximum(thr, 1e-12)) - bar * cpu - kappa * np.log(cpu)
     if explore != 0:
         u += explore * view.model.relative_sd(np.stack([w, p, cw, cp], axis=1))

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from dlrover.resource.driver.actors import DEFAULT_TREND, ActorWatch, TrendParams
 from dlrover.resource.driver.window import MIN_WINDOW_S, Window
-from dlrover.resource.perf_model import PerfModel, config_rows
+from dlrover.resource.perf_model import REFERENCE_IDS, PerfModel, config_rows
 from dlrover.resource.configs import Budget, Config
 from dlrover.resource.plan import ActorMetrics, JobView, Measurement, Policy, ResourcePlan
 
@@ -78,11 +78,13 @@ class PolicyDriver:
         warmup_s: float,
         trend: TrendParams = DEFAULT_TREND,
         cores: float = math.inf,
+        ids_per_sample: float = REFERENCE_IDS,
     ) -> None:
         """``cores``: the cluster's physical cores, for the model's host terms (``inf``:
-        never over-committed, as in the simulator, whose nodes hold what they advertise)."""
+        never over-committed, as in the simulator, whose nodes hold what they advertise);
+        ``ids_per_sample``: the ids a sample of the job's data, for its PS terms."""
         self.policy = policy
-        self.model = PerfModel(batch_size, prior=policy.model_prior(), cores=cores)
+        self.model = PerfModel(batch_size, prior=policy.model_prior(), cores=cores, ids_per_sample=ids_per_sample)
         self.budget = budget  # the job's own; a view may be given less (what the cluster has free)
         self.requested = requested
         self.batch_size = batch_size
