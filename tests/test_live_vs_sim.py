@@ -148,7 +148,7 @@ def live_decisions(spec, total: float) -> list[tuple[float, dict]]:
 
     m = FakeMaster(spec, total)
     p = spec.policy
-    ctl = Controller(m, SimpleNamespace(files={}), load_policy(p.name, p.config, p.knobs))
+    ctl = Controller(m, SimpleNamespace(files={}, ids_per_sample=lambda layout: 26.0), load_policy(p.name, p.config, p.knobs))
     config = ctl.initial_config()
     m.launcher.launch(config)
     ctl.scaler = FakeScaler(m.launcher)

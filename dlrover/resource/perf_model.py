@@ -108,10 +108,10 @@ def _ps_share(ids_per_sample: float) -> float:
     return _positive("ids_per_sample", ids_per_sample) / REFERENCE_IDS
 
 
-def at_ids(params: PerfParams, ids_per_sample: float) -> PerfParams:
-    """``params`` with the PS terms scaled to ``ids_per_sample``: the coefficients that give at
-    Criteo's 26 ids the step times ``params`` give at ``k`` (for forms of ``T_iter`` without ``k``)."""
-    r = _ps_share(ids_per_sample)
+def at_ids(params: PerfParams, ids_per_sample: float, reference: float = REFERENCE_IDS) -> PerfParams:
+    """``params``, whose PS terms hold at ``reference`` ids a sample, with those terms scaled to
+    ``ids_per_sample`` (for forms of ``T_iter`` without ``k``, as the simulator's truths)."""
+    r = _positive("ids_per_sample", ids_per_sample) / _positive("reference", reference)
     return params._replace(t2=params.t2 * r, t3=params.t3 * r)
 
 
@@ -126,7 +126,7 @@ def features(w: Any, p: Any, cw: Any, cp: Any, batch: Any, cores: float = math.i
 def _t_iter(params: PerfParams, w: Any, p: Any, cw: Any, cp: Any, b: Any, cores: float, r: float) -> Any:
     t0, t1, t2, t3, t4, t5, t6 = params
     o = over_commit(w, p, cw, cp, cores)
-    return t0 + t1 * b / cw + r * (t2 * w / (p * cp) + t3 * w / p) + t4 * w + (t5 + t6 * o) * b * o
+    return t0 + t1 * b / cw + r * t2 * w / (p * cp) + r * t3 * w / p + t4 * w + (t5 + t6 * o) * b * o  # r * t2 first: at k = 26 the k-free sum, bit for bit
 
 
 def step_time(

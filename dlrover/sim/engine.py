@@ -50,7 +50,7 @@ from dlrover.sim.control import ControlMixin
 from dlrover.sim.faults import DAY_S, FaultsMixin
 from dlrover.sim.job import SimJob, SimResult, SimSettings, oom_progress, peaks, rss_total
 from dlrover.sim.placement import PlacementMixin
-from dlrover.sim.profile_truth import make_truth
+from dlrover.sim.profile_truth import ids_per_sample_of, make_truth
 from dlrover.sim.trace import validate_trace
 
 class Simulator(ControlMixin, FaultsMixin, PlacementMixin):
@@ -103,7 +103,7 @@ class Simulator(ControlMixin, FaultsMixin, PlacementMixin):
         quota = Budget(float(row["budget_cpu"]), int(row["budget_memory_mb"]), self.s.max_workers, self.s.max_ps)
         driver = PolicyDriver(
             self.make_policy(), budget=quota, requested=req, batch_size=int(row["batch_size"]), signature=row["signature"],
-            history=self.history.setdefault(row["signature"], []), warmup_s=self.s.warmup_s,
+            history=self.history.setdefault(row["signature"], []), warmup_s=self.s.warmup_s, ids_per_sample=ids_per_sample_of(row),
         )  # fmt: skip
         return SimJob(i, row, truth, driver, req, quota, float(row["samples"]) * float(row["epochs"]))
 

@@ -24,6 +24,10 @@ throughput      measured samples/s of the whole job (> 0)                      y
 duration_s      length of the measured window (s, > 0; the fit's weight;       no
                 empty: weight 1)
 source          where the point comes from (a run id)                          no
+ids_per_sample  mean ids a sample of the measured job's data (> 0); the same   no
+                on every line; empty: 26, Criteo's layout. The fit's PS
+                terms are per Criteo-equivalent sample
+                (:mod:`dlrover.resource.perf_model`'s ``k``)
 node_cores      physical cores of the machine measured on; the same on every   no
                 line. Given, the fit removes the over-commit (a job whose
                 actors hold more logical CPUs than there are cores runs
@@ -39,7 +43,8 @@ naming ``file:line`` and the column (the header is line 1).
 * :func:`profile_from_runs` builds one from run directories (``runs/<job id>``): the
   ``measurement`` events of ``events.jsonl`` plus the windows that ``summary.json`` lists
   under ``configurations`` (the last window closes when the job ends, after the event log
-  was written), and the batch size from ``spec.json`` (else ``summary.json``).
+  was written), the batch size from ``spec.json`` (else ``summary.json``) and the ids a
+  sample from ``summary.json`` (``ids_per_sample``; absent: 26).
 """
 
 from __future__ import annotations
@@ -57,12 +62,13 @@ import pandas as pd
 
 from dlrover.errors import DataError
 from dlrover.runlog import read_events
-from dlrover.resource.perf_model import DEFAULT_PRIOR, PerfParams, features, fit_params, throughput
+from dlrover.resource.perf_model import DEFAULT_PRIOR, REFERENCE_IDS, PerfParams, features, fit_params, throughput
 
 PROFILES_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "profiles"
 
 POINT_COLUMNS = ["workers", "ps", "worker_cpu", "ps_cpu", "throughput", "duration_s", "source"]
-FILE_COLUMNS = ["workers", "ps", "worker_cpu", "ps_cpu", "batch_size", "throughput", "duration_s", "source", "node_cores"]
+FILE_COLUMNS = ["workers", "ps", "worker_cpu", "ps_cpu", "batch_size", "throughput", "duration_s", "source", "ids_per_sample", "node_cores"]
+_ONE_PER_FILE = {"node_cores": "one machine", "ids_per_sample": "one data layout"}  # optional, the same on every line
 _REQUIRED = ["workers", "ps", "worker_cpu", "ps_cpu", "batch_size", "throughput"]
 _INTS = ("workers", "ps", "batch_size")
 
@@ -81,11 +87,15 @@ class Profile:
     points: pd.DataFrame
     prior: PerfParams = DEFAULT_PRIOR
     cores: float | None = None  # physical cores of the machine measured on (None: no over-commit)
+    ids_per_sample: float = REFERENCE_IDS  # mean ids a sample of the measured job's data
 
     def __post_init__(self) -> None:
         if not (isinstance(self.batch_size, (int, np.integer)) and self.batch_size > 0):
             raise ValueError(f"profile {self.name}: batch_size must be a positive int, got {self.batch_size!r}")
         self.batch_size = int(self.batch_size)
+        if not 0 < self.ids_per_sample < math.inf:
+            raise ValueError(f"profile {self.name}: ids_per_sample must be positive and finite, got {self.ids_per_sample!r}")
+        self.ids_per_sample = float(self.ids_per_sample)
         df = pd.DataFrame(self.points).reset_index(drop=True).copy()
         if "duration_s" not in df.columns:
             df["duration_s"] = np.nan
@@ -112,7 +122,8 @@ class Profile:
 
     def fit(self) -> tuple[PerfParams, tuple[bool, ...]]:
         """NNLS fit of all five ``T_iter`` terms to the points, relative errors weighted by
-        window length (:func:`~dlrover.resource.perf_model.fit_params`); a term the points
+        window length (:func:`~dlrover.resource.perf_model.fit_params`), at the profile's ids a
+        sample (so the PS terms come out per Criteo-equivalent sample); a term the points
         cannot identify is pinned to the scaled prior. The host terms ``t5`` and ``t6`` stay zero: the
         over-commit is divided out of the points here, and the simulated cluster puts it
         back on its own nodes' cores. Returns (params, identified)."""
@@ -121,7 +132,8 @@ class Profile:
         p = self.points
         w, ps, cw, cp, thr = (p[c].to_numpy(dtype=np.float64) for c in ("workers", "ps", "worker_cpu", "ps_cpu", "throughput"))
         t_iter = w * self.batch_size / (thr * self.overcommit(w, ps, cw, cp))  # the job's speed on cores of its own
-        return fit_params(features(w, ps, cw, cp, self.batch_size), t_iter, self.prior._replace(t5=0.0, t6=0.0), self.weights())
+        x = features(w, ps, cw, cp, self.batch_size, ids_per_sample=self.ids_per_sample)
+        return fit_params(x, t_iter, self.prior._replace(t5=0.0, t6=0.0), self.weights())
 
     def overcommit(self, w: Any, p: Any, cw: Any, cp: Any) -> np.ndarray:
         """How much slower than on cores of its own a configuration ran here: logical
@@ -134,18 +146,19 @@ class Profile:
         return self.fit()[0]
 
     def predict(self, w: Any, p: Any = None, cw: Any = None, cp: Any = None) -> float | np.ndarray:
-        """Throughput (samples/s) of a configuration: a ``Config`` (anything with
-        ``workers, ps, worker_cpu, ps_cpu``) or ``w, p, cw, cp`` (scalars or arrays)."""
+        """Throughput (samples/s) of a configuration at the profile's ids a sample: a ``Config``
+        (anything with ``workers, ps, worker_cpu, ps_cpu``) or ``w, p, cw, cp`` (scalars or arrays)."""
         if hasattr(w, "workers"):
             w, p, cw, cp = w.workers, w.ps, w.worker_cpu, w.ps_cpu
         if p is None or cw is None or cp is None:
             raise TypeError("predict(config) or predict(workers, ps, worker_cpu, ps_cpu)")
-        out = throughput(self.truth(), w, p, cw, cp, self.batch_size) / self.overcommit(w, p, cw, cp).ravel()
+        thr = throughput(self.truth(), w, p, cw, cp, self.batch_size, ids_per_sample=self.ids_per_sample)
+        out = thr / self.overcommit(w, p, cw, cp).ravel()
         return float(out[0]) if all(np.ndim(x) == 0 for x in (w, p, cw, cp)) else out
 
     def without(self, index: int) -> Profile:
         """The profile less one point (leave-one-out)."""
-        return Profile(self.name, self.batch_size, self.points.drop(index=index), self.prior, self.cores)
+        return Profile(self.name, self.batch_size, self.points.drop(index=index), self.prior, self.cores, self.ids_per_sample)
 
 
 # ----------------------------------------------------------------------------- storage
@@ -200,7 +213,7 @@ def load_profile(name_or_path: str | os.PathLike) -> Profile:
             if c == "source":
                 out[c].append(raw)
                 continue
-            if raw == "" and c in ("duration_s", "node_cores"):
+            if raw == "" and c in ("duration_s", *_ONE_PER_FILE):
                 out[c].append(math.nan)
                 continue
             try:
@@ -216,12 +229,14 @@ def load_profile(name_or_path: str | os.PathLike) -> Profile:
     for (line, _), b in zip(rows[1:], batch):
         if b != batch[0]:
             raise DataError(f"{path}:{line}: batch_size: {b:g} differs from the first point's {batch[0]:g} (one profile, one batch size)")
-    cores = out["node_cores"]
-    for (line, _), x in zip(rows[1:], cores):
-        if not (x == cores[0] or (math.isnan(x) and math.isnan(cores[0]))):
-            raise DataError(f"{path}:{line}: node_cores: {x:g} differs from the first point's {cores[0]:g} (one profile, one machine)")
+    for c, one in _ONE_PER_FILE.items():
+        vals = out[c]
+        for (line, _), x in zip(rows[1:], vals):
+            if not (x == vals[0] or (math.isnan(x) and math.isnan(vals[0]))):
+                raise DataError(f"{path}:{line}: {c}: {x:g} differs from the first point's {vals[0]:g} (one profile, {one})")
+    cores, ids = out["node_cores"][0], out["ids_per_sample"][0]
     points = pd.DataFrame({c: out[c] for c in POINT_COLUMNS})
-    return Profile(path.stem, int(batch[0]), points, cores=None if not cores or math.isnan(cores[0]) else cores[0])
+    return Profile(path.stem, int(batch[0]), points, cores=None if math.isnan(cores) else cores, ids_per_sample=REFERENCE_IDS if math.isnan(ids) else ids)
 
 
 def save_profile(profile: Profile, path: str | os.PathLike) -> Path:
@@ -231,6 +246,7 @@ def save_profile(profile: Profile, path: str | os.PathLike) -> Path:
     df = profile.points.copy()
     df.insert(4, "batch_size", profile.batch_size)
     df["node_cores"] = profile.cores if profile.cores else math.nan
+    df["ids_per_sample"] = profile.ids_per_sample
     df[FILE_COLUMNS].to_csv(p, index=False, float_format="%.10g")
     return p
 
@@ -265,8 +281,8 @@ def _read_json(path: Path) -> dict | None:
     return doc
 
 
-def _run_points(run_dir: Path) -> tuple[int, str, list[tuple]]:
-    """(batch size, run id, measured points) of one run directory."""
+def _run_points(run_dir: Path) -> tuple[int, str, float, list[tuple]]:
+    """(batch size, run id, ids a sample, measured points) of one run directory."""
     if not run_dir.is_dir():
         raise DataError(f"{run_dir}: not a run directory")
     spec, summary = _read_json(run_dir / "spec.json"), _read_json(run_dir / "summary.json")
@@ -282,6 +298,9 @@ def _run_points(run_dir: Path) -> tuple[int, str, list[tuple]]:
     if not isinstance(batch, int) or isinstance(batch, bool) or batch <= 0:
         raise DataError(f"{where}: expected a positive integer, got {batch!r}")
     run_id = str((summary or {}).get("job_id") or run_dir.name)
+    ids = (summary or {}).get("ids_per_sample", REFERENCE_IDS)
+    if not isinstance(ids, (int, float)) or isinstance(ids, bool) or not 0 < ids < math.inf:
+        raise DataError(f"{run_dir / 'summary.json'}: ids_per_sample: expected a positive number, got {ids!r}")
     points: list[tuple] = []
     ev = run_dir / "events.jsonl"
     for n, row in read_events(ev):
@@ -297,25 +316,27 @@ def _run_points(run_dir: Path) -> tuple[int, str, list[tuple]]:
             points.append(pt)
     if not points:
         raise DataError(f"{run_dir}: no measurements (no 'measurement' events in events.jsonl, no configurations in summary.json)")
-    return batch, run_id, points
+    return batch, run_id, float(ids), points
 
 
 def profile_from_runs(run_dirs: list[str | os.PathLike], name: str, min_duration_s: float = 0.0) -> Profile:
-    """A profile of the measured windows of these runs (one model, one batch size).
-    Windows shorter than ``min_duration_s`` are left out."""
+    """A profile of the measured windows of these runs (one model, one batch size, one data
+    layout). Windows shorter than ``min_duration_s`` are left out."""
     if not run_dirs:
         raise DataError(f"profile {name}: no run directories given")
     rows: list[dict] = []
-    first: tuple[Path, int] | None = None
+    first: tuple[Path, int, float] | None = None
     for d in map(Path, run_dirs):
-        batch, run_id, points = _run_points(d)
+        batch, run_id, ids, points = _run_points(d)
         if first is None:
-            first = (d, batch)
+            first = (d, batch, ids)
         elif batch != first[1]:
             raise DataError(f"{d}: batch_size {batch} differs from {first[0]}'s {first[1]} (one profile, one batch size)")
+        elif ids != first[2]:
+            raise DataError(f"{d}: ids_per_sample {ids:g} differs from {first[0]}'s {first[2]:g} (one profile, one data layout)")
         kept = [p for p in points if p[5] >= min_duration_s]
         if not kept:
             raise DataError(f"{d}: no measurement of at least {min_duration_s:g}s (longest: {max(p[5] for p in points):.1f}s)")
         rows += [dict(zip(POINT_COLUMNS, (*p, run_id))) for p in kept]
     assert first is not None
-    return Profile(name, first[1], pd.DataFrame(rows, columns=POINT_COLUMNS))
+    return Profile(name, first[1], pd.DataFrame(rows, columns=POINT_COLUMNS), ids_per_sample=first[2])

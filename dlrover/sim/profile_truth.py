@@ -19,11 +19,14 @@ on one machine. Between and beyond them the saturating truth fills in:
 
 So the measured configurations run at their measured rate, configurations near them at
 a blend, and far ones (a cluster's 32 workers against a 2-core machine's 3) at the
-fitted saturating form alone.
+fitted saturating form alone. A job of other ids a sample than the profile's
+(:meth:`ProfileTruth.at_ids`) runs the fitted form's PS terms scaled by the ratio of the
+two, its residuals as measured.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 from functools import cache
 
@@ -31,7 +34,7 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from dlrover.resource.configs import Config
-from dlrover.resource.perf_model import PerfParams
+from dlrover.resource.perf_model import REFERENCE_IDS, PerfParams, at_ids
 from dlrover.sim.profile import Profile, load_profile, resolve_profile
 from dlrover.sim.truth import (
     HOT_SHARE, SAT_COLUMNS, SERIAL_PS, SERIAL_WORKER, TRUTH_TERMS, TRUTHS, Contention, ModelTruth, SaturatingParams, SaturatingTruth, Truth,
@@ -41,13 +44,14 @@ RBF_WIDTH = 0.5  # doublings: a residual's weight falls to e^-2 one doubling awa
 
 
 def fit_saturating(profile: Profile) -> SaturatingParams:
-    """The saturating form fitted to ``profile``'s points (see the module docstring)."""
+    """The saturating form fitted to ``profile``'s points (see the module docstring); its
+    coefficients hold at the profile's ids a sample (the form has no ``k``)."""
     pts = profile.points
     w, p, cw, cp, thr = (pts[c].to_numpy(dtype=np.float64) for c in ("workers", "ps", "worker_cpu", "ps_cpu", "throughput"))
     own = np.log(thr * profile.overcommit(w, p, cw, cp))
     weight = np.sqrt(profile.weights() / profile.weights().mean())
     configs = [Config(int(a), int(b), float(c), float(d)) for a, b, c, d in zip(w, p, cw, cp)]
-    start = profile.truth()
+    start = at_ids(profile.truth(), profile.ids_per_sample)
     scale = np.maximum(np.array(start), 1e-7)
 
     def params(x: np.ndarray) -> SaturatingParams:
@@ -72,6 +76,7 @@ class ProfileTruth(Truth):
 
     def __init__(self, profile: Profile, width: float = RBF_WIDTH) -> None:
         self.profile = profile
+        self.ids_per_sample = profile.ids_per_sample  # what ``base`` holds at
         self.base = SaturatingTruth(fit_saturating(profile))
         pts = profile.points.assign(weight=profile.weights())
         own = pts["throughput"] * profile.overcommit(pts["workers"], pts["ps"], pts["worker_cpu"], pts["ps_cpu"])
@@ -86,6 +91,20 @@ class ProfileTruth(Truth):
         gram = self._kernel(self.centers)
         self.alpha = np.linalg.solve(gram, np.array([r[1] for r in rows]))
         self._memo: dict[tuple, float] = {}
+        self._at: dict[float, ProfileTruth] = {}
+
+    def at_ids(self, ids_per_sample: float) -> ProfileTruth:
+        """This truth for a job of ``ids_per_sample`` ids a sample: the fitted form's PS terms
+        scaled from the profile's ids, the measured residuals kept (they are the machine's)."""
+        if ids_per_sample == self.ids_per_sample:
+            return self
+        got = self._at.get(ids_per_sample)
+        if got is None:
+            got = self._at[ids_per_sample] = copy.copy(self)  # shares the residuals and their memo
+            sp = self.base.params
+            got.base = SaturatingTruth(sp._replace(t=at_ids(sp.t, ids_per_sample, self.ids_per_sample)))
+            got.ids_per_sample = ids_per_sample
+        return got
 
     @staticmethod
     def _coords(c: Config) -> np.ndarray:
@@ -134,8 +153,19 @@ def saturating_params(row: dict, t: PerfParams) -> SaturatingParams:
     return SaturatingParams(t, *got)
 
 
+def ids_per_sample_of(row: dict) -> float:
+    """A trace row's ids a sample: its ``ids_per_sample``, empty: its profile's, else
+    Criteo's 26 (what ``t0..t4`` hold at)."""
+    k = row.get("ids_per_sample")
+    if k is not None and not math.isnan(float(k)):
+        return float(k)
+    name = row.get("profile")
+    return profile_truth(name).ids_per_sample if isinstance(name, str) and name else REFERENCE_IDS
+
+
 def make_truth(kind: str, row: dict) -> Truth:
-    """The ``kind`` truth of one trace row (``t0..t4`` or a ``profile``).
+    """The ``kind`` truth of one trace row (``t0..t4`` or a ``profile``), its PS terms at
+    the row's ids a sample (:func:`ids_per_sample_of`).
 
     ``model``: the row's ``t0..t4``, or the model form fitted to its profile (as before).
     ``saturating``: the saturating form with the row's ``t0..t4``, or fitted to its profile.
@@ -143,11 +173,12 @@ def make_truth(kind: str, row: dict) -> Truth:
     and runs on the saturating truth."""
     if kind not in TRUTHS:
         raise ValueError(f"truth: expected one of {', '.join(TRUTHS)}, got {kind!r}")
+    k = ids_per_sample_of(row)
     name = row.get("profile")
     if isinstance(name, str) and name:
         pt = profile_truth(name)
         if kind == "model":
-            return ModelTruth(pt.profile.truth())
-        return pt if kind == "profile" else pt.base
-    t = PerfParams(*(float(row[c]) for c in TRUTH_TERMS))
+            return ModelTruth(at_ids(pt.profile.truth(), k))
+        return pt.at_ids(k) if kind == "profile" else pt.at_ids(k).base
+    t = at_ids(PerfParams(*(float(row[c]) for c in TRUTH_TERMS)), k)
     return ModelTruth(t) if kind == "model" else SaturatingTruth(saturating_params(row, t))

@@ -23,6 +23,9 @@ profile                ... or a profile name/path (``dlrover.sim.profile``) inst
 serial_worker,         the saturating truth's Amdahl serial fractions (0..1) and PS hot
 serial_ps,             spot (0..1) (``dlrover.sim.truth``); empty: its defaults
 ps_hot_share
+ids_per_sample         mean ids a sample of the job's data (> 0); empty: its profile's, else 26.
+                       The truth's PS terms scale with it (``t0..t4`` are per Criteo-equivalent
+                       sample, 26 ids; a profile holds at its own); the policy's model knows it
 worker_memory_need_mb  true peak RSS of one worker
 ps_memory_need_mb      true peak RSS of the embedding tables + optimizer state, all PS together
 max_failures           failures (OOM kills, lost actors) the job survives; empty: 3
@@ -56,10 +59,10 @@ REQUIRED = [
     "req_workers", "req_ps", "req_worker_cpu", "req_ps_cpu", "req_worker_memory_mb", "req_ps_memory_mb",
     "worker_memory_need_mb", "ps_memory_need_mb",
 ]  # fmt: skip
-OPTIONAL = ["budget_cpu", "budget_memory_mb", "max_failures", "profile", *TRUTH, *SAT_COLUMNS]
+OPTIONAL = ["budget_cpu", "budget_memory_mb", "max_failures", "profile", *TRUTH, *SAT_COLUMNS, "ids_per_sample"]
 COLUMNS = REQUIRED[:6] + ["req_workers", "req_ps", "req_worker_cpu", "req_ps_cpu", "req_worker_memory_mb", "req_ps_memory_mb",
-                          "budget_cpu", "budget_memory_mb", *TRUTH, "profile", *SAT_COLUMNS, "worker_memory_need_mb", "ps_memory_need_mb",
-                          "max_failures"]  # fmt: skip
+                          "budget_cpu", "budget_memory_mb", *TRUTH, "profile", *SAT_COLUMNS, "ids_per_sample", "worker_memory_need_mb",
+                          "ps_memory_need_mb", "max_failures"]  # fmt: skip
 _INT_POS = ["batch_size", "samples", "req_workers", "req_ps"]
 _FLOAT_POS = ["epochs", "req_worker_cpu", "req_ps_cpu", "req_worker_memory_mb", "req_ps_memory_mb", "worker_memory_need_mb", "ps_memory_need_mb"]
 DEFAULT_MAX_FAILURES = 3
@@ -132,6 +135,11 @@ def validate_trace(df: pd.DataFrame, source: str = "trace", csv: bool = True) ->
         if len(bad):
             raise DataError(f"{where(int(bad[0]))}: {col}: must be >= 0, got {df[col].iloc[bad[0]]!r}")
         df[col] = vals
+    per_sample = numeric("ids_per_sample")
+    bad = np.flatnonzero(~np.isnan(per_sample) & ~((per_sample > 0) & np.isfinite(per_sample)))
+    if len(bad):
+        raise DataError(f"{where(int(bad[0]))}: ids_per_sample: must be a positive number, got {df['ids_per_sample'].iloc[bad[0]]!r}")
+    df["ids_per_sample"] = per_sample
     for col in SAT_COLUMNS:
         vals = numeric(col)
         bad = np.flatnonzero((vals < 0) | (vals >= 1 if col != "ps_hot_share" else vals > 1))

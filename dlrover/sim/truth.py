@@ -20,6 +20,8 @@ Three kinds (``SimSettings.truth``; see docs/SIMULATOR.md for the sources):
 
 Every truth gives the throughput of a configuration on nodes of speed 1 with cores of
 its own; the cluster multiplies in node speed, stragglers, locality and over-commit.
+None has the model's ``k`` (ids a sample): a job's ``t2``, ``t3`` come already scaled to
+its ids (:func:`~dlrover.resource.perf_model.at_ids`, :func:`~dlrover.sim.profile_truth.make_truth`).
 """
 
 from __future__ import annotations
