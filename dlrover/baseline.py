@@ -90,7 +90,7 @@ def train_step(model, opt, loss_fn, batch: Batch, schema: Schema) -> float:
     loss = batch_loss(model, loss_fn, batch, schema)
     loss.backward()
     opt.step()
-    return float(loss)
+    return float(loss.detach())
 
 
 def train_local(spec: JobSpec, threads: int | None = None) -> LocalResult:

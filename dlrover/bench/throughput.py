@@ -143,7 +143,9 @@ def run_throughput_bench(rows: int | None = None, batch_size: int | None = None,
     if job is not None:
         if rows is not None or batch_size is not None or steps is not None:
             raise DLRoverError("bench throughput: --rows, --batch-size and --steps do not apply with --job (the job's data and batch size are used)")
-        own = job_bench_spec(job, Layout(1, 1.0)).resources
+        from dlrover.spec import load_spec
+
+        own = load_spec(job).resources
         job_layout = Layout(own.workers, own.worker_cpu, own.ps)
         spec_for: Callable[[Layout], JobSpec] = lambda layout: job_bench_spec(job, layout)  # noqa: E731
     else:

@@ -30,6 +30,7 @@ import numpy as np
 from dlrover.data.batch import Batch
 from dlrover.data.criteo import NUM_DENSE, NUM_SPARSE
 from dlrover.data.planted import calibrate, dense_log, sigmoid
+from dlrover.data.synth_clicklog import GENERATOR as CLICKLOG_GENERATOR
 from dlrover.data.synth_highcard import GENERATOR as HIGHCARD_GENERATOR, HighCardOracle
 from dlrover.data.synth_schema import GENERATOR as SCHEMA_GENERATOR
 from dlrover.errors import DataError, DLRoverError
@@ -349,8 +350,8 @@ class Oracle:
                 meta = json.load(f)
             if meta.get("generator") == HIGHCARD_GENERATOR:
                 return HighCardOracle.from_meta(meta)
-            if meta.get("generator") == SCHEMA_GENERATOR:
-                return None  # a schema's synthetic data: synth.json has its best AUC, no per-row oracle
+            if meta.get("generator") in (SCHEMA_GENERATOR, CLICKLOG_GENERATOR):
+                return None  # a schema's (or the click log's) synthetic data: synth.json has its best AUC, no per-row oracle
             cfg = SynthConfig(**meta["config"])
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise DataError(f"{path}: not a valid synth.json: {e}") from None

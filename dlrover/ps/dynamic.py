@@ -73,9 +73,11 @@ def _find(keys: np.ndarray, pos: np.ndarray, ids: np.ndarray) -> np.ndarray:
 
 def _update(keys: np.ndarray, pos: np.ndarray, gone: np.ndarray, new: np.ndarray, new_pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The sorted index less the keys ``gone``, plus ``new`` at ``new_pos``."""
-    if len(gone):
-        keep = ~np.isin(keys, gone)
-        keys, pos = keys[keep], pos[keep]
+    if len(gone) and len(keys):  # a binary search of the few keys gone, not a pass of isin over the index
+        g = np.unique(gone)
+        at = np.minimum(np.searchsorted(keys, g), len(keys) - 1)
+        at = at[keys[at] == g]
+        keys, pos = np.delete(keys, at), np.delete(pos, at)
     if len(new):
         o = np.argsort(new, kind="stable")
         at = np.searchsorted(keys, new[o])
