@@ -151,7 +151,8 @@ class DynamicMap:
         for s in np.unique(su[miss]):
             base, block = s * rpv, slice(s * rpv, (s + 1) * rpv)
             mine = miss[su[miss] == s]  # ascending ids
-            ready = mine[prior[mine] >= self.table.admit_after]
+            is_ready = prior[mine] >= self.table.admit_after
+            ready = mine[is_ready]
             if len(ready):
                 free = base + np.flatnonzero((a[FREQ][block] == 0) & self.valid[block])
                 victims = self._victims(s, len(ready) - len(free), now)
@@ -169,7 +170,9 @@ class DynamicMap:
                 a[PCOUNT][was] = 0
                 gone_p.append(a[PKEY][was])
                 changed += [spots, was]
-                mine = np.setdiff1d(mine, took, assume_unique=True)
+                left = np.ones(len(mine), dtype=bool)
+                left[np.flatnonzero(is_ready)[: len(took)]] = False  # took: the first ready ones
+                mine = mine[left]
             waiting = mine[pend[mine] >= 0]
             a[PCOUNT][pend[waiting]] += cnt[waiting]
             a[PLAST][pend[waiting]] = now
@@ -206,8 +209,11 @@ class DynamicMap:
         the least recently seen waiting ids (not seen in this batch), whose ids are returned
         as forgotten."""
         a, block = self._a, slice(s * self.rpv, (s + 1) * self.rpv)
-        free = np.flatnonzero((a[PCOUNT][block] == 0) & self.valid[block])
-        taken = np.flatnonzero((a[PCOUNT][block] > 0) & (a[PLAST][block] < now))
+        count = a[PCOUNT][block]
+        free = np.flatnonzero((count == 0) & self.valid[block])
+        if len(free) >= need:  # room enough: nobody is forgotten
+            return s * self.rpv + free[:need].astype(np.int64), np.zeros(0, dtype=np.int64)
+        taken = np.flatnonzero((count > 0) & (a[PLAST][block] < now))
         taken = taken[np.lexsort((taken, a[PLAST][block][taken]))][: max(0, need - len(free))]
         gone = a[PKEY][block][taken].copy()
         return s * self.rpv + np.concatenate([free[:need], taken]).astype(np.int64), gone
