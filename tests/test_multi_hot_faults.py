@@ -57,7 +57,8 @@ def test_a_killed_ps_under_partial_recovery_keeps_the_id_accounting_exact(ray_lo
         "chaos": [{"at_s": 4, "action": "kill", "target": "ps:1"}],
         "checkpoint": {"memory_interval_s": 2.0, "interval_s": 5.0, "min_interval_s": 5.0, "dir": str(tmp_path / "ckpt")},
     }
-    s, path = run_job(_spec(multi_hot_dir, over), runs_dir=str(tmp_path / "runs"), progress="none")
+    # 8 epochs: training outlasts the kill at 4 s (3 epochs took 3.6 s on a quick run)
+    s, path = run_job(_spec(multi_hot_dir, over, epochs=8), runs_dir=str(tmp_path / "runs"), progress="none")
     assert s["status"] == "succeeded" and s["samples_lost"] == 0
     (part,) = [e for e in events_of(path) if e["kind"] == "partial_recovery"]
     (f,) = [f for f in s["failures"] if f["kind"] == "ps_death"]
