@@ -23,6 +23,7 @@ Design.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
@@ -55,7 +56,7 @@ def to_ages(states: list, clock: int) -> list:
 class Lookup:
     """What one lookup did: ``rows`` per id (-1: not admitted, reads the default row),
     ``evicted`` rows to reset to their initial values, ``changed`` positions whose map
-    state changed (for dirty-row tracking); ``hits`` and ``admitted`` for the PS's stats."""
+    state changed (for dirty-row tracking; a position may repeat); ``hits`` and ``admitted`` for the PS's stats."""
 
     rows: np.ndarray
     evicted: np.ndarray
@@ -72,17 +73,33 @@ def _find(keys: np.ndarray, pos: np.ndarray, ids: np.ndarray) -> np.ndarray:
 
 
 def _update(keys: np.ndarray, pos: np.ndarray, gone: np.ndarray, new: np.ndarray, new_pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The sorted index less the keys ``gone``, plus ``new`` at ``new_pos``."""
+    """The sorted index less the keys ``gone`` (distinct), plus ``new`` (distinct) at ``new_pos``."""
     if len(gone) and len(keys):  # a binary search of the few keys gone, not a pass of isin over the index
-        g = np.unique(gone)
-        at = np.minimum(np.searchsorted(keys, g), len(keys) - 1)
-        at = at[keys[at] == g]
+        gone = np.sort(gone)  # sorted queries search several times faster
+        at = np.minimum(np.searchsorted(keys, gone), len(keys) - 1)
+        at = at[keys[at] == gone]
         keys, pos = np.delete(keys, at), np.delete(pos, at)
     if len(new):
-        o = np.argsort(new, kind="stable")
+        o = np.argsort(new)
         at = np.searchsorted(keys, new[o])
         keys, pos = np.insert(keys, at, new[o]), np.insert(pos, at, new_pos[o])
     return keys, pos
+
+
+def _distinct(ids: np.ndarray, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The distinct ids ascending, the index of each id among them, their counts, their
+    blocks. ``np.unique``'s counts and inverse take a stable sort, several times slower."""
+    o = np.argsort(ids)
+    s = ids[o]
+    new = np.empty(len(s), dtype=bool)
+    new[0] = True
+    np.not_equal(s[1:], s[:-1], out=new[1:])
+    u, starts = s[new], np.flatnonzero(new)
+    inv = np.empty(len(ids), dtype=np.int64)
+    inv[o] = np.cumsum(new) - 1  # a search of unsorted ids would be several times slower
+    su = np.empty(len(u), dtype=np.int64)
+    su[inv] = slots  # an id's block is the same at every occurrence
+    return u, inv, np.diff(np.append(starts, len(s))), su
 
 
 class DynamicMap:
@@ -126,94 +143,154 @@ class DynamicMap:
         self._a[PLAST][pos] += by
 
     def pin(self, rows: np.ndarray, by: int) -> None:
-        np.add.at(self.pins, rows[rows >= 0], by)
+        rows = rows[rows >= 0]
+        if len(self.pins) <= 8 * len(rows):  # a count over the table beats add.at's scatter
+            self.pins += (by * np.bincount(rows, minlength=len(self.pins))).astype(np.int32)
+        else:
+            np.add.at(self.pins, rows, by)
 
     def lookup(self, ids: np.ndarray, slots: np.ndarray, now: int | None) -> Lookup:
         """Rows of ``ids`` (each in block ``slots[i]``). ``now``: the PS clock of a training
-        lookup, which counts sightings, admits and evicts; None: read only."""
+        lookup, which counts sightings, admits and evicts; None: read only.
+
+        One pass over all blocks holding misses, as a grid of their positions: in each
+        block the ids ready for admission (ascending) take its free rows, then its
+        victims'; the others wait, new ones taking free waiting positions, then those of
+        the least recently seen waiting ids."""
         ids = np.asarray(ids, dtype=np.int64)
         none = np.zeros(0, dtype=np.int64)
         if now is None or not len(ids):
             return Lookup(_find(self._rk, self._rp, ids), none, none)
-        a, rpv = self._a, self.rpv
-        u, first, inv, cnt = np.unique(ids, return_index=True, return_inverse=True, return_counts=True)
-        su = np.asarray(slots, dtype=np.int64)[first]
+        a = self._a
+        u, inv, cnt, su = _distinct(ids, np.asarray(slots, dtype=np.int64))
         rows_u = _find(self._rk, self._rp, u)
-        hit = rows_u[rows_u >= 0]
-        hits, admitted = int(cnt[rows_u >= 0].sum()), 0
-        a[FREQ][hit] += cnt[rows_u >= 0]
+        found = rows_u >= 0
+        hit = rows_u[found]
+        a[FREQ][hit] += cnt[found]
         a[LAST][hit] = now
-        pend = _find(self._pk, self._pp, u)
-        prior = np.where(pend >= 0, a[PCOUNT][np.maximum(pend, 0)], 0)
-        changed, evicted = [hit], []
-        gone_r, new_r, new_rp, gone_p, new_p, new_pp = [], [], [], [], [], []
-        miss = np.flatnonzero(rows_u < 0)
-        for s in np.unique(su[miss]):
-            base, block = s * rpv, slice(s * rpv, (s + 1) * rpv)
-            mine = miss[su[miss] == s]  # ascending ids
-            is_ready = prior[mine] >= self.table.admit_after
-            ready = mine[is_ready]
-            if len(ready):
-                free = base + np.flatnonzero((a[FREQ][block] == 0) & self.valid[block])
-                victims = self._victims(s, len(ready) - len(free), now)
-                spots = np.concatenate([free, victims])[: len(ready)]
-                took = ready[: len(spots)]
-                admitted += len(took)
-                out = spots[len(free) :]
-                gone_r.append(a[KEY][out])
-                evicted.append(out)
-                a[KEY][spots], a[FREQ][spots], a[LAST][spots] = u[took], cnt[took], now
-                new_r.append(u[took])
-                new_rp.append(spots)
-                rows_u[took] = spots
-                was = pend[took][pend[took] >= 0]
-                a[PCOUNT][was] = 0
-                gone_p.append(a[PKEY][was])
-                changed += [spots, was]
-                left = np.ones(len(mine), dtype=bool)
-                left[np.flatnonzero(is_ready)[: len(took)]] = False  # took: the first ready ones
-                mine = mine[left]
-            waiting = mine[pend[mine] >= 0]
-            a[PCOUNT][pend[waiting]] += cnt[waiting]
-            a[PLAST][pend[waiting]] = now
-            changed.append(pend[waiting])
-            fresh = mine[pend[mine] < 0]
-            if len(fresh):
-                spots, gone = self._waiting_room(s, len(fresh), now)
-                gone_p.append(gone)
-                a[PKEY][spots], a[PCOUNT][spots], a[PLAST][spots] = u[fresh[: len(spots)]], cnt[fresh[: len(spots)]], now
-                new_p.append(u[fresh[: len(spots)]])
-                new_pp.append(spots)
-                changed.append(spots)
-        cat = lambda xs: np.concatenate(xs).astype(np.int64) if xs else none  # noqa: E731
-        self._rk, self._rp = _update(self._rk, self._rp, cat(gone_r), cat(new_r), cat(new_rp))
-        self._pk, self._pp = _update(self._pk, self._pp, cat(gone_p), cat(new_p), cat(new_pp))
-        return Lookup(rows_u[inv], cat(evicted), np.unique(cat(changed)), hits, admitted)
+        miss = np.flatnonzero(~found)
+        order = np.sort(su[miss] * len(u) + miss)  # by block, then id
+        miss, su = order % len(u), order // len(u)
+        step = np.diff(su, prepend=-1) != 0
+        g = _Grid(su[step], np.cumsum(step) - 1, self.rpv, self.valid)
+        pend = _find(self._pk, self._pp, u[miss])
+        admitted, spots, evicted, was = self._admit(g, miss, pend, u, cnt, now)
+        rows_u[miss[admitted]] = spots
+        left = ~admitted
+        seen = pend[left & (pend >= 0)]
+        a[PCOUNT][seen] += cnt[miss[left & (pend >= 0)]]
+        a[PLAST][seen] = now
+        waits = self._wait(g, miss, left & (pend < 0), u, cnt, now, a[PKEY][was])
+        return Lookup(rows_u[inv], evicted, np.concatenate([hit, spots, was, seen, waits]), int(cnt[found].sum()), len(spots))
 
-    def _victims(self, s: int, need: int, now: int) -> np.ndarray:
-        """Up to ``need`` rows of block ``s`` to evict, by the table's policy. Rows looked up
-        in this batch or held by a pulled-but-not-pushed batch are never taken."""
-        if need <= 0:
-            return np.zeros(0, dtype=np.int64)
-        a, block = self._a, slice(s * self.rpv, (s + 1) * self.rpv)
-        ok = (a[FREQ][block] > 0) & self.valid[block] & (self.pins[block] == 0) & (a[LAST][block] < now)
+    def _admit(self, g: "_Grid", miss: np.ndarray, pend: np.ndarray, u: np.ndarray, cnt: np.ndarray, now: int) -> tuple[np.ndarray, ...]:
+        """Rows for the ready misses: which misses got one, the rows, the rows evicted for
+        them, and the waiting positions they leave."""
+        a = self._a
+        ready = np.where(pend >= 0, a[PCOUNT][np.maximum(pend, 0)], 0) >= self.table.admit_after
+        took, cells, out = _place(g.row[ready], g.valid & (g.of(a[FREQ]) == 0), lambda: self._victim_key(g, now))
+        spots, evicted = g.pos[cells], g.pos[out]
+        admitted = np.zeros(len(miss), dtype=bool)
+        admitted[np.flatnonzero(ready)[took]] = True
+        ids = u[miss[admitted]]
+        gone = a[KEY][evicted]
+        a[KEY][spots], a[FREQ][spots], a[LAST][spots] = ids, cnt[miss[admitted]], now
+        self._rk, self._rp = _update(self._rk, self._rp, gone, ids, spots)
+        was = pend[admitted]
+        was = was[was >= 0]
+        a[PCOUNT][was] = 0
+        return admitted, spots, evicted, was
+
+    def _wait(self, g: "_Grid", miss: np.ndarray, fresh: np.ndarray, u: np.ndarray, cnt: np.ndarray, now: int, gone: np.ndarray) -> np.ndarray:
+        """Waiting positions for the ``fresh`` misses (not waiting yet); ``gone``: the
+        waiting ids just admitted. Returns the positions taken."""
+        a = self._a
+        count, last = g.of(a[PCOUNT]), g.of(a[PLAST])
+        placed, cells, forgot = _place(g.row[fresh], g.valid & (count == 0), lambda: _order_key([last], (count > 0) & (last < now)))
+        waits, forgot = g.pos[cells], g.pos[forgot]
+        ids = u[miss[np.flatnonzero(fresh)[placed]]]
+        gone = np.concatenate([gone, a[PKEY][forgot]])
+        a[PKEY][waits], a[PCOUNT][waits], a[PLAST][waits] = ids, cnt[miss[np.flatnonzero(fresh)[placed]]], now
+        self._pk, self._pp = _update(self._pk, self._pp, gone, ids, waits)
+        return waits
+
+    def _victim_key(self, g: "_Grid", now: int) -> np.ndarray:
+        """The eviction order of the grid's rows: rows looked up in this batch or held by
+        a pulled-but-not-pushed batch are never taken."""
+        freq, last = g.of(self._a[FREQ]), g.of(self._a[LAST])
+        ok = (freq > 0) & g.valid & (g.of(self.pins) == 0) & (last < now)
         if self.table.eviction == Eviction.TTL:
-            ok &= now - a[LAST][block] > self.table.ttl_steps
-        pos = np.flatnonzero(ok)
-        last, freq = a[LAST][block][pos], a[FREQ][block][pos]
-        order = np.lexsort((pos, last, freq) if self.table.eviction == Eviction.LFU else (pos, last))
-        return s * self.rpv + pos[order][:need]
+            ok &= now - last > self.table.ttl_steps
+        return _order_key([freq, last] if self.table.eviction == Eviction.LFU else [last], ok)
 
-    def _waiting_room(self, s: int, need: int, now: int) -> tuple[np.ndarray, np.ndarray]:
-        """Up to ``need`` waiting-id positions of block ``s``: free ones first, then those of
-        the least recently seen waiting ids (not seen in this batch), whose ids are returned
-        as forgotten."""
-        a, block = self._a, slice(s * self.rpv, (s + 1) * self.rpv)
-        count = a[PCOUNT][block]
-        free = np.flatnonzero((count == 0) & self.valid[block])
-        if len(free) >= need:  # room enough: nobody is forgotten
-            return s * self.rpv + free[:need].astype(np.int64), np.zeros(0, dtype=np.int64)
-        taken = np.flatnonzero((count > 0) & (a[PLAST][block] < now))
-        taken = taken[np.lexsort((taken, a[PLAST][block][taken]))][: max(0, need - len(free))]
-        gone = a[PKEY][block][taken].copy()
-        return s * self.rpv + np.concatenate([free[:need], taken]).astype(np.int64), gone
+
+class _Grid:
+    """The positions of the blocks a lookup touches, one row of the grid per block;
+    ``row``: each miss's grid row."""
+
+    def __init__(self, blocks: np.ndarray, row: np.ndarray, rpv: int, valid: np.ndarray) -> None:
+        self.shape, self.row = (len(blocks), rpv), row
+        self.pos = (blocks[:, None] * rpv + np.arange(rpv)).ravel()
+        self.valid = self.of(valid)
+
+    def of(self, state: np.ndarray) -> np.ndarray:
+        """A per-position array's values on the grid."""
+        return state[self.pos].reshape(self.shape)
+
+
+NOT_A_CANDIDATE = np.iinfo(np.int64).max
+
+
+def _order_key(parts: list[np.ndarray], ok: np.ndarray) -> np.ndarray:
+    """One int64 per cell of a grid ordering its ``ok`` cells by ``parts`` (most
+    significant first), then by column; ``NOT_A_CANDIDATE`` elsewhere. Mixed radix when
+    the product of the ranges fits, else ranks from a lexsort."""
+    width = ok.shape[1]
+    parts = [p - p.min() for p in parts] + [np.broadcast_to(np.arange(width), ok.shape)]
+    spans = [int(p.max()) + 1 for p in parts]
+    if np.prod([float(x) for x in spans]) < 2.0**62:
+        key = parts[0]
+        for p, span in zip(parts[1:], spans[1:]):
+            key = key * span + p
+        return np.where(ok, key, NOT_A_CANDIDATE)
+    out = np.full(ok.shape, NOT_A_CANDIDATE, dtype=np.int64)
+    cells = [p[ok] for p in parts]
+    rank = np.empty(len(cells[0]), dtype=np.int64)
+    rank[np.lexsort(cells[::-1])] = np.arange(len(rank))
+    out[ok] = rank
+    return out
+
+
+def _place(row: np.ndarray, free: np.ndarray, key: Callable[[], np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Items grouped by grid ``row`` (ascending) onto cells of the grid: in each row the
+    ``free`` columns first (ascending), then those of the smallest ``key()`` (computed
+    only when some row is short). Returns which items got a cell, their flat cells, and
+    the flat cells taken from others, in each row's key order."""
+    width = free.shape[1]
+    want = np.bincount(row, minlength=len(free))
+    n_free = free.sum(axis=1)
+    need = np.maximum(want - n_free, 0)
+    k = int(need.max(initial=0))
+    if k:
+        keys = key()
+        k = min(k, width)
+        part = np.argpartition(keys, k - 1, axis=1)[:, :k] if k < width else np.broadcast_to(np.arange(width), keys.shape)
+        vals = np.take_along_axis(keys, part, axis=1)
+        o = np.argsort(vals, axis=1)
+        cols, vals = np.take_along_axis(part, o, axis=1), np.take_along_axis(vals, o, axis=1)
+        vr, vj = np.nonzero((np.arange(k) < need[:, None]) & (vals != NOT_A_CANDIDATE))
+        taken_cells = vr * width + cols[vr, vj]
+    else:
+        vr, taken_cells = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    rank = np.arange(len(row)) - np.searchsorted(row, row)
+    fr, fc = np.nonzero(free)
+    f_at = np.cumsum(n_free) - n_free
+    n_taken = np.bincount(vr, minlength=len(free))
+    t_at = np.cumsum(n_taken) - n_taken
+    spare = rank - n_free[row]
+    in_free, in_taken = spare < 0, (spare >= 0) & (spare < n_taken[row])
+    cells = np.zeros(len(row), dtype=np.int64)
+    cells[in_free] = row[in_free] * width + fc[f_at[row[in_free]] + rank[in_free]]
+    cells[in_taken] = taken_cells[t_at[row[in_taken]] + spare[in_taken]]
+    got = in_free | in_taken
+    return got, cells[got], taken_cells.astype(np.int64)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from dlrover.hashing import splitmix64
 from dlrover.ps.layout import row_bases
 
 
@@ -19,27 +20,29 @@ def optim_type(name: str):
     }[name]
 
 
-INIT_CHUNK_ROWS = 1 << 16  # rows per independently seeded block of initial weights
+INIT_CHUNK_ROWS = 1 << 16  # rows drawn at a time (bounds the temporaries of a large table)
+_GAMMA = np.uint64(0x9E3779B97F4A7C15)  # SplitMix64's increment
 
 
 def init_rows(seed: int, table: int, num_rows: int, dim: int, rows: np.ndarray) -> torch.Tensor:
     """Deterministic initial weights of the given global rows of a table.
 
-    Same distribution as TorchRec's default, U(-sqrt(1/n), sqrt(1/n)). Values come in
-    blocks of ``INIT_CHUNK_ROWS`` rows, each from its own ``(seed, table, block)``
-    generator, so a row's starting value does not depend on how the table is sharded,
-    and a PS never holds more than one block of a table it does not own.
+    Same distribution as TorchRec's default, U(-sqrt(1/n), sqrt(1/n)). Each value is
+    SplitMix64 of its own counter ``(seed, table, row, column)``, so a row's starting
+    value does not depend on how the table is sharded, and any few rows (a dynamic
+    table's evicted rows) cost only themselves.
     """
-    bound = (1.0 / num_rows) ** 0.5
-    out = torch.empty(len(rows), dim)
-    block_of = rows // INIT_CHUNK_ROWS
-    for b in np.unique(block_of):
-        g = torch.Generator().manual_seed(((seed * 7919 + table) << 20) + int(b))
-        n = min(INIT_CHUNK_ROWS, num_rows - int(b) * INIT_CHUNK_ROWS)
-        block = torch.empty(n, dim).uniform_(-bound, bound, generator=g)
-        sel = np.flatnonzero(block_of == b)
-        out[torch.from_numpy(sel)] = block[torch.from_numpy(rows[sel] - int(b) * INIT_CHUNK_ROWS)]
-    return out
+    bound, unit = np.float32((1.0 / num_rows) ** 0.5), np.float32(2.0**-23)
+    key = splitmix64(np.array([seed * 7919 + table], dtype=np.int64).view(np.uint64))[0]
+    rows = np.asarray(rows, dtype=np.int64)
+    out = np.empty((len(rows), dim), dtype=np.float32)
+    cols = np.arange(dim, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for at in range(0, len(rows), INIT_CHUNK_ROWS):
+            r = rows[at : at + INIT_CHUNK_ROWS].view(np.uint64)
+            x = splitmix64(key + (r[:, None] * np.uint64(dim) + cols + np.uint64(1)) * _GAMMA)
+            out[at : at + len(r)] = ((x >> np.uint64(40)).astype(np.float32) * unit - np.float32(1.0)) * bound  # 24 bits: [-1, 1)
+    return torch.from_numpy(out)
 
 
 def new_tbe(sizes: list[int], dim: int, optimizer: dict):
