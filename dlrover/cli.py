@@ -136,7 +136,7 @@ def _print_result(s: dict) -> None:
     def f(v, fmt):
         return format(v, fmt) if isinstance(v, (int, float)) else "n/a"
 
-    print(f"job {s['job_id']}: {s['status']}")
+    print(f"job {s['job_id']}: {s['status']}" + (f": {s['reason']}" if s.get("reason") else ""))
     line = f"  auc {f(s.get('auc'), '.4f')}  logloss {f(s.get('logloss'), '.4f')}"
     if s.get("best_auc") is not None:
         line += f"  (generator's best possible auc {s['best_auc']:.4f}, gap {s['best_auc'] - (s.get('auc') or 0):.4f})"

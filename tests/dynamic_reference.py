@@ -7,6 +7,8 @@ from collections import Counter
 
 import numpy as np
 
+from dlrover.ps.dynamic import wait_position
+
 
 class ReferenceMap:
     """A dynamic table's map rules, one id at a time over dicts (no sorting, no numpy):
@@ -16,6 +18,7 @@ class ReferenceMap:
         self.valid, self.rpv, self.admit, self.eviction, self.ttl = valid, rpv, admit_after, eviction, ttl
         self.rows: dict[int, list[int]] = {}  # position -> [id, last, freq]
         self.wait: dict[int, list[int]] = {}  # position -> [id, last, count]
+        self.rows_in_block = np.asarray(valid, dtype=bool)[: len(valid) // rpv * rpv].reshape(-1, rpv).sum(axis=1)
 
     def _where(self, table: dict, x: int) -> int | None:
         return next((p for p, e in table.items() if e[0] == x), None)
@@ -51,10 +54,8 @@ class ReferenceMap:
                     fresh.append(x)
                 else:
                     self.wait[w][1], self.wait[w][2] = now, self.wait[w][2] + counts[x]
-            for x in fresh:
-                free = [p for p in positions if p not in self.wait]
-                old = sorted((self.wait[p][1], p) for p in positions if p in self.wait and self.wait[p][1] < now)
-                spot = free[0] if free else (old[0][1] if old else None)
-                if spot is not None:
+            for x in fresh:  # each at its own position, unless an id seen in this batch is there
+                spot = int(wait_position(np.array([x]), np.array([s]), self.rpv, self.rows_in_block)[0])
+                if spot not in self.wait or self.wait[spot][1] < now:
                     self.wait[spot] = [x, now, counts[x]]
         return {x: out.get(x, -1) for x in counts}, evicted

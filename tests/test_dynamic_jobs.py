@@ -59,8 +59,8 @@ def test_a_dynamic_table_job_scaled_2_3_2_ps_applies_every_bag_update_once(ray_l
         synth_dir,
         model__tables=TABLES,
         train__vshards=8,  # few blocks per PS: the maps' per-block work stays small
-        data__batch_size=128,  # many small steps (and 3 epochs): the job outlasts two rescales
-        data__epochs=3,
+        data__batch_size=128,  # many small steps (and 8 epochs): the job outlasts two rescales
+        data__epochs=8,
         train__log_every_s=0.2,
         resources__budget_cpu=8,
         policy={"name": "scripted", "knobs": {"steps": steps}, "interval_s": 0.2, "warmup_s": 0.2, "history_dir": str(tmp_path / "h")},

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from dlrover.ps.dynamic import FREQ, KEY, DynamicMap, to_ages, vshard_of
+from dlrover.ps.dynamic import FREQ, KEY, PCOUNT, PKEY, DynamicMap, to_ages, vshard_of, wait_position
+from dlrover.ps.tables import init_rows
 from dlrover.table_spec import TableSpec
 from dynamic_reference import ReferenceMap
 
@@ -69,6 +70,41 @@ def test_rows_held_by_a_pulled_but_not_pushed_batch_are_not_evicted():
     assert _rows(m, [2], 2) == [-1]
     m.pin(np.array(row), -1)
     assert _rows(m, [2], 3) == row
+
+
+def _sharing_a_wait_position(rpv: int, count: int) -> list[int]:
+    ids = np.arange(1, 10_000, dtype=np.int64)
+    at = wait_position(ids, np.zeros(len(ids), dtype=np.int64), rpv, np.array([rpv]))
+    return ids[at == at[0]][:count].tolist()
+
+
+def test_a_new_id_forgets_the_id_waiting_at_its_position_unless_that_one_was_seen_in_the_batch():
+    m = _map(8, admit_after=2)
+    a, b = _sharing_a_wait_position(8, 2)
+    at = int(wait_position(np.array([a]), np.array([0]), 8, np.array([8]))[0])
+    _rows(m, [a], 1)
+    _rows(m, [b], 2)
+    assert m.states[PKEY][at] == b  # b took a's waiting position: a is forgotten
+    assert _rows(m, [a, b], 3) == [-1, -1]
+    assert m.states[PKEY][at] == b and m.states[PCOUNT][at] == 2  # b, seen in this batch, stays; a is forgotten
+    assert _rows(m, [b], 4)[0] >= 0 and _rows(m, [a], 5) == [-1]  # b admitted at its third sighting
+
+
+def test_lfu_keeps_its_order_when_lookup_counts_are_too_large_to_pack_in_one_key():
+    m = _map(3, eviction="lfu")
+    rows = _rows(m, [1, 2, 3], 1)
+    m.states[FREQ][rows] = torch.tensor([2**61, 2**40, 2**62])  # (lookups, last, row) does not fit 62 bits
+    got = m.lookup(np.array([4]), np.array([0]), 2)
+    assert got.evicted.tolist() == [rows[1]] and sorted(m.ids().tolist()) == [1, 3, 4]
+
+
+def test_initial_rows_are_the_same_drawn_alone_or_with_the_whole_table():
+    table = init_rows(7, 2, 70_000, 8, np.arange(70_000))  # more than one draw chunk
+    some = np.array([69_999, 3, 65_536, 40_000])
+    assert torch.equal(init_rows(7, 2, 70_000, 8, some), table[some])
+    bound = (1 / 70_000) ** 0.5
+    assert table.abs().max() <= bound and abs(table.std().item() - bound / 3**0.5) < 0.01 * bound
+    assert not torch.equal(init_rows(7, 3, 70_000, 8, some), table[some])  # another table, other values
 
 
 def test_vshards_spread_raw_ids_evenly():

@@ -173,3 +173,40 @@ def test_corrupt_and_missing_durable_checkpoints(tmp_path):
     missing = Checkpointer(Master(), CheckpointStore(str(tmp_path / "nowhere")))
     with pytest.raises(CheckpointError, match="nowhere: checkpoint directory does not exist"):
         missing.load_durable()
+
+
+@pytest.mark.timeout(400)
+def test_a_job_past_max_failures_ends_failed_with_a_summary_and_the_reason(synth_dir, tmp_path):
+    """Three real worker kills against ``checkpoint.max_failures: 1``, through the CLI: the
+    job ends FAILED with exit code 1, one line naming the limit, and a summary.json."""
+    spec = tmp_path / "job.yaml"
+    spec.write_text(
+        textwrap.dedent(
+            f"""\
+            name: past-the-limit
+            data: {{paths: ['{synth_dir}/*.tsv'], epochs: 40, batch_size: 1024, shard_rows: 4096}}
+            model: {{embedding_dim: 8, num_embeddings: 5000, dense_arch: [32, 8], over_arch: [64, 32, 1]}}
+            resources: {{workers: 2, ps: 2, worker_cpu: 1, ps_cpu: 1, worker_memory_mb: 2048, ps_memory_mb: 1024}}
+            checkpoint: {{max_failures: 1}}
+            chaos:
+              - {{at_s: 1, action: kill, target: "worker:0"}}
+              - {{at_s: 3, action: kill, target: "worker:1"}}
+              - {{at_s: 5, action: kill, target: "worker:0"}}
+            """
+        )
+    )
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "TORCH_CPP_LOG_LEVEL": "ERROR"}
+    cmd = [sys.executable, "-m", "dlrover", "run", str(spec), "--runs-dir", str(tmp_path / "runs"), "--quiet"]
+    proc = subprocess.run(cmd, cwd=Path(__file__).parent.parent, env=env, capture_output=True, text=True, timeout=360)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    status = next(line for line in proc.stdout.splitlines() if line.startswith("job "))
+    assert ": failed: 2 failures (checkpoint.max_failures: 1)" in status, status
+    (summary_path,) = (tmp_path / "runs").glob("*/summary.json")
+    s = json.loads(summary_path.read_text())
+    assert s["status"] == "failed" and "checkpoint.max_failures: 1" in s["reason"] and "\n" not in s["reason"]
+    assert len(s["failures"]) >= 2 and s["failures"][0]["kind"] == "worker_death"
+    assert s["samples_trained"] < s["samples_expected"]
+    events = [json.loads(line) for line in (summary_path.parent / "events.jsonl").read_text().splitlines()]
+    (end,) = [e for e in events if e["kind"] == "job_end"]
+    assert end["status"] == "failed" and end["reason"] == s["reason"]

@@ -28,7 +28,7 @@ from dlrover.spec import JobSpec, spec_from_dict
 
 DIM = 16
 SMALL_ROWS = 4096  # the other tables (vocabularies of at most 1,000): hashed in both jobs
-INDEX_INT64 = 4  # sorted keys + positions, for admitted and for waiting ids
+INDEX_INT64 = 2  # the sorted index of admitted ids: keys and positions
 MAP_BYTES_PER_ROW = (6 + INDEX_INT64) * 8  # MAP_STATES int64 + the key indexes
 SPARSE_LR = 0.05
 

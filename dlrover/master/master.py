@@ -35,15 +35,13 @@ from dlrover.master.evaluation import Evaluator
 from dlrover.master.events import NOTABLE_EVENTS, EventLog
 from dlrover.master.launcher import Launcher
 from dlrover.master.persist import MasterState
-from dlrover.master.recovery import Recovery
+from dlrover.master.recovery import JobFailed, Recovery
 from dlrover.master.rollback import resume_after_restart
 from dlrover.master.scale_events import ScaleEvent
-from dlrover.master.summary import actor_rows, export_final, reliability_fields, reliability_of, summary_of
+from dlrover.master.summary import actor_rows, end_summary, export_final, reliability_fields, reliability_of
 from dlrover.master.states import TERMINAL, JobLoop, JobStatus, RunGroup
 from dlrover.master.telemetry import Telemetry
 from dlrover.master.topology import cluster_cores
-from dlrover.ps.dense_shards import dense_summary
-from dlrover.ps.dynamic_tables import total_counts
 from dlrover.resource.plan import Policy
 from dlrover.spec import JobSpec
 
@@ -255,36 +253,32 @@ class JobMaster:
             self._persist()
         self.runs.add({self.launcher.start(name): name for name in list(self.launcher.workers)})
         loop = JobLoop(self, self.runs, tick_s=min(TICK_S, self.spec.policy.interval_s))
-        loop.run()
+        failed = None
+        try:
+            loop.run()
+        except JobFailed as e:  # past checkpoint.max_failures: ends FAILED, with a summary and the reason
+            failed = str(e)
         if self._user_error is not None:
             raise type(self._user_error)(str(self._user_error)) from None
         self.control.abort_pending()
         self.evaluator.settle()
         if self.books.train_end is None:
             self.books.train_end = self.clock()
-        self.entered(JobStatus.EVALUATING)
-        metrics = self.evaluator.final(self.launcher)
-        self.entered(JobStatus.SUCCEEDED if self.finished() else JobStatus.STOPPED if self.stopping() else JobStatus.FAILED)
-        self.events.add("job_end", status=self.status.value)
+        metrics = {}
+        if failed is None:
+            self.entered(JobStatus.EVALUATING)
+            metrics = self.evaluator.final(self.launcher)
+        self.entered(JobStatus.FAILED if failed else JobStatus.SUCCEEDED if self.finished() else JobStatus.STOPPED if self.stopping() else JobStatus.FAILED)
+        self.events.add("job_end", status=self.status.value, **({"reason": failed} if failed else {}))
         self.recovery.finish()
-        summary = summary_of(self, metrics)
-        ps_stats = ray.get([ps.stats.remote() for ps in self.launcher.ps.values()]) + self.control.retired_ps_stats
-        for key, stat in (("ps_bags_updated", "rows_updated"), ("ps_ids_updated", "ids_updated")):  # the updates applied
-            summary[key] = int(sum(s[stat] for s in ps_stats))
-        summary["dynamic_tables"] = total_counts(ps_stats)  # hits, admissions, evictions (dlrover bench embeddings)
-        dense = self.launcher.dense.stats()
-        summary.update(dense_summary(dense, self.spec.train.dense_sync))
-        # Pushes of a batch a PS had applied before (a replacement redoing a dead worker's
-        # unreported batches): skipped, so no update is applied twice.
-        summary["duplicate_updates_skipped"] = int(sum(s.get("duplicates", 0) for s in [*ps_stats, *dense]))
-        summary.update(self.control.finish(summary), chaos=self.chaos.fired)
+        summary = end_summary(self, metrics, failed)
         self.checkpointer.flush()
         if self.status == JobStatus.SUCCEEDED and not self.spec.checkpoint.dir:
             # recovery checkpoints in the run directory served their purpose
             shutil.rmtree(self._checkpoint_root(), ignore_errors=True)
         summary.update(reliability_fields(self, summary))
         self.checkpointer.release()  # trained: the export below needs the memory more
-        if self.status == JobStatus.SUCCEEDED or self.spec.checkpoint.dir:  # (a failed job's model: only where asked)
+        if self.status == JobStatus.SUCCEEDED or (self.spec.checkpoint.dir and failed is None):  # (a failed job's model: only where asked)
             export_final(self)
         self._publish(force=True)
         return summary

@@ -261,7 +261,10 @@ class Recovery:
                 f.recovered_s = f.handled_s
         self._awaiting.clear()
         for f, ref in self._counting:
-            f.updates_lost = int(ray.get(ref, timeout=COUNT_TIMEOUT_S))
+            try:
+                f.updates_lost = int(ray.get(ref, timeout=COUNT_TIMEOUT_S))
+            except ray.exceptions.RayError:  # the PS counting them died (a job past its failure limit)
+                pass
         self._counting.clear()
 
     def note_bad(self, node: str) -> None:

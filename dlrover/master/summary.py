@@ -16,9 +16,12 @@ from dlrover.checkpoint.store import DROP_CACHE_EVERY
 from dlrover.failures import FailureKind
 from dlrover.id_map import IdMap
 from dlrover.metrics.reliability import ReliabilityReport, reliability_report
-from dlrover.ps.dynamic_tables import default_row
+from dlrover.ps.dense_shards import dense_summary
+from dlrover.ps.dynamic_tables import default_row, total_counts
 
 from dlrover.master.job import Job
+
+STATS_TIMEOUT_S = 30.0
 
 
 
@@ -114,6 +117,39 @@ def summary_of(m: Job, metrics: dict) -> dict:
         "failures": [f.to_dict() for f in m.failures],
         "events": m.events.rows(),
     }
+
+
+def _answers(calls: list) -> list:
+    """What each actor call returned; an actor that died (a job failed past its limit may
+    have lost one) gives nothing."""
+    out = []
+    for ref in calls:
+        try:
+            out.append(ray.get(ref, timeout=STATS_TIMEOUT_S))
+        except (ray.exceptions.RayError, TimeoutError):
+            pass
+    return out
+
+
+def end_summary(m: Job, metrics: dict, failed: str | None) -> dict:
+    """``summary.json`` at the job's end, less the reliability part: the records, the
+    updates the PS and dense PS applied, the policy's account; ``failed``: why the job
+    ended FAILED past its failure limit (the summary's ``reason``)."""
+    summary = summary_of(m, metrics)
+    if failed:
+        summary["reason"] = failed
+    ps_stats = _answers([ps.stats.remote() for ps in m.launcher.ps.values()]) + m.control.retired_ps_stats
+    for key, stat in (("ps_bags_updated", "rows_updated"), ("ps_ids_updated", "ids_updated")):  # the updates applied
+        summary[key] = int(sum(s[stat] for s in ps_stats))
+    summary["dynamic_tables"] = total_counts(ps_stats)  # hits, admissions, evictions (dlrover bench embeddings)
+    dense = _answers([h.stats.remote() for h in m.launcher.dense.handles])
+    if dense:
+        summary.update(dense_summary(dense, m.spec.train.dense_sync))
+    # Pushes of a batch a PS had applied before (a replacement redoing a dead worker's
+    # unreported batches): skipped, so no update is applied twice.
+    summary["duplicate_updates_skipped"] = int(sum(s.get("duplicates", 0) for s in [*ps_stats, *dense]))
+    summary.update(m.control.finish(summary), chaos=m.chaos.fired)
+    return summary
 
 
 def final_id_maps(m: Job) -> dict[int, IdMap]:

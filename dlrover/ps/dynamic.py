@@ -9,13 +9,15 @@ Design.
 - The map of a block is six int64 arrays aligned with its rows (``MAP_STATES``), appended
   to the table's ``[weights, *optimizer states]``: the id in each row, when it was last
   looked up and how often (``freq`` 0: the row is free), and, in the same positions, the
-  ids waiting for admission with their sightings (at most as many as rows; when full, the
-  least recently seen waiting id is forgotten). Being per-row state, the map moves and is
-  saved with its rows by every existing path: migration's block and dirty-row copies,
-  snapshots, restore, durable deltas.
+  ids waiting for admission with their sightings. The waiting room is direct-mapped: an
+  id waits at one position of its block, chosen by its hash (``wait_position``), and a
+  new id forgets the one waiting there unless that one was seen in the same batch. Being
+  per-row state, the map moves and is saved with its rows by every existing path:
+  migration's block and dirty-row copies, snapshots, restore, durable deltas.
 - Time is a clock of training lookups on the PS; payloads carry ages (``clock - last``)
   instead, so a vshard that moves keeps its ids' ages (``to_ages`` / ``from_ages``).
-- Lookups search sorted copies of the keys, updated by delete/insert as ids come and go.
+- Lookups search a sorted copy of the admitted keys, updated by delete/insert as ids come
+  and go, in one group-wise pass over the blocks holding misses (docs/decisions/).
 - TorchRec's managed-collision modules and fbgemm's ZCH kernel do not fit a PS-owned,
   per-vshard map with counted admission (docs/ARCHITECTURE.md, "Dynamic tables").
 """
@@ -36,11 +38,23 @@ MAP_STATES = 6  # int64 arrays appended to a dynamic table's states
 _AGES = (LAST - MAP_STATES, PLAST - MAP_STATES)  # their positions counted from the end
 
 
+def _mix(ids: np.ndarray) -> np.ndarray:
+    return splitmix64(np.ascontiguousarray(ids, dtype=np.int64).view(np.uint64) + np.uint64(0x9E3779B97F4A7C15))
+
+
 def vshard_of(ids: np.ndarray, num_vshards: int) -> np.ndarray:
     """The vshard of each raw id of a dynamic table: splitmix64's finaliser, modulo V, so
     that sequential or structured ids spread evenly."""
-    z = splitmix64(np.ascontiguousarray(ids, dtype=np.int64).view(np.uint64) + np.uint64(0x9E3779B97F4A7C15))
-    return (z % np.uint64(num_vshards)).astype(np.int64)
+    return (_mix(ids) % np.uint64(num_vshards)).astype(np.int64)
+
+
+def wait_position(ids: np.ndarray, slots: np.ndarray, rpv: int, rows_in_block: np.ndarray) -> np.ndarray:
+    """Where each id waits for admission: a position among the rows of its block
+    (``rows_in_block[slot]``, a block's padding being its last positions), from the hash's
+    high bits, which the vshard (its low bits modulo V) leaves independent."""
+    slots = np.asarray(slots, dtype=np.int64)
+    n = np.maximum(rows_in_block[slots], 1).astype(np.uint64)
+    return slots * rpv + ((_mix(ids) >> np.uint64(32)) % n).astype(np.int64)
 
 
 def to_ages(states: list, clock: int) -> list:
@@ -111,6 +125,8 @@ class DynamicMap:
         self.valid = np.asarray(valid, dtype=bool)  # padding positions hold nothing
         self._a = [s.numpy() for s in states]
         self.pins = np.zeros(len(self.valid), dtype=np.int32)  # pulled-but-not-pushed uses: never evicted
+        blocks = len(self.valid) // rpv  # a PS owning no vshard still has a 1-row table
+        self.rows_in_block = self.valid[: blocks * rpv].reshape(blocks, rpv).sum(axis=1)
         self.reindex()
 
     @staticmethod
@@ -118,14 +134,11 @@ class DynamicMap:
         return [torch.zeros(n, dtype=torch.int64) for _ in range(MAP_STATES)]
 
     def reindex(self) -> None:
-        """Rebuild the key indexes from the states (after rows were copied in)."""
+        """Rebuild the key index from the states (after rows were copied in)."""
         a = self._a
         used = np.flatnonzero(a[FREQ] > 0)
         o = np.argsort(a[KEY][used], kind="stable")
         self._rk, self._rp = a[KEY][used][o], used[o]
-        waiting = np.flatnonzero(a[PCOUNT] > 0)
-        o = np.argsort(a[PKEY][waiting], kind="stable")
-        self._pk, self._pp = a[PKEY][waiting][o], waiting[o]
 
     def ids(self) -> np.ndarray:
         """The admitted ids, ascending."""
@@ -155,8 +168,7 @@ class DynamicMap:
 
         One pass over all blocks holding misses, as a grid of their positions: in each
         block the ids ready for admission (ascending) take its free rows, then its
-        victims'; the others wait, new ones taking free waiting positions, then those of
-        the least recently seen waiting ids."""
+        victims'; the others wait, each at its own position (``wait_position``)."""
         ids = np.asarray(ids, dtype=np.int64)
         none = np.zeros(0, dtype=np.int64)
         if now is None or not len(ids):
@@ -173,14 +185,15 @@ class DynamicMap:
         miss, su = order % len(u), order // len(u)
         step = np.diff(su, prepend=-1) != 0
         g = _Grid(su[step], np.cumsum(step) - 1, self.rpv, self.valid)
-        pend = _find(self._pk, self._pp, u[miss])
+        at = wait_position(u[miss], su, self.rpv, self.rows_in_block)
+        pend = np.where((a[PKEY][at] == u[miss]) & (a[PCOUNT][at] > 0), at, -1)
         admitted, spots, evicted, was = self._admit(g, miss, pend, u, cnt, now)
         rows_u[miss[admitted]] = spots
         left = ~admitted
         seen = pend[left & (pend >= 0)]
         a[PCOUNT][seen] += cnt[miss[left & (pend >= 0)]]
         a[PLAST][seen] = now
-        waits = self._wait(g, miss, left & (pend < 0), u, cnt, now, a[PKEY][was])
+        waits = self._wait(at[left & (pend < 0)], miss[left & (pend < 0)], u, cnt, now)
         return Lookup(rows_u[inv], evicted, np.concatenate([hit, spots, was, seen, waits]), int(cnt[found].sum()), len(spots))
 
     def _admit(self, g: "_Grid", miss: np.ndarray, pend: np.ndarray, u: np.ndarray, cnt: np.ndarray, now: int) -> tuple[np.ndarray, ...]:
@@ -201,17 +214,15 @@ class DynamicMap:
         a[PCOUNT][was] = 0
         return admitted, spots, evicted, was
 
-    def _wait(self, g: "_Grid", miss: np.ndarray, fresh: np.ndarray, u: np.ndarray, cnt: np.ndarray, now: int, gone: np.ndarray) -> np.ndarray:
-        """Waiting positions for the ``fresh`` misses (not waiting yet); ``gone``: the
-        waiting ids just admitted. Returns the positions taken."""
+    def _wait(self, at: np.ndarray, miss: np.ndarray, u: np.ndarray, cnt: np.ndarray, now: int) -> np.ndarray:
+        """Misses not waiting yet (ascending in each block) wait at their positions ``at``,
+        unless an id seen in this batch waits there; the first one in takes a position
+        shared in the batch. Returns the positions taken."""
         a = self._a
-        count, last = g.of(a[PCOUNT]), g.of(a[PLAST])
-        placed, cells, forgot = _place(g.row[fresh], g.valid & (count == 0), lambda: _order_key([last], (count > 0) & (last < now)))
-        waits, forgot = g.pos[cells], g.pos[forgot]
-        ids = u[miss[np.flatnonzero(fresh)[placed]]]
-        gone = np.concatenate([gone, a[PKEY][forgot]])
-        a[PKEY][waits], a[PCOUNT][waits], a[PLAST][waits] = ids, cnt[miss[np.flatnonzero(fresh)[placed]]], now
-        self._pk, self._pp = _update(self._pk, self._pp, gone, ids, waits)
+        _, first = np.unique(at, return_index=True)
+        first = first[(a[PCOUNT][at[first]] == 0) | (a[PLAST][at[first]] < now)]
+        waits = at[first]
+        a[PKEY][waits], a[PCOUNT][waits], a[PLAST][waits] = u[miss[first]], cnt[miss[first]], now
         return waits
 
     def _victim_key(self, g: "_Grid", now: int) -> np.ndarray:
