@@ -10,9 +10,25 @@ autoscaler) takes the same path.
 
 from __future__ import annotations
 
+import socket
 import time
 
 from dlrover.errors import DLRoverError
+
+
+CONNECT_TIMEOUT_S = 5.0
+
+
+def _check_listening(address: str) -> None:
+    """One line at once when nothing listens at a ``host:port`` address: ``ray.init``
+    would retry for minutes. Other addresses (``auto``, ``ray://...``) go to Ray."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or "://" in address:
+        return
+    try:
+        socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as e:
+        raise DLRoverError(f"--address {address}: cannot connect to Ray: nothing answers there ({e.strerror or e})") from None
 
 
 def drain(address: str, job: str, node: str, deadline_s: float | None) -> int:
@@ -23,6 +39,7 @@ def drain(address: str, job: str, node: str, deadline_s: float | None) -> int:
 
     if deadline_s is not None and deadline_s <= 0:
         raise DLRoverError(f"--deadline-s: must be > 0, got {deadline_s:g}")
+    _check_listening(address)
     use_token_auth()
     try:
         ray.init(address=address, namespace="dlrover", logging_level="ERROR")

@@ -25,6 +25,7 @@ from dlrover.errors import DataError, SpecError, format_validation_error
 from dlrover.id_map import IdMap
 from dlrover.model.dlrm import dense_arches
 from dlrover.paths import out_dir
+from dlrover.runlog import read_events
 from dlrover.serving import DENSE_FILE, FORMAT, HASHING, ID_MAPS_FILE, MANIFEST, SCORE, TABLES_FILE, FileDigest, Manifest, sha256_of
 from dlrover.spec import JobSpec, ModelSpec
 
@@ -96,7 +97,9 @@ def load_final(path: Path, model: ModelSpec, schema: Schema) -> FinalModel:
     try:
         doc = torch.load(path, weights_only=True, mmap=True)
     except Exception as e:  # noqa: BLE001 - torch raises many kinds for a bad file
-        raise DataError(f"{path}: not a readable torch file: {str(e).splitlines()[0]}") from None
+        # torch's first clause only: its zip reader appends a paragraph of advice
+        first = str(e).strip().splitlines()[0].split(". ")[0] if str(e).strip() else type(e).__name__
+        raise DataError(f"{path}: not a readable torch file (truncated or corrupt?): {first}") from None
     for field in ("tables", "dense"):
         if not isinstance(doc, dict) or field not in doc:
             raise DataError(f"{path}: no {field!r} field (not a dlrover final model)")
@@ -125,6 +128,9 @@ def export_run(run_dir: str | Path, out: str | Path) -> Path:
         raise DataError(f"{run_dir}: no such run directory")
     final, spec = find_final_model(run_dir)
     source_sha = sha256_of(final)
+    written = [e.get("sha256") for _, e in read_events(run_dir / "events.jsonl") if e.get("kind") == "model_saved"]  # one a run
+    if written and written[-1] != source_sha:
+        raise DataError(f"{final}: its sha256 is not the one the job wrote (events.jsonl, model_saved): truncated or changed since")
     schema = spec.schema
     final_model = load_final(final, spec.model, schema)
     maps = final_model.id_maps

@@ -196,6 +196,15 @@ def test_every_ray_pod_mounts_the_shared_volume_and_runs_in_the_image_workdir():
     assert "--gid 100" in DOCKERFILE.read_text()
 
 
+def test_a_dashboard_open_to_the_pod_network_requires_rays_token():
+    readme = (DEPLOY / "README.md").read_text()
+    for name, spec in cluster_specs():
+        assert spec["headGroupSpec"]["rayStartParams"]["dashboard-host"] == "0.0.0.0", name
+        auth = spec["authOptions"]
+        assert auth["mode"] == "token", name
+        assert f"kubectl create secret generic {auth['secretName']} --from-literal=auth_token=" in readme, name
+
+
 def test_head_exposes_the_dashboard_and_every_node_its_metrics_port():
     monitor = one(MONITORING / "podmonitor.yaml")
     (endpoint,) = monitor["spec"]["podMetricsEndpoints"]

@@ -91,6 +91,19 @@ def test_a_bad_deadline_is_one_line_naming_the_flag_before_anything_is_asked():
     assert len(lines) == 1 and "--deadline-s" in lines[0] and "Traceback" not in r.stderr, r.stderr
 
 
+def test_an_address_where_nothing_listens_is_one_line_without_ray_retrying():
+    import socket
+
+    with socket.socket() as s:  # a port that was free a moment ago: nothing listens on it
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = subprocess.run([sys.executable, "-m", "dlrover", "drain", "job", "--node", "n", "--address", f"127.0.0.1:{port}"],
+                       capture_output=True, text=True, timeout=60)  # fmt: skip
+    lines = [x for x in r.stderr.strip().splitlines() if x]
+    assert r.returncode == 2 and len(lines) == 1, r.stderr
+    assert lines[0].startswith(f"error: --address 127.0.0.1:{port}: cannot connect to Ray: nothing answers there"), lines
+
+
 def test_a_sigtermed_ps_and_worker_are_moved_off_before_their_grace_period_ends(ray_local, synth_dir_large, tmp_path):
     """SIGTERM is a preemption notice: each actor tells the master, which replaces it with
     a live rescale while it keeps serving; nothing fails, rolls back or applies twice."""

@@ -246,6 +246,30 @@ def test_export_names_a_missing_final_pt_and_a_final_pt_without_tables(tmp_path,
     assert f"{final}: no 'tables' field" in one_error_line(capsys)
 
 
+def test_export_of_a_truncated_final_pt_is_one_short_line_naming_the_file(tmp_path, synth_dir, capsys):
+    import json
+
+    from conftest import small_spec
+
+    run = tmp_path / "runs" / "t-1"
+    run.mkdir(parents=True)
+    (run / "spec.json").write_text(small_spec(synth_dir).model_dump_json())
+    final = run / "final.pt"
+    torch.save({"tables": [torch.zeros(n, 8) for n in small_spec(synth_dir).schema.table_sizes()], "dense": torch.zeros(3)}, final)
+    whole = final.read_bytes()
+    final.write_bytes(whole[:3000])  # no event log: torch's reader finds the damage
+    assert main(["export", str(run), "--out", str(tmp_path / "m")]) == 2
+    line = one_error_line(capsys)
+    assert line.startswith(f"error: {final}: not a readable torch file") and len(line) - len(str(final)) < 150 and "miniz" not in line, line
+    import hashlib
+
+    (run / "events.jsonl").write_text(json.dumps({"kind": "model_saved", "path": str(final), "sha256": hashlib.sha256(whole).hexdigest()}) + "\n")
+    final.write_bytes(whole[:-10])  # the job recorded what it wrote: the checksum names the damage
+    assert main(["export", str(run), "--out", str(tmp_path / "m")]) == 2
+    assert f"{final}: its sha256 is not the one the job wrote" in one_error_line(capsys)
+    assert not (tmp_path / "m").exists()
+
+
 def copy_model(trained: dict, tmp_path: Path) -> Path:
     import shutil
 

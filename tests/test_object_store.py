@@ -227,7 +227,7 @@ def test_a_job_on_s3_data_trains_every_row_once(s3, tmp_path):
 def test_urls_matching_nothing_or_of_unknown_scheme_are_errors_naming_data_paths(s3):
     with pytest.raises(DataError, match=rf"^data\.paths: s3://{BUCKET}/nothing-\*\.tsv: matches no data files$"):
         DataPlan.build(small_spec(f"s3://{BUCKET}", data__paths=[f"s3://{BUCKET}/nothing-*.tsv"]))
-    with pytest.raises(DataError, match=r"^data\.paths: s3://no-such-bucket/x\.tsv: matches no data files$"):
+    with pytest.raises(DataError, match=r"^data\.paths: s3://no-such-bucket/x\.tsv: bucket 'no-such-bucket' does not exist \(or these credentials cannot see it\)$"):
         DataPlan.build(small_spec(f"s3://{BUCKET}", data__paths=["s3://no-such-bucket/x.tsv"]))
     with pytest.raises(SpecError, match=r"^job\.yaml: data\.paths: foo://bucket/x\.tsv: unknown storage scheme 'foo'"):
         spec_from_dict({"data": {"paths": ["foo://bucket/x.tsv"]}}, "job.yaml")

@@ -61,6 +61,9 @@ def store_errors(what: str) -> Iterator[None]:
         raise DataError(f"{what}: {e.__class__.__name__}: {_first_line(e)}") from None
 
 
+BUCKET_STORES = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss"})  # a path's first part is its bucket
+
+
 def filesystem(url: str, what: str) -> tuple[Any, str]:
     """(fsspec filesystem, path inside it) for ``url``; an unknown scheme or a missing
     driver (``gs://`` without gcsfs) is a DataError starting with ``what``."""
@@ -89,10 +92,17 @@ def expand_url(pattern: str, accept: Callable[[str], bool]) -> list[str]:
         else:
             try:
                 info = fs.info(root)
+                entries = fs.ls(root, detail=True) if info["type"] == "directory" else [info]
             except FileNotFoundError:
-                return []
-            entries = fs.ls(root, detail=True) if info["type"] == "directory" else [info]
-    return [fs.unstrip_protocol(e["name"]) for e in entries if e["type"] == "file" and accept(e["name"])]
+                entries = []
+    found = [fs.unstrip_protocol(e["name"]) for e in entries if e["type"] == "file" and accept(e["name"])]
+    bucket = root.split("/")[0]
+    if not found and protocols(pattern)[-1] in BUCKET_STORES and bucket:
+        with store_errors(what):
+            exists = fs.exists(bucket)
+        if not exists:
+            raise DataError(f"{what}: bucket {bucket!r} does not exist (or these credentials cannot see it)")
+    return found
 
 
 def open_url(url: str, block_size: int | None = None) -> IO[bytes]:
