@@ -206,6 +206,7 @@ def test_a_job_past_max_failures_ends_failed_with_a_summary_and_the_reason(synth
     s = json.loads(summary_path.read_text())
     assert s["status"] == "failed" and "checkpoint.max_failures: 1" in s["reason"] and "\n" not in s["reason"]
     assert len(s["failures"]) >= 2 and s["failures"][0]["kind"] == "worker_death"
+    assert s["failures"][0]["recovered_s"] is not None and s["failures"][1]["recovered_s"] is None  # the job never trained after it
     assert s["samples_trained"] < s["samples_expected"]
     events = [json.loads(line) for line in (summary_path.parent / "events.jsonl").read_text().splitlines()]
     (end,) = [e for e in events if e["kind"] == "job_end"]

@@ -32,12 +32,13 @@ from dlrover.data.criteo import FileIndex
 from dlrover.errors import DLRoverError
 from dlrover.ids import ActorId, Role
 from dlrover.model.dlrm import initial_dense_array
-from dlrover.master.topology import cpu_nodes, free_cpus, probe_work_s, run_on_nodes
+from dlrover.master.topology import autoscaler_running, cpu_nodes, free_cpus, node_totals, probe_work_s, run_on_nodes
 from dlrover.ps.dense_rounds import RoundRule
 from dlrover.ps.dense_shards import DenseShards, start_dense_shards
 from dlrover.ps.embedding_ps import EmbeddingPS
 from dlrover.ps.vshard import VShardMap
 from dlrover.resource.configs import Config
+from dlrover.resource.fit import Demand, pack
 from dlrover.resource.placement import StepSample, merged_speeds, node_speeds, pal_node
 from dlrover.spec import JobSpec
 from dlrover.ps.shm import shm_prefix
@@ -107,6 +108,7 @@ class Launcher:
     def launch(self, config: Config) -> None:
         """Start the job's first actors: ``config.ps`` PS, the dense PS, ``config.workers`` workers."""
         spec = self.spec
+        self.check_fits(config)
         dynamic = tuple(spec.schema.dynamic())
         self.vmap = VShardMap.round_robin(spec.schema.table_sizes(), spec.train.vshards_for(config.ps), config.ps, dynamic)
         for _ in range(config.ps):
@@ -115,6 +117,17 @@ class Launcher:
         for _ in range(config.workers):
             self.add_worker(config.worker_cpu, config.worker_memory_mb)
         self.wait_started()
+
+    def check_fits(self, config: Config) -> None:
+        """Fail at once, naming the shortfall, when the cluster's nodes can never hold
+        ``config``'s actors and no autoscaler can add nodes; with one, the job waits (and
+        ``wait_started`` gives up after ``ACTOR_START_TIMEOUT_S``)."""
+        r = self.spec.resources
+        demands = [Demand("worker", config.worker_cpu, r.worker_gpu, config.worker_memory_mb)] * config.workers
+        demands += [Demand("PS", config.ps_cpu, 0.0, config.ps_memory_mb)] * config.ps + [Demand("dense PS", r.dense_ps_cpu)] * r.dense_ps
+        fit = pack(demands, node_totals())
+        if fit.impossible and not autoscaler_running():
+            raise DLRoverError(f"{self.job_id}: the cluster cannot hold the job and no autoscaler can add nodes: {fit.shortfall()} (resources in the spec)")
 
     def initial_dense(self) -> np.ndarray:
         """The MLPs' initial values, the dense PS's starting point."""

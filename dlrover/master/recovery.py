@@ -78,6 +78,7 @@ class Recovery:
         self.processes: dict[str, ProcessInfo] = {}  # actor -> its process, once a probe answered
         self._last_tick = float("inf")
         self.injected: dict[str, float] = {}  # actor -> job time a fault was injected (chaos)
+        self.fatal: Failure | None = None  # the failure past checkpoint.max_failures
         self.injected_kind: dict[str, FailureKind] = {}  # actor -> kind, when the fault's source says better (node loss, hang)
         self.oom_killed: dict[str, float] = {}  # actor -> job time the master killed it
         self.strikes: Counter = Counter()  # node -> failures + stragglers
@@ -230,6 +231,7 @@ class Recovery:
         limit = self.m.spec.checkpoint.max_failures
         if len(self.m.failures) > limit:
             self.m.books.stop()
+            self.fatal, failure.recovered_s = failure, None  # the job never trains again after it
             raise JobFailed(f"{len(self.m.failures)} failures (checkpoint.max_failures: {limit}); last: {failure.kind.value} of {failure.actor}: {failure.cause}")
 
     def corrected(self, plan: ResourcePlan, new_workers: list[str], t0: float, slow_since: dict[str, float]) -> None:
@@ -257,7 +259,7 @@ class Recovery:
         """End of job: a failure whose replacement never trained counts as recovered when
         handled; the counts of updates lost are collected."""
         for f in self.m.failures:
-            if f.recovered_s is None:
+            if f.recovered_s is None and f is not self.fatal:
                 f.recovered_s = f.handled_s
         self._awaiting.clear()
         for f, ref in self._counting:

@@ -19,7 +19,11 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import ray
+from ray._private.ray_constants import DEBUG_AUTOSCALING_STATUS
+from ray.autoscaler._private.util import format_readonly_node_type
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from dlrover.resource.fit import Node
 
 log = logging.getLogger(__name__)
 
@@ -112,3 +116,30 @@ def free_cpus() -> dict[str, float]:
     from ray._private.state import available_resources_per_node
 
     return {node: float(res.get("CPU", 0.0)) for node, res in available_resources_per_node().items()}
+
+
+def node_totals() -> list[Node]:
+    """Each alive node's total resources (what the job could ever be given there)."""
+    return [Node.of_ray(n.get("Resources", {})) for n in ray.nodes() if n.get("Alive")]
+
+
+def autoscaler_running() -> bool:
+    """Whether an autoscaler can add nodes. Autoscaler v2 reports its iterations to the
+    GCS. v1's monitor runs on every head node and writes a status report; without an
+    autoscaling config it is read-only, and names each node's type after the node itself."""
+    import json
+
+    from ray.autoscaler.v2.sdk import get_cluster_status
+    from ray.experimental.internal_kv import _internal_kv_get
+
+    try:
+        stats = get_cluster_status(ray.get_runtime_context().gcs_address).stats
+        if stats.autoscaler_iteration_time_s is not None or stats.autoscaler_version not in (None, "", "0"):
+            return True
+    except Exception as e:  # noqa: BLE001 - an older GCS without the v2 state: ask v1
+        log.debug("autoscaler v2 state unavailable: %s", e)
+    status = _internal_kv_get(DEBUG_AUTOSCALING_STATUS)
+    if not status:
+        return False
+    types = (json.loads(status).get("autoscaler_report") or {}).get("node_type_mapping") or {}
+    return any(kind != format_readonly_node_type(node) for node, kind in types.items())
