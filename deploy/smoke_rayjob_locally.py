@@ -2,7 +2,7 @@
 
 KubeRay's submitter runs ``ray job submit --address <head>:8265 -- <entrypoint>``; this
 does the same through Ray Jobs against a real ``ray start --head`` on loopback
-(``dlrover.localhead``), with the image's paths mapped to this checkout
+(``dlrover.driver.localhead``), with the image's paths mapped to this checkout
 (/opt/venv/bin/python -> this interpreter, /home/ray/dlrover-ray -> the repo root,
 /mnt/shared -> a temp dir) and a smaller data set. It checks the job succeeds, writes
 its summary under the "shared" runs dir, and that the head's metrics port serves
@@ -28,8 +28,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dlrover.localhead import LocalHead
-from dlrover.submit import client
+from dlrover.driver.localhead import LocalHead
+from dlrover.driver.submit import client
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 

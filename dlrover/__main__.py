@@ -1,5 +1,5 @@
 import sys
 
-from dlrover.cli import main
+from dlrover.cli.main import main
 
 sys.exit(main())

@@ -1,4 +1,5 @@
-"""The job spec's ``optimizer`` section: the embedding PS's optimizer and the dense PS's."""
+"""The job spec's ``optimizer`` section (the embedding PS's optimizer and the dense PS's)
+and how the dense PS combines the workers' gradients (``train.dense_sync``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ from pydantic import Field, model_validator
 from dlrover.spec_base import SpecSection
 
 ADAGRAD_INITIAL_ACCUMULATOR = 0.001
+
+# each gradient alone; one step per round of all workers' gradients; of all but the stragglers'
+DenseSync = Literal["async", "sync", "coded"]
 
 
 class SparseOptimizerSpec(SpecSection):

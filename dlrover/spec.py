@@ -20,10 +20,9 @@ from dlrover.data.layout import DataLayout, check_layout
 from dlrover.data.schema import FeaturesSpec, Schema
 from dlrover.model.spec import ModelSpec
 from dlrover.errors import SpecError, format_validation_error
-from dlrover.optimizer_spec import OptimizerSpec
+from dlrover.optimizer_spec import DenseSync, OptimizerSpec
 from dlrover.paths import is_url
 from dlrover.spec_base import SpecSection
-from dlrover.ps.dense_rounds import DenseSync
 from dlrover.table_spec import check_capacities
 
 

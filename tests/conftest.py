@@ -69,7 +69,7 @@ def synth_dir_auc(tmp_path_factory):
 
 def events_of(summary_path) -> list[dict]:
     """The rows of a run's ``events.jsonl``, given the path of its ``summary.json``."""
-    from dlrover.runlog import read_events
+    from dlrover.runlogs.events import read_events
 
     return [row for _, row in read_events(summary_path.parent / "events.jsonl")]
 
@@ -121,7 +121,7 @@ def auc_spec(synth_dir, tmp_path, chaos, **over):
 @pytest.fixture(scope="session")
 def fault_free(ray_local, synth_dir_auc, tmp_path_factory):
     """The summary of ``auc_spec``'s job without faults: what a recovered job compares to."""
-    from dlrover.runner import run_job
+    from dlrover.driver.runner import run_job
 
     tmp = tmp_path_factory.mktemp("fault_free")
     s, _ = run_job(auc_spec(synth_dir_auc, tmp, []), runs_dir=str(tmp / "runs"), progress="none")

@@ -3,7 +3,7 @@
 import pytest
 
 from dlrover.bench.coding import run_coding_bench
-from dlrover.cli import main
+from dlrover.cli.main import main
 
 SLOW = "worker:0 4x slow"
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from dlrover.bench.readers import CASES, Arrays, check_same, layout_for, read_ours, run_data_bench
-from dlrover.cli import main
+from dlrover.cli.main import main
 from dlrover.data.batch import Batch
 from dlrover.errors import DLRoverError
 

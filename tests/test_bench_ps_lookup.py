@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from dlrover.cli import main
+from dlrover.cli.main import main
 
 
 def test_every_bag_of_a_batch_is_looked_up_once_however_many_ps(tmp_path, monkeypatch, capsys) -> None:

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from dlrover.bench.scaling import default_grid, parse_grid, run_scaling_bench
-from dlrover.cli import main
+from dlrover.cli.main import main
 
 
 def test_parse_grid_reads_pairs_in_order() -> None:

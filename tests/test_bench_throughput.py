@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from dlrover.baseline import build_local_model
+from dlrover.bench.baseline import build_local_model
 from dlrover.bench.throughput import AUC_TOLERANCE, Layout, Measured, bench_spec, job_bench_spec, layouts, rate_layouts, run_throughput_bench
 from dlrover.errors import DLRoverError
 from dlrover.model.dlrm import table_configs

@@ -28,7 +28,7 @@ def test_chaos_spec_is_validated(synth_dir):
 def test_faults_injected_into_one_actor_add_up():
     """A delay injected after a slow-down keeps the slow-down (each set_chaos call turns
     on its own fault only)."""
-    from dlrover.chaos import ChaosState
+    from dlrover.faults.injected import ChaosState
 
     c = ChaosState()
     c.set(slowdown=3.0)
@@ -40,7 +40,7 @@ def test_faults_injected_into_one_actor_add_up():
 
 def fault_free_auc(spec, tmp_path) -> float:
     """AUC of the same job without its chaos (own history dir: no warm start from the run under test)."""
-    from dlrover.runner import run_job
+    from dlrover.driver.runner import run_job
 
     policy = spec.policy.model_copy(update={"history_dir": str(tmp_path / "h-ref")})
     ref = spec.model_copy(update={"chaos": [], "policy": policy})
@@ -58,7 +58,7 @@ def corrections_only(tmp_path, **knobs) -> dict:
 def test_straggler_is_replaced_by_dlrover_rm(ray_local, synth_dir_auc, tmp_path):
     """A worker made 6x slower is marked slow against the median, replaced by the policy's
     runtime correction (stage 3), and drained: nothing is lost or applied twice."""
-    from dlrover.runner import run_job
+    from dlrover.driver.runner import run_job
 
     spec = small_spec(
         # One epoch over 360k rows: async runs agree on AUC within 0.001 (``auc_spec``); five
@@ -97,7 +97,7 @@ def test_slow_ps_is_detected_by_its_call_time_and_replaced_without_losing_an_upd
     against the PS's median busy time per id served and replaced by dlrover_rm's runtime correction:
     a new PS takes its vshards by live migration, every bag update lands exactly once,
     and the model is as good as without the fault."""
-    from dlrover.runner import run_job
+    from dlrover.driver.runner import run_job
 
     spec = small_spec(
         synth_dir_auc,  # one epoch over 360k rows: an AUC that does not depend on update order
@@ -137,7 +137,7 @@ def test_a_slow_link_sends_pulls_further_ahead_without_losing_an_update(ray_loca
     meanwhile), several steps' time: with ``train.max_staleness: 4`` the worker's pulls run
     further ahead than one batch, and every bag update still lands exactly once, through
     checkpoints that pause the worker with pulls in flight (it trains them, then parks)."""
-    from dlrover.runner import run_job
+    from dlrover.driver.runner import run_job
 
     spec = small_spec(
         synth_dir,
@@ -165,7 +165,7 @@ def test_a_slow_link_sends_pulls_further_ahead_without_losing_an_update(ray_loca
 def test_memory_trend_acts_before_the_limit(ray_local, synth_dir_large, tmp_path):
     """A worker leaking memory: dlrover_rm extrapolates its RSS trend, raises the workers'
     memory and replaces the leaking one while it is still under its limit."""
-    from dlrover.runner import run_job
+    from dlrover.driver.runner import run_job
 
     spec = small_spec(
         synth_dir_large,
@@ -210,7 +210,7 @@ def test_memory_trend_acts_before_the_limit(ray_local, synth_dir_large, tmp_path
         (f,) = [f for f in s["failures"] if f["kind"] == "memory_pressure"]
         assert f["capacity_lost"] == 0.0 and f["at_s"] <= f["detected_s"] <= f["recovered_s"]
         # `dlrover report` of this run renders in Chromium and shows the fault, failure and scale.
-        from dlrover.report import write_report
+        from dlrover.runlogs.report import write_report
         from test_report import assert_markers_drawn, chromium, render_in_chromium
 
         page = write_report(path.parent)

@@ -95,7 +95,7 @@ def test_bad_data_line_names_file_and_line(tmp_path, synth_dir):
 @pytest.fixture
 def ray_head():
     """A Ray head with the dashboard (Ray Jobs) on loopback, stopped when the test ends."""
-    from dlrover.localhead import LocalHead
+    from dlrover.driver.localhead import LocalHead
 
     with LocalHead(num_cpus=5) as head:  # the job's 4 CPUs + its dense PS's 0.25
         yield head.address
@@ -121,7 +121,7 @@ def test_run_joins_a_token_auth_head_by_address_without_ray_auth_mode(tmp_path, 
     import urllib.error
     import urllib.request
 
-    from dlrover.localhead import LocalHead
+    from dlrover.driver.localhead import LocalHead
 
     home = tmp_path / "home"
     (home / ".ray").mkdir(parents=True)

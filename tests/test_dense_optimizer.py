@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from dlrover.baseline import build_local_model, train_step
+from dlrover.bench.baseline import build_local_model, train_step
 from dlrover.bench.throughput import bench_spec
 from dlrover.data.plan import DataPlan
 from dlrover.data.reader import FileReader

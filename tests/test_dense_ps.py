@@ -95,7 +95,7 @@ def test_a_job_with_three_dense_ps_shards_learns_exactly_what_one_dense_ps_learn
     import torch
     from conftest import batches_expected, small_spec
 
-    from dlrover.runner import run_job
+    from dlrover.driver.runner import run_job
 
     def run(shards: int):
         spec = small_spec(

@@ -8,7 +8,7 @@ from conftest import batches_expected, small_spec
 
 
 def _run(spec, tmp_path):
-    from dlrover.runner import run_job
+    from dlrover.driver.runner import run_job
 
     s, _ = run_job(spec, runs_dir=str(tmp_path / "runs"), progress="none")
     assert s["status"] == "succeeded" and s["samples_lost"] == 0, s.get("error")

@@ -30,9 +30,9 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     from pip._vendor import tomli as tomllib
 
-from dlrover.cli import build_parser
+from dlrover.cli.main import build_parser
 from dlrover.resource.configs import Config
-from dlrover.runner import required_cpus
+from dlrover.driver.runner import required_cpus
 from dlrover.spec import load_spec, parse_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -307,7 +307,7 @@ def test_build_context_keeps_what_the_image_needs_and_drops_local_state():
         prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
         return any(fnmatch.fnmatch(p, pat) for p in prefixes for pat in patterns)
 
-    needed = ["pyproject.toml", "README.md", "scripts/install.sh", "dlrover/cli.py", "jobs/quickstart.yaml", "policies/dlrover_rm.yaml"]
+    needed = ["pyproject.toml", "README.md", "scripts/install.sh", "dlrover/cli/main.py", "jobs/quickstart.yaml", "policies/dlrover_rm.yaml"]
     assert all((ROOT / p).exists() for p in needed)
     assert [p for p in needed if excluded(p)] == []
     assert excluded(".venv/bin/python") and excluded("data/quickstart/part-00000.tsv")

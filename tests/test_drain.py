@@ -21,7 +21,7 @@ DRAIN_SCRIPT = textwrap.dedent(
     import ray
     from ray.cluster_utils import Cluster
     from conftest import batches_expected, small_spec
-    from dlrover.runner import run_job
+    from dlrover.driver.runner import run_job
 
     cluster = Cluster(initialize_head=True, head_node_args={{"num_cpus": 0}})
     cluster.add_node(num_cpus=2)
@@ -110,7 +110,7 @@ def test_a_sigtermed_ps_and_worker_are_moved_off_before_their_grace_period_ends(
     import signal
 
     from conftest import batches_expected, signal_when_training, small_spec
-    from dlrover.runner import run_job
+    from dlrover.driver.runner import run_job
 
     spec = small_spec(synth_dir_large, data__epochs=6, data__batch_size=512, train__log_every_s=0.5)
     job = "sigterm-job"

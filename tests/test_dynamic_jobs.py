@@ -52,7 +52,7 @@ def test_a_dynamic_table_job_scaled_2_3_2_ps_applies_every_bag_update_once(ray_l
     """Live rescales (two-round migration while training goes on) move the vshards with
     their id maps; no bag update is lost or applied twice, and the unadmitted ids' bags
     read the default row."""
-    from dlrover.runner import run_job
+    from dlrover.driver.runner import run_job
 
     steps = [{"at_progress": 0.05, "ps": 3}, {"at_progress": 0.1, "ps": 2}]  # back to back: a PS starts slowly
     spec = small_spec(
@@ -85,7 +85,7 @@ def test_a_dynamic_table_ps_killed_is_recovered_from_a_durable_delta_with_its_lo
     had applied at the cut, plus what it lost after it (counted by the master from the
     data, routing raw ids by their hash), plus what every PS applied since, are every bag
     once."""
-    from dlrover.runner import run_job
+    from dlrover.driver.runner import run_job
 
     # The kill lands after the second cut's durable write (3 s here, more under load) and
     # before the third cut, mid-training: the job trains for about four of them.

@@ -51,7 +51,7 @@ def test_scale_plan_diff():
 
 
 def _run(ray_local, spec, tmp_path, tag):
-    from dlrover.runner import run_job
+    from dlrover.driver.runner import run_job
 
     summary, _ = run_job(spec, runs_dir=str(tmp_path / "runs"), progress="none", job_id=f"elastic-{tag}")
     return summary, torch.load(tmp_path / "ckpt" / f"elastic-{tag}" / "final.pt", weights_only=True)
@@ -144,7 +144,7 @@ def test_async_rescale_applies_every_update_once(ray_local, synth_dir, tmp_path)
         train__log_every_s=0.2,
         policy={"name": "scripted", "knobs": {"steps": steps}, "interval_s": 0.2, "warmup_s": 0.2, "history_dir": str(tmp_path / "h")},
     )
-    from dlrover.runner import run_job
+    from dlrover.driver.runner import run_job
 
     s, _ = run_job(spec, runs_dir=str(tmp_path / "runs"), progress="none")
     assert s["status"] == "succeeded" and s["samples_lost"] == 0
@@ -176,7 +176,7 @@ def test_async_rescale_applies_every_update_once(ray_local, synth_dir, tmp_path)
 
 def test_stop_checkpoint_restart_baseline_loses_nothing(ray_local, synth_dir, tmp_path):
     """The benchmark's baseline (policy.rescale: restart) is a correct rescale too."""
-    from dlrover.runner import run_job
+    from dlrover.driver.runner import run_job
 
     spec = small_spec(
         synth_dir,

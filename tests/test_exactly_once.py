@@ -11,7 +11,7 @@ from conftest import check_exactly_once, small_spec
 
 
 def test_a_replacement_redoing_a_dead_workers_unreported_batches_applies_none_twice(ray_local, synth_dir_large, tmp_path):
-    from dlrover.runner import run_job
+    from dlrover.driver.runner import run_job
 
     spec = small_spec(
         synth_dir_large,

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from dlrover.cli import main
+from dlrover.cli.main import main
 
 
 DYNAMIC = {  # synth_dir's first file: 841, 3727 and 4883 distinct ids in these columns
@@ -29,7 +29,7 @@ def train_and_export(synth_dir, tmp: Path, **over) -> dict:
     from conftest import small_spec
 
     from dlrover.data.plan import DataPlan
-    from dlrover.runner import run_job
+    from dlrover.driver.runner import run_job
 
     one_file = [str(synth_dir / "part-00000.tsv")]  # 18k rows to train, 2k held out
     spec = small_spec(synth_dir, data__paths=one_file, resources__workers=1, checkpoint__dir=str(tmp / "ckpt"), **over)
@@ -72,7 +72,7 @@ def trained_model_logits(trained: dict, data: Path) -> tuple[np.ndarray, np.ndar
 
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-    from dlrover.baseline import hashed
+    from dlrover.bench.baseline import hashed
     from dlrover.data.criteo import index_file
     from dlrover.data.reader import FileReader
     from dlrover.model.dlrm import build_dense_dlrm, dense_parameters, make_kjt, table_configs
@@ -120,7 +120,7 @@ def test_the_exported_model_scores_the_held_out_rows_exactly_as_the_trained_mode
 
 
 def test_the_manifest_lists_every_file_with_its_checksum_and_the_final_model_it_came_from(trained):
-    from dlrover.serving import Manifest, sha256_of
+    from dlrover.serving.model import Manifest, sha256_of
 
     m = Manifest.read(trained["model"])
     assert sorted(f.name for f in m.files) == ["dense.pt2", "tables.pt"]
@@ -134,7 +134,7 @@ def test_the_manifest_lists_every_file_with_its_checksum_and_the_final_model_it_
 def test_a_dynamic_table_is_exported_with_its_id_map_and_its_default_row_last(trained_dynamic):
     from dlrover.data.criteo import index_file
     from dlrover.data.reader import FileReader
-    from dlrover.serving import Manifest, ServedModel
+    from dlrover.serving.model import Manifest, ServedModel
 
     m = Manifest.read(trained_dynamic["model"])
     assert sorted(f.name for f in m.files) == ["dense.pt2", "id_maps.pt", "tables.pt"]
@@ -181,7 +181,7 @@ with torch.no_grad():
 
 @pytest.mark.parametrize("job", ["trained", "trained_dynamic"])
 def test_the_exported_model_loads_and_scores_with_torch_alone(job, request):
-    from dlrover.serving import ServedModel
+    from dlrover.serving.model import ServedModel
 
     trained = request.getfixturevalue(job)
     out = trained["tmp"] / "alone.pt"
@@ -323,9 +323,9 @@ def test_served_ids_of_a_dynamic_table_read_their_rows_and_all_others_the_defaul
     read the default row, the hashed tables ``id mod rows``."""
     from conftest import small_spec
 
-    from dlrover.export import DenseHead
+    from dlrover.serving.export import DenseHead
     from dlrover.model.dlrm import dense_arches
-    from dlrover.serving import ServedModel
+    from dlrover.serving.model import ServedModel
 
     run = tmp_path / "runs" / "t-1"
     run.mkdir(parents=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from dlrover.failures import CAUSE_OF_KIND, CauseClass, CheckpointRef, Failure, FailureKind
+from dlrover.faults.records import CAUSE_OF_KIND, CauseClass, CheckpointRef, Failure, FailureKind
 
 
 def test_every_kind_has_a_cause_class_and_only_node_loss_and_stragglers_blame_the_infrastructure():

@@ -36,7 +36,7 @@ def check_recovered(s: dict, reference: dict, kind: str) -> dict:
 
 
 def test_worker_kill(fault_free, synth_dir_auc, tmp_path):
-    from dlrover.runner import run_job
+    from dlrover.driver.runner import run_job
 
     spec = auc_spec(synth_dir_auc, tmp_path, [{"at_s": 2, "action": "kill", "target": "worker:0"}])
     s, _ = run_job(spec, runs_dir=str(tmp_path / "runs"), progress="none")
@@ -46,7 +46,7 @@ def test_worker_kill(fault_free, synth_dir_auc, tmp_path):
 
 
 def test_ps_kill_under_rollback_rolls_back_to_in_memory_checkpoint(fault_free, synth_dir_auc, tmp_path):
-    from dlrover.runner import run_job
+    from dlrover.driver.runner import run_job
 
     spec = auc_spec(synth_dir_auc, tmp_path, [{"at_s": 3, "action": "kill", "target": "ps:1"}], recovery__ps="rollback")
     s, path = run_job(spec, runs_dir=str(tmp_path / "runs"), progress="none")
@@ -60,7 +60,7 @@ def test_ps_kill_under_rollback_rolls_back_to_in_memory_checkpoint(fault_free, s
 
 
 def test_master_kill_resumes_from_durable_checkpoint(fault_free, synth_dir_auc, tmp_path):
-    from dlrover.runner import run_job
+    from dlrover.driver.runner import run_job
 
     spec = auc_spec(synth_dir_auc, tmp_path, [{"at_s": 4, "action": "kill", "target": "master"}])
     s, _ = run_job(spec, runs_dir=str(tmp_path / "runs"), progress="none")
@@ -72,7 +72,7 @@ def test_master_kill_resumes_from_durable_checkpoint(fault_free, synth_dir_auc, 
 def test_memory_limit_is_enforced(fault_free, synth_dir_auc, tmp_path):
     """With a static policy nothing predicts the leak: the master kills the worker at its
     limit (as a container would), and the replacement gets more memory."""
-    from dlrover.runner import run_job
+    from dlrover.driver.runner import run_job
 
     spec = auc_spec(synth_dir_auc, tmp_path, [{"at_s": 1, "action": "leak", "target": "worker:0", "mb_per_s": 500}])
     s, _ = run_job(spec, runs_dir=str(tmp_path / "runs"), progress="none")
@@ -90,7 +90,7 @@ NODE_SCRIPT = textwrap.dedent(
     import ray
     from ray.cluster_utils import Cluster
     from conftest import small_spec
-    from dlrover.runner import run_job
+    from dlrover.driver.runner import run_job
 
     cluster = Cluster(initialize_head=True, head_node_args={{
         "num_cpus": 0, "_system_config": {{"health_check_period_ms": 500, "health_check_failure_threshold": 3}}}})

@@ -27,7 +27,7 @@ def test_worker_gpu_puts_the_workers_model_on_cuda_and_asks_ray_for_the_gpus(syn
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine: GPU workers are not run here")
 def test_a_gpu_worker_learns_what_a_cpu_worker_learns(ray_local, synth_dir, tmp_path):
-    from dlrover.runner import run_job
+    from dlrover.driver.runner import run_job
 
     same = dict(seed=1, train__deterministic=True, train__staleness=0, data__epochs=2, resources__workers=1, resources__ps=1)
     cpu, _ = run_job(small_spec(synth_dir, **same), runs_dir=str(tmp_path / "cpu"), progress="none")

@@ -195,6 +195,57 @@ def test_resource_and_sim_import_nothing_of_master_worker_or_ps() -> None:
     assert not bad, "dlrover/resource and dlrover/sim must not depend on the live job:\n" + "\n".join(bad)
 
 
+def reachable(graph: dict[str, set[str]], start: str) -> dict[str, str | None]:
+    """Every module ``start`` imports, directly or through others: each with the module
+    it was reached from (``start`` itself maps to None), for a path in the message."""
+    parent: dict[str, str | None] = {start: None}
+    frontier = [start]
+    while frontier:
+        nxt = []
+        for v in frontier:
+            for w in sorted(graph.get(v, ())):
+                if w not in parent:
+                    parent[w] = v
+                    nxt.append(w)
+        frontier = nxt
+    return parent
+
+
+def path_to(parent: dict[str, str | None], end: str) -> list[str]:
+    out = [end]
+    while parent[out[-1]] is not None:
+        out.append(parent[out[-1]])  # type: ignore[arg-type]
+    return out[::-1]
+
+
+def test_reachability_follows_imports_through_other_modules() -> None:
+    parent = reachable({"a": {"b"}, "b": {"c"}, "c": set(), "d": {"a"}}, "a")
+    assert set(parent) == {"a", "b", "c"} and path_to(parent, "c") == ["a", "b", "c"]
+
+
+def test_resource_and_sim_reach_nothing_of_master_worker_or_ps_through_any_module() -> None:
+    graph = {m: {i.module for i in imps} - {m} for m, imps in package_imports().items()}
+    bad = []
+    for m in sorted(graph):
+        if not m.startswith(INDEPENDENT):
+            continue
+        parent = reachable(graph, m)
+        hit = next((w for w in parent if any(w == p or w.startswith(p + ".") for p in ACTOR_PACKAGES)), None)
+        if hit:
+            bad.append(" -> ".join(where(x) for x in path_to(parent, hit)))
+    assert not bad, "dlrover/resource and dlrover/sim must not depend on the live job, even through another module:\n" + "\n".join(bad)
+
+
+MAX_ROOT_MODULES = 10
+
+
+def test_the_package_root_holds_at_most_ten_modules() -> None:
+    """The root is what the package is (the spec, shared primitives); the rest lives in
+    packages named for what they hold."""
+    root = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(root) <= MAX_ROOT_MODULES, f"{len(root)} modules at dlrover/ (at most {MAX_ROOT_MODULES}): {', '.join(root)}"
+
+
 def is_private(name: str) -> bool:
     return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
 

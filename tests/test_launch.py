@@ -10,7 +10,7 @@ from dlrover.errors import DLRoverError
 
 
 def test_a_job_asking_more_cpus_than_the_cluster_has_fails_at_once_naming_them(ray_local, synth_dir, tmp_path):
-    from dlrover.runner import run_job
+    from dlrover.driver.runner import run_job
 
     total = ray_local.cluster_resources()["CPU"]
     spec = small_spec(synth_dir, resources__worker_cpu=total / 2)  # 2 workers alone take every CPU

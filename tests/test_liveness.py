@@ -20,7 +20,7 @@ def liveness_spec(data_dir, tmp_path, **over):
 
 
 def run_with_signal(spec, tmp_path, actor: str, sig: int) -> tuple[dict, dict]:
-    from dlrover.runner import run_job
+    from dlrover.driver.runner import run_job
 
     job_id = f"sig-{actor}-{sig}"
     out: dict = {}

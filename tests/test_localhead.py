@@ -1,4 +1,4 @@
-"""Ports of a local Ray head (``dlrover.localhead.free_port``): pure logic, no Ray."""
+"""Ports of a local Ray head (``dlrover.driver.localhead.free_port``): pure logic, no Ray."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from dlrover import localhead
+from dlrover.driver import localhead
 from dlrover.errors import DLRoverError
 
 

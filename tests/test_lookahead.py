@@ -158,7 +158,7 @@ def test_lookahead_notes_the_end_of_input():
     [(["--max-staleness", "1"], "--max-staleness"), (["--max-staleness", "9"], "--max-staleness"), (["--latency-ms", "0"], "--latency-ms"), (["--rows", "-5"], "--rows")],
 )
 def test_bad_slow_link_bench_arguments_are_one_line_naming_the_flag(args, field, capsys):
-    from dlrover.cli import main
+    from dlrover.cli.main import main
 
     with pytest.raises(SystemExit) as e:
         main(["bench", "slow-link", *args])

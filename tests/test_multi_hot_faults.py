@@ -38,7 +38,7 @@ def _spec(data_dir, over: dict, epochs: int = 3):
 
 
 def test_a_live_ps_rescale_applies_every_id_once(ray_local, multi_hot_dir, tmp_path):
-    from dlrover.runner import run_job
+    from dlrover.driver.runner import run_job
 
     # The scale-out fires at the first tick. Both workers run 3x slower (sleeping, so the
     # new PS's process gets the cores): training outlasts its start on a busy machine too.
@@ -53,7 +53,7 @@ def test_a_live_ps_rescale_applies_every_id_once(ray_local, multi_hot_dir, tmp_p
 
 
 def test_a_killed_ps_under_partial_recovery_keeps_the_id_accounting_exact(ray_local, multi_hot_dir, tmp_path):
-    from dlrover.runner import run_job
+    from dlrover.driver.runner import run_job
 
     over = {
         "chaos": [{"at_s": 4, "action": "kill", "target": "ps:1"}],

@@ -62,7 +62,7 @@ def _local(weights) -> EmbeddingBagCollection:
 
 
 def _rows_kjt(batch: Batch):
-    from dlrover.baseline import local_kjt
+    from dlrover.bench.baseline import local_kjt
 
     return local_kjt(batch, SCHEMA)
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from torchrec.datasets.criteo import BinaryCriteoUtils
 
-from dlrover.baseline import train_local
-from dlrover.cli import main
+from dlrover.bench.baseline import train_local
+from dlrover.cli.main import main
 from dlrover.data.criteo import index_file
 from dlrover.data.reader import FileReader, data_files
 from dlrover.data.tsv import read_whole_tsv
@@ -78,7 +78,7 @@ def test_days_with_different_row_counts_name_the_files(npy_dir, tmp_path):
 
 
 def test_a_job_on_npy_days_trains_every_id_once_and_exports(ray_local, npy_dir, tmp_path):
-    from dlrover.runner import run_job
+    from dlrover.driver.runner import run_job
 
     spec = _spec(npy_dir, data={**_spec(npy_dir).data.model_dump(), "epochs": 2})
     s, path = run_job(spec, runs_dir=str(tmp_path / "runs"), progress="none")

@@ -22,7 +22,7 @@ from dlrover.data.plan import DataPlan
 from dlrover.data.reader import FileReader
 from dlrover.data.synth import SynthConfig, generate
 from dlrover.errors import DataError, SpecError
-from dlrover.localhead import free_port
+from dlrover.driver.localhead import free_port
 from dlrover.spec import spec_from_dict
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from dlrover.dashboards import (
+from dlrover.driver.dashboards import (
     DASHBOARD,
     check_dashboard,
     dashboard_queries,
@@ -33,9 +33,9 @@ from dlrover.dashboards import (
     render,
     variable_query,
 )
-from dlrover.runlog import describe_event
+from dlrover.runlogs.events import describe_event
 from dlrover.master.telemetry import METRICS, Telemetry
-from dlrover.joblog import event_line, parse_log, progress_line, result_line
+from dlrover.runlogs.driver_log import event_line, parse_log, progress_line, result_line
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONWARNINGS": "ignore", "TORCH_CPP_LOG_LEVEL": "ERROR"}
@@ -136,7 +136,7 @@ def test_status_of_unreachable_address_is_one_line_error():
 
 def test_a_server_that_exits_or_never_gets_ready_is_a_one_line_error(tmp_path, monkeypatch):
     from dlrover.errors import DLRoverError
-    from dlrover.localhead import wait_until
+    from dlrover.driver.localhead import wait_until
 
     proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
     with pytest.raises(DLRoverError, match="^server exited with code 3$"):
@@ -149,7 +149,7 @@ def test_a_server_that_exits_or_never_gets_ready_is_a_one_line_error(tmp_path, m
         sleeper.kill()
         sleeper.wait()
     if shutil.which("prometheus"):  # a config Prometheus rejects: its own reason, nothing left behind
-        from dlrover.dashboards import Prometheus
+        from dlrover.driver.dashboards import Prometheus
 
         monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # its own directory: another test's Prometheus may run meanwhile
         # The message ends with Prometheus's own reason (its start may be cut: the paths are long).
@@ -223,7 +223,7 @@ def test_status_of_one_job_shows_model_throughput_and_last_events(observed):
 
 def test_ray_dashboard_names_actors_per_job_and_role_and_shows_metadata(observed):
     job, _ = observed
-    from dlrover.submit import auth_headers, client
+    from dlrover.driver.submit import auth_headers, client
 
     # the Ray dashboard's state API (what its Actors page shows), over HTTP
     req = urllib.request.Request(f"{job.head.address}/api/v0/actors?limit=1000", headers=auth_headers())

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from dlrover.baseline import train_local
+from dlrover.bench.baseline import train_local
 from dlrover.data.synth_schema import SchemaSynthConfig, generate_for_schema
-from dlrover.runner import run_job
+from dlrover.driver.runner import run_job
 from dlrover.spec import spec_from_dict
 
 AVAZU_LIKE = {"label": "click", "sparse": [f"c{i:02d}" for i in range(22)]}
@@ -90,8 +90,8 @@ def test_the_exported_model_scores_as_the_trained_model(job, request):
     scores, computed by a TorchRec DLRM holding final.pt's weights."""
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-    from dlrover.baseline import local_kjt
-    from dlrover.cli import main
+    from dlrover.bench.baseline import local_kjt
+    from dlrover.cli.main import main
     from dlrover.data.criteo import index_file
     from dlrover.data.reader import FileReader
     from dlrover.model.dlrm import build_dense_dlrm, dense_parameters, table_configs
@@ -123,7 +123,7 @@ def test_rows_without_the_label_column_are_scored_alike(job, request):
     import pyarrow.csv as pacsv
     import pyarrow.parquet as pq
 
-    from dlrover.cli import main
+    from dlrover.cli.main import main
 
     trained = request.getfixturevalue(job)
     spec, tmp = trained["spec"], trained["tmp"]

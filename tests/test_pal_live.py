@@ -69,7 +69,7 @@ def test_placement_is_default_or_pal_and_a_bad_value_is_one_line():
 def test_a_bad_slowdown_label_is_one_line_naming_the_label(monkeypatch):
     import ray
 
-    from dlrover import chaos
+    from dlrover.faults import injected as chaos
 
     class Context:  # the node's labels, as Ray's runtime context gives them
         def __init__(self, labels: dict[str, str]) -> None:
@@ -91,7 +91,7 @@ def test_a_bad_slowdown_label_is_one_line_naming_the_label(monkeypatch):
 
 
 def test_a_slow_node_burns_cpu_rather_than_sleeping():
-    from dlrover.chaos import ChaosState
+    from dlrover.faults.injected import ChaosState
 
     cpu0, wall0 = time.thread_time(), time.perf_counter()
     ChaosState(node_slowdown=3.0).after_step(0.05)  # a 50 ms step, 3x slower: 100 ms more of CPU
@@ -112,8 +112,8 @@ PAL_SCRIPT = textwrap.dedent(
     import ray
     from ray.cluster_utils import Cluster
     from conftest import small_spec
-    from dlrover.chaos import SLOWDOWN_LABEL
-    from dlrover.runner import run_job
+    from dlrover.faults.injected import SLOWDOWN_LABEL
+    from dlrover.driver.runner import run_job
 
     cluster = Cluster(initialize_head=True, head_node_args={{"num_cpus": 0}})
     # Two nodes of 4 CPUs; PAL's probe finds the slow one slow before anything runs, so the

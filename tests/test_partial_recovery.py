@@ -12,7 +12,7 @@ TABLES = 26
 
 
 def test_a_killed_ps_is_restored_alone_and_its_lost_updates_are_counted_exactly(fault_free, synth_dir_auc, tmp_path):
-    from dlrover.runner import run_job
+    from dlrover.driver.runner import run_job
 
     spec = auc_spec(synth_dir_auc, tmp_path, [{"at_s": 4, "action": "kill", "target": "ps:1"}])
     assert spec.recovery.ps == "partial"  # the default
@@ -44,7 +44,7 @@ def test_a_killed_ps_is_restored_alone_and_its_lost_updates_are_counted_exactly(
 
 
 def test_partial_recovery_falls_back_to_a_rollback_when_the_dense_ps_dies(ray_local, synth_dir_large, tmp_path):
-    from dlrover.runner import run_job
+    from dlrover.driver.runner import run_job
 
     spec = fault_spec(synth_dir_large, tmp_path, [])
     out: dict = {}
@@ -63,7 +63,7 @@ def test_with_keep_in_memory_false_a_written_checkpoint_is_recovered_from_disk(r
     """keep_in_memory: false (models that fill the object store): once a cut is on disk it
     leaves the object store, and a PS death restores the replacement from disk, with the
     same exact accounting of what was lost."""
-    from dlrover.runner import run_job
+    from dlrover.driver.runner import run_job
 
     # One cut, at the start; ps-1 is SIGKILLed once it is on disk (its manifest written).
     spec = fault_spec(synth_dir_large, tmp_path, [], checkpoint__keep_in_memory=False, checkpoint__memory_interval_s=0.0, data__epochs=5)

@@ -170,7 +170,7 @@ def test_synth_for_a_schema_writes_learnable_rows_the_readers_read(tmp_path, cap
     bags of 0..max_len ids, a missing single value as an empty field, the best AUC."""
     import json
 
-    from dlrover.cli import main
+    from dlrover.cli.main import main
 
     spec = tmp_path / "job.yaml"
     spec.write_text(

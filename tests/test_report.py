@@ -4,8 +4,8 @@ import base64
 import json
 import re
 
-from dlrover.cli import main
-from dlrover.report import render
+from dlrover.cli.main import main
+from dlrover.runlogs.report import render
 
 CONFIG = {"workers": 2, "ps": 1, "worker_cpu": 1.0, "ps_cpu": 1.0, "worker_memory_mb": 1536, "ps_memory_mb": 2048}
 
@@ -83,7 +83,7 @@ def assert_markers_drawn(shot) -> None:
     import matplotlib.image as mpimg
     import numpy as np
 
-    from dlrover.report import MARKS
+    from dlrover.runlogs.report import MARKS
 
     img = (mpimg.imread(str(shot))[..., :3] * 255).astype(int)
     for kind, (color, _, _) in MARKS.items():
@@ -97,7 +97,7 @@ def test_report_renders_in_headless_chromium_without_console_errors(tmp_path):
 
     if chromium() is None:
         pytest.skip("chromium not installed (scripts/install.sh installs the Debian package when it can)")
-    from dlrover.report import write_report
+    from dlrover.runlogs.report import write_report
 
     page = write_report(run_dir(tmp_path))
     shot = tmp_path / "report.png"

@@ -226,7 +226,7 @@ def exit_code(main, argv) -> int:
 
 
 def test_simulate_cli_json_table_and_files(tmp_path, capsys):
-    from dlrover.cli import main
+    from dlrover.cli.main import main
 
     out = tmp_path / "sim"
     assert main(["simulate", "--jobs", "30", "--nodes", "6", "--policies", "static,dlrover_rm+pal", "--json", "--out", str(out)]) == 0

@@ -151,7 +151,7 @@ def exit_code(main, argv: list[str]) -> int:
 
 
 def test_cli_json_lists_every_scheme_at_every_rate_with_the_documented_fields(capsys) -> None:
-    from dlrover.cli import main
+    from dlrover.cli.main import main
 
     assert main(["simulate-coding", "--workers", "6", "--stragglers", "1", "--rates", "0.05,0.2", "--steps", "50", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
@@ -175,7 +175,7 @@ def test_cli_json_lists_every_scheme_at_every_rate_with_the_documented_fields(ca
     ],
 )
 def test_cli_bad_argument_exits_non_zero_with_one_clear_line(capsys, bad: list[str], says: str) -> None:
-    from dlrover.cli import main
+    from dlrover.cli.main import main
 
     assert exit_code(main, ["simulate-coding", "--steps", "5", *bad]) == 2
     err = capsys.readouterr().err

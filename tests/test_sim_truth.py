@@ -224,7 +224,7 @@ def test_trace_validates_the_saturating_columns():
 
 
 def test_cli_truth_and_seeds(tmp_path, capsys):
-    from dlrover.cli import main
+    from dlrover.cli.main import main
 
     base = ["simulate", "--jobs", "12", "--nodes", "4", "--no-failures", "--out", str(tmp_path / "o")]
     assert main([*base, "--truth", "oracle"]) == 2

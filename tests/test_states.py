@@ -4,7 +4,7 @@ records what the states ask of it, and a fake run group queues the events."""
 from __future__ import annotations
 
 from dlrover.errors import DataError
-from dlrover.failures import LostPs
+from dlrover.faults.records import LostPs
 from dlrover.master.states import (
     BadInput,
     Evaluating,

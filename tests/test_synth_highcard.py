@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import roc_auc_score
 
-from dlrover.cli import main
+from dlrover.cli.main import main
 from dlrover.data.synth import Oracle
 from dlrover.data.planted import sigmoid
 from dlrover.data.synth_highcard import HighCardConfig, HighCardModel, generate_highcard, permute32

@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 
 from conftest import small_spec
-from dlrover.baseline import train_local
-from dlrover.runner import run_job
+from dlrover.bench.baseline import train_local
+from dlrover.driver.runner import run_job
 
 
 @pytest.fixture(scope="module")

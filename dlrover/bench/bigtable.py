@@ -114,7 +114,7 @@ def _start_ray(spec: JobSpec, model: int) -> bool:
     flight (``model`` bytes and 2 GB: a checkpoint alone fills it past 80%, where Ray
     starts spilling objects to disk, with 1 GB) rather than 30% of the machine: the
     rest is the PS's. The store is populated at start (see ``init_ray``)."""
-    from dlrover.runner import init_ray
+    from dlrover.driver.runner import init_ray
 
     r = spec.resources
     memory_mb = r.workers * r.worker_memory_mb + (PS_FROM + PS_PEAK) * r.ps_memory_mb
@@ -123,7 +123,7 @@ def _start_ray(spec: JobSpec, model: int) -> bool:
 
 def run_bigtable_bench(quick: bool = False, work_dir: str | None = None) -> dict:
     from dlrover.data.synth import SynthConfig, generate
-    from dlrover.runner import run_job
+    from dlrover.driver.runner import run_job
 
     p = QUICK if quick else FULL
     sizes = table_sizes(p["cap"])

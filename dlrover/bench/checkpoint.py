@@ -120,7 +120,7 @@ def kill_time(events_path: str) -> float:
 
 
 def _run(name: str, spec: JobSpec, runs_dir: str, ckpt_dir: str) -> dict:
-    from dlrover.runner import run_job
+    from dlrover.driver.runner import run_job
 
     try:
         summary, path = run_job(spec, runs_dir=runs_dir, progress="none", stop_when=JobProgress(name))

@@ -97,7 +97,7 @@ class Row:
 def load_data(rows: int, workers: int) -> Data:
     """The live dense-sync bench's job (its data generated once, kept), read into memory."""
     from dlrover.bench.dense_sync import dense_sync_spec
-    from dlrover.runner import ensure_data
+    from dlrover.driver.runner import ensure_data
 
     spec = dense_sync_spec(bench_data(f"criteo-{rows}"), rows, workers, "sync", 1.0)
     ensure_data(spec)
@@ -124,7 +124,7 @@ def train(data: Data, coefficients: np.ndarray, computed: np.ndarray) -> Trained
     """Train in rounds of ``coefficients.shape[1]`` partitions: round ``r`` applies
     ``coefficients[r] @ partition gradients / n``; partitions not ``computed[r]`` update
     no embedding rows."""
-    from dlrover.baseline import batch_loss, build_local_model, evaluate_local, predict
+    from dlrover.bench.baseline import batch_loss, build_local_model, evaluate_local, predict
     from dlrover.metrics.evaluation import evaluate_scores
     from dlrover.model.dlrm import dense_parameters
 

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from dlrover.data.schema import CRITEO
-from dlrover.localhead import free_port
+from dlrover.driver.localhead import free_port
 from dlrover.spec import ModelSpec
 
 BATCH = 2048
@@ -175,7 +175,7 @@ def run_dense_bench(workers: list[int], shards: list[int], steps: int, progress:
     ``workers x`` the mode's 1-worker samples/s (or its smallest worker count)."""
     import ray
 
-    from dlrover.runner import ray_runtime_env
+    from dlrover.driver.runner import ray_runtime_env
 
     cores = os.cpu_count() or 1
     modes = [f"ps-{n}" for n in shards] + ["allreduce"]

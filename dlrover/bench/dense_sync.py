@@ -47,7 +47,7 @@ def first_reach(curve: list[tuple[float, float]], target: float) -> float | None
 
 def run_dense_sync_bench(rows: int = 960_000, workers: int = 4, slow_factor: float = 4.0) -> dict:
     """The six runs; one row each, with the target and time to it (see the module docstring)."""
-    from dlrover.runner import ensure_data
+    from dlrover.driver.runner import ensure_data
 
     data_dir = bench_data(f"criteo-{rows}")
     runs = []

@@ -61,7 +61,7 @@ def elastic_spec(data_dir: str, rows: int, num_embeddings: int, mode: str, at_pr
 
 
 def _one(spec: JobSpec, runs_dir: str) -> dict:
-    from dlrover.runner import run_job
+    from dlrover.driver.runner import run_job
 
     summary, _ = run_job(spec, runs_dir=runs_dir, progress="none")
     if summary["status"] != "succeeded" or summary["samples_lost"]:
@@ -89,7 +89,7 @@ def _one(spec: JobSpec, runs_dir: str) -> dict:
 
 def run_elastic_bench(rows: int = 1_500_000, num_embeddings: int = 400_000, at_progress: float = 0.1) -> dict:
     data_dir = bench_data(f"elastic-{rows}")
-    from dlrover.runner import ensure_data
+    from dlrover.driver.runner import ensure_data
 
     out: dict = {"rows": rows, "num_embeddings": num_embeddings, "table_bytes": 26 * num_embeddings * 16 * 4}
     with tempfile.TemporaryDirectory() as tmp:

@@ -119,8 +119,8 @@ def _log(msg: str) -> None:
 
 def _job(spec: JobSpec, runs_dir: str) -> dict:
     """One job's AUC, samples/s, peak PS RSS and dynamic-table counts."""
-    from dlrover.runlog import read_events
-    from dlrover.runner import run_job
+    from dlrover.runlogs.events import read_events
+    from dlrover.driver.runner import run_job
 
     summary, path = run_job(spec, runs_dir=runs_dir, progress="none", stop_when=JobProgress(spec.name))
     if summary["status"] != "succeeded" or summary["samples_trained"] != summary["samples_expected"]:

@@ -4,7 +4,7 @@ cluster with one slow node (issue 17, item 6).
 Each placement gets a fresh ``ray.cluster_utils.Cluster`` in its own process (a process
 holds one Ray): a head with no CPUs (the master, the dense PS) and two nodes of
 ``NODE_CPUS`` logical CPUs, one of them labelled ``dlrover.io/slowdown: F``, so that a
-worker there spends F times the CPU per step (``dlrover.chaos``). The job starts with
+worker there spends F times the CPU per step (``dlrover.faults.injected``). The job starts with
 2 workers + 1 PS and scales out to 4 workers (``scripted``) once both have reported.
 With ``pal`` a probe timed on each node when the job starts finds the slow node, and the
 actors go to the fast one while it has room; Ray's default puts them wherever it likes.
@@ -56,7 +56,7 @@ def run_placement(placement: str, data: str, epochs: int, slowdown: float, tmp: 
     from ray.cluster_utils import Cluster
 
     from dlrover.bench.progress import run_bench_job
-    from dlrover.chaos import SLOWDOWN_LABEL
+    from dlrover.faults.injected import SLOWDOWN_LABEL
     from dlrover.spec import spec_from_dict
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})

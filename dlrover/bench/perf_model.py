@@ -27,7 +27,7 @@ import numpy as np
 
 from dlrover.resource.configs import Config
 from dlrover.resource.perf_model import PerfModel
-from dlrover.runlog import read_events
+from dlrover.runlogs.events import read_events
 from dlrover.spec import JobSpec, spec_from_dict
 from dlrover.bench.progress import bench_data
 
@@ -157,7 +157,7 @@ def fit_and_score(points: list[tuple[Config, float, float]], batch_size: int, co
 
 
 def run_perf_model_bench(window_s: float = 12.0, repeats: int = 2) -> dict:
-    from dlrover.runner import ensure_data, run_job
+    from dlrover.driver.runner import ensure_data, run_job
 
     if repeats < 1:
         raise ValueError(f"--repeats must be at least 1, got {repeats}")

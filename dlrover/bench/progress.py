@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from dlrover.errors import DLRoverError
-from dlrover.runlog import read_events
+from dlrover.runlogs.events import read_events
 from dlrover.spec import JobSpec
 
 
@@ -40,7 +40,7 @@ def bench_data(name: str) -> str:
 def run_bench_job(spec: JobSpec, runs_dir: str, label: str, bench: str) -> tuple[dict, list[dict]]:
     """Run one of a bench's jobs, reporting progress: its summary and events. A failed or
     unsuccessful run is one error naming the bench and the run's ``label``."""
-    from dlrover.runner import run_job
+    from dlrover.driver.runner import run_job
 
     try:
         summary, path = run_job(spec, runs_dir=runs_dir, progress="none", stop_when=JobProgress(label))

@@ -34,7 +34,7 @@ def run_ps_lookup_bench(ps_counts: list[int] | None = None, quick: bool = False,
     from dlrover.model.dlrm import PSClient, make_kjt
     from dlrover.ps.embedding_ps import EmbeddingPS
     from dlrover.ps.vshard import VShardMap
-    from dlrover.runner import ensure_data
+    from dlrover.driver.runner import ensure_data
 
     torch.set_num_threads(1)
     ps_counts = ps_counts or PS_COUNTS

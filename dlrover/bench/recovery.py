@@ -103,7 +103,7 @@ def _first_line(e: BaseException) -> str:
 
 
 def _one(name: str, spec: JobSpec, runs_dir: str, planned: int) -> dict:
-    from dlrover.runner import run_job
+    from dlrover.driver.runner import run_job
 
     label = RUNS[name].label
     try:
@@ -150,7 +150,7 @@ def _one(name: str, spec: JobSpec, runs_dir: str, planned: int) -> dict:
 
 
 def run_recovery_bench(quick: bool = False) -> dict:
-    from dlrover.runner import ensure_data
+    from dlrover.driver.runner import ensure_data
 
     data_dir = bench_data(f"recovery-{ROWS}")
     epochs, schedule = (QUICK_EPOCHS, QUICK_SCHEDULE) if quick else (EPOCHS, SCHEDULE)

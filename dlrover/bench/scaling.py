@@ -114,7 +114,7 @@ def breakdown(events: list[dict], train_time_s: float, workers: int) -> dict:
 
 def run_point(data_dir: str, rows: int, workers: int, ps: int, runs_dir: str, batch_size: int = BATCH_SIZE) -> dict:
     """One job; its row of the table."""
-    from dlrover.runner import run_job
+    from dlrover.driver.runner import run_job
 
     name = f"{workers}w+{ps}p"
     try:
@@ -138,7 +138,7 @@ def run_point(data_dir: str, rows: int, workers: int, ps: int, runs_dir: str, ba
 
 def run_scaling_bench(grid: Grid | None = None, quick: bool = False, steps: int | None = None, batch_size: int = BATCH_SIZE) -> dict:
     """Every grid point in turn; rows with efficiency, and the 2w+2p / 1w+1p ratio."""
-    from dlrover.runner import ensure_data
+    from dlrover.driver.runner import ensure_data
 
     cores = os.cpu_count() or 1
     grid = grid or default_grid(cores)

@@ -53,7 +53,7 @@ SIM_SAMPLES_S = 3600.0  # a simulated job trains this long at the measured rate
 def measure_profile(configs: list[tuple[int, int, float, float]], window_s: float, name: str) -> tuple[Profile, dict]:
     """Run the live sweep over ``configs`` and return its profile and run facts."""
     from dlrover.bench.perf_model import StopAfterSweep, sweep_spec
-    from dlrover.runner import ensure_data, run_job
+    from dlrover.driver.runner import ensure_data, run_job
     from dlrover.spec import spec_from_dict
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -31,7 +31,7 @@ def slow_link_spec(data_dir: str, rows: int, latency_ms: float, max_staleness: i
 
 def run_slow_link_bench(rows: int = 819_200, latency_ms: float = 200.0, max_staleness: int = 4, at_s: float = 3.0) -> dict:
     """The three runs, one row each (see the module docstring)."""
-    from dlrover.runner import ensure_data
+    from dlrover.driver.runner import ensure_data
 
     data_dir = bench_data(f"criteo-{rows}")
     done = []

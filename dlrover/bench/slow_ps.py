@@ -59,7 +59,7 @@ def window_rate(events: list[dict], start_s: float, end_s: float) -> float | Non
 
 def run_slow_ps_bench(rows: int = 819_200, delay_ms: float = 50.0, at_s: float = 3.0) -> dict:
     """Both runs; the comparison as one flat dict (see the module docstring)."""
-    from dlrover.runner import ensure_data
+    from dlrover.driver.runner import ensure_data
 
     data_dir = bench_data(f"criteo-{rows}")
     with tempfile.TemporaryDirectory() as tmp:

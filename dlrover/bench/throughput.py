@@ -92,7 +92,7 @@ def measure_baseline(spec: JobSpec, threads: int) -> Measured:
     """The single-process TorchRec loop over every training row once, as the dlrover job
     trains them (each file's last batch may be short): samples/s after 3 warm-up steps,
     then held-out AUC."""
-    from dlrover.baseline import build_local_model, evaluate_local, train_step
+    from dlrover.bench.baseline import build_local_model, evaluate_local, train_step
     from dlrover.data.plan import DataPlan
     from dlrover.data.reader import FileReader
 
@@ -118,7 +118,7 @@ def measure_baseline(spec: JobSpec, threads: int) -> Measured:
 
 
 def measure_dlrover(spec: JobSpec, runs_dir: str) -> Measured:
-    from dlrover.runner import run_job
+    from dlrover.driver.runner import run_job
 
     summary, _ = run_job(spec, runs_dir=runs_dir, progress="none")
     if summary["status"] != "succeeded":
@@ -157,7 +157,7 @@ def run_throughput_bench(rows: int | None = None, batch_size: int | None = None,
         spec_for = lambda layout: bench_spec(data_dir, total, batch_size, workers_cpu=layout.worker_cpu, workers=layout.workers, eval_fraction=EVAL_FRACTION)  # noqa: E731
 
     from dlrover.data.plan import DataPlan
-    from dlrover.runner import ensure_data
+    from dlrover.driver.runner import ensure_data
 
     first = spec_for(Layout(1, 1.0))
     ensure_data(first)

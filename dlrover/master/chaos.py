@@ -13,7 +13,7 @@ from typing import Any
 
 import ray
 
-from dlrover.failures import FailureKind
+from dlrover.faults.records import FailureKind
 from dlrover.spec import ChaosEvent
 
 from dlrover.master.job import Job

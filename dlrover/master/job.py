@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any, Callable, Protocol
 
 from dlrover.data.plan import DataPlan
-from dlrover.failures import Failure
+from dlrover.faults.records import Failure
 from dlrover.master.books import ShardBooks
 from dlrover.master.events import EventLog
 from dlrover.master.launcher import Launcher

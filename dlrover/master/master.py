@@ -24,7 +24,7 @@ from dlrover.data.plan import DataPlan
 from dlrover.data.shards import Shard
 from dlrover.master.books import ShardBooks
 from dlrover.errors import DLRoverError
-from dlrover.failures import Failure, LostPs
+from dlrover.faults.records import Failure, LostPs
 from dlrover.ids import ProcessInfo
 from dlrover.checkpoint.store import CheckpointStore
 from dlrover.master.chaos import ChaosInjector

@@ -27,7 +27,7 @@ from dlrover.data.criteo import FileIndex
 from dlrover.data.layout import DataLayout
 from dlrover.data.reader import FileReader
 from dlrover.data.shards import ShardQueue
-from dlrover.failures import CheckpointRef, Failure, LostPs
+from dlrover.faults.records import CheckpointRef, Failure, LostPs
 from dlrover.ps.vshard import VShardMap
 
 from dlrover.master.job import Job

@@ -12,7 +12,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 
-from dlrover.failures import Failure
+from dlrover.faults.records import Failure
 
 
 @dataclass

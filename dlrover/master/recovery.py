@@ -37,7 +37,7 @@ from typing import Any
 
 import ray
 
-from dlrover.failures import Failure, FailureKind, LostPs
+from dlrover.faults.records import Failure, FailureKind, LostPs
 from dlrover.ids import ProcessInfo, Role
 from dlrover.master.liveness import SUSPECT_AFTER_S, Prober, kill_process, liveness_timeout_s
 from dlrover.master.partial import recover_partially

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import ray
 
-from dlrover.failures import CheckpointRef, Failure, FailureKind, LostPs
+from dlrover.faults.records import CheckpointRef, Failure, FailureKind, LostPs
 from dlrover.resource.configs import Config
 
 from dlrover.master.job import Job

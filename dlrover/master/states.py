@@ -25,7 +25,7 @@ from typing import Any, Protocol
 import ray
 
 from dlrover.errors import DLRoverError
-from dlrover.failures import LostPs
+from dlrover.faults.records import LostPs
 
 
 class JobStatus(str, Enum):

@@ -13,8 +13,8 @@ import torch
 
 from dlrover.checkpoint.manifest import HashingWriter
 from dlrover.checkpoint.store import DROP_CACHE_EVERY
-from dlrover.failures import FailureKind
-from dlrover.id_map import IdMap
+from dlrover.faults.records import FailureKind
+from dlrover.serving.id_map import IdMap
 from dlrover.metrics.reliability import ReliabilityReport, reliability_report
 from dlrover.ps.dense_shards import dense_summary
 from dlrover.ps.dynamic_tables import default_row, total_counts

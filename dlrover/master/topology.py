@@ -84,12 +84,12 @@ def cluster_cores() -> float:
 def probe_work_s() -> float:
     """CPU seconds one thread here spends on a fixed piece of float work (the best of
     ``PROBE_REPEATS``), a slow node's injected slowdown included, as a worker there
-    would have it (:mod:`dlrover.chaos`). CPU time, not wall time: it measures the
+    would have it (:mod:`dlrover.faults.injected`). CPU time, not wall time: it measures the
     processor, whatever else runs on the node at that moment (the step times of the
     workers that run there later measure the rest)."""
     import torch
 
-    from dlrover.chaos import ChaosState, node_slowdown
+    from dlrover.faults.injected import ChaosState, node_slowdown
 
     chaos, threads = ChaosState(node_slowdown()), torch.get_num_threads()
     a = torch.full((PROBE_MATRIX, PROBE_MATRIX), 0.5)

@@ -1,5 +1,5 @@
 """Reliability metrics for elastic training: ETTR, MTTF, checkpoint interval (failure causes:
-:mod:`dlrover.failures`).
+:mod:`dlrover.faults.records`).
 
 The definitions follow Kokolis et al., "Revisiting Reliability in Large-Scale ML Research
 Clusters" (arXiv 2410.21680):

@@ -23,9 +23,9 @@ the lock and applies the closed rounds.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, NamedTuple
+from typing import Any, NamedTuple
 
-DenseSync = Literal["async", "sync", "coded"]
+from dlrover.optimizer_spec import DenseSync
 
 
 class Caller(NamedTuple):

@@ -23,10 +23,10 @@ import psutil
 import ray
 import torch
 
-from dlrover.chaos import ChaosState
+from dlrover.faults.injected import ChaosState
 from dlrover.checkpoint.delta import ChangedRows
 from dlrover.metrics.process import owned_rss_mb
-from dlrover.preemption import on_sigterm
+from dlrover.faults.preemption import on_sigterm
 from dlrover.ps.applied import AppliedLog, BatchId
 from dlrover.ps.delta import CutTracker, report
 from dlrover.ps.dynamic import MAP_STATES

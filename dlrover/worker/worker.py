@@ -32,13 +32,13 @@ import psutil
 import ray
 import torch
 
-from dlrover.chaos import ChaosState, node_slowdown
+from dlrover.faults.injected import ChaosState, node_slowdown
 from dlrover.data.criteo import FileIndex
 from dlrover.data.reader import FileReader
 from dlrover.ids import ProcessInfo
 from dlrover.metrics.process import owned_rss_mb
 from dlrover.model.dlrm import PSClient, PSEmbeddingBagCollection, build_dense_dlrm, dense_parameters, table_configs
-from dlrover.preemption import on_sigterm
+from dlrover.faults.preemption import on_sigterm
 from dlrover.ps.dense_shards import DenseShards
 from dlrover.ps.shm import LocalLinks
 from dlrover.ps.vshard import VShardMap

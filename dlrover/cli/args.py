@@ -1,5 +1,5 @@
-"""The command line's argument types and parser class, shared by ``dlrover.cli`` and the
-modules that add its subcommands (``cli_bench``, ``cli_data``)."""
+"""The command line's argument types and parser class, shared by ``dlrover.cli.main`` and the
+modules that add its subcommands (``bench``, ``data``, ``serving`` of ``dlrover.cli``)."""
 
 from __future__ import annotations
 

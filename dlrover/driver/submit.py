@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from dlrover.errors import DLRoverError
-from dlrover.rayauth import auth_headers
+from dlrover.driver.rayauth import auth_headers
 
 WORKING_DIR_EXCLUDES = [".venv", ".git", "runs", "data", "**/__pycache__", "*.egg-info", ".pytest_cache"]
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
@@ -49,7 +49,7 @@ def submit_job(spec_path: str, address: str, overrides: list[str], runs_dir: str
     """Validate the spec here and submit it to Ray Jobs; returns the job id."""
     for name in ("ray", "ray.dashboard.modules.dashboard_sdk", "ray._private.runtime_env.packaging"):
         logging.getLogger(name).setLevel(logging.WARNING)  # not a line per packaged file
-    from dlrover.runner import new_job_id
+    from dlrover.driver.runner import new_job_id
     from dlrover.spec import load_spec, parse_overrides
 
     spec = load_spec(spec_path, parse_overrides(overrides))

@@ -1,4 +1,4 @@
-"""``dlrover data synth``: its arguments and handler, kept out of ``dlrover.cli`` (which
+"""``dlrover data synth``: its arguments and handler, kept out of ``dlrover.cli.main`` (which
 adds them to its parser and dispatch table)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Callable
 
-from dlrover.cli_args import positive_int
+from dlrover.cli.args import positive_int
 from dlrover.errors import DLRoverError
 
 

@@ -11,10 +11,10 @@ import os
 import sys
 from typing import TextIO
 
-from dlrover.cli_args import EXIT_USER_ERROR, Parser, nonneg_float, nonneg_int, positive_float, positive_int, tick_s
-from dlrover.cli_bench import add_bench_parsers, cmd_bench
-from dlrover.cli_data import add_data_parsers, cmd_data
-from dlrover.cli_serving import SERVING_COMMANDS, add_serving_parsers
+from dlrover.cli.args import EXIT_USER_ERROR, Parser, nonneg_float, nonneg_int, positive_float, positive_int, tick_s
+from dlrover.cli.bench import add_bench_parsers, cmd_bench
+from dlrover.cli.data import add_data_parsers, cmd_data
+from dlrover.cli.serving import SERVING_COMMANDS, add_serving_parsers
 from dlrover.errors import DLRoverError
 from dlrover.paths import out_dir
 
@@ -120,7 +120,7 @@ def progress_mode(quiet: bool, stderr: TextIO) -> str:
 
 
 def cmd_run(args) -> int:
-    from dlrover.runner import run_job
+    from dlrover.driver.runner import run_job
     from dlrover.spec import load_spec, parse_overrides
 
     spec = load_spec(args.spec, parse_overrides(args.set))
@@ -171,25 +171,25 @@ def _print_result(s: dict) -> None:
 
 
 def cmd_submit(args) -> int:
-    from dlrover.submit import submit
+    from dlrover.driver.submit import submit
 
     return submit(args.spec, args.address, args.set, wait=args.wait, runs_dir=args.runs_dir)
 
 
 def cmd_status(args) -> int:
-    from dlrover.status import status
+    from dlrover.driver.status import status
 
     return status(args.address, args.job, events=args.events)
 
 
 def cmd_drain(args) -> int:
-    from dlrover.drain import drain
+    from dlrover.driver.drain_request import drain
 
     return drain(args.address, args.job, args.node, args.deadline_s)
 
 
 def cmd_dashboards(args) -> int:
-    from dlrover import dashboards
+    from dlrover.driver import dashboards
 
     if args.dash_cmd == "install":
         dashboards.install(args.session_dir)
@@ -210,7 +210,7 @@ def cmd_simulate_coding(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from dlrover.report import write_report
+    from dlrover.runlogs.report import write_report
 
     print(f"wrote {write_report(args.run_dir, args.out)}")
     return 0

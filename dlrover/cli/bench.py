@@ -1,4 +1,4 @@
-"""``dlrover bench NAME``: its arguments and dispatch, kept out of ``dlrover.cli`` (which
+"""``dlrover bench NAME``: its arguments and dispatch, kept out of ``dlrover.cli.main`` (which
 adds them to its parser and dispatch table)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import argparse
 import json
 from typing import Callable
 
-from dlrover.cli_args import Parser, int_list, nonneg_int, number, positive_float, positive_int, probability
+from dlrover.cli.args import Parser, int_list, nonneg_int, number, positive_float, positive_int, probability
 
 
 def grid(v: str) -> list[tuple[int, int]]:

@@ -122,7 +122,7 @@ class LocalHead:
         the dashboard: wait for both."""
         import urllib.request
 
-        from dlrover.submit import client
+        from dlrover.driver.submit import client
 
         direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never through http_proxy
 

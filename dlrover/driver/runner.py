@@ -15,9 +15,9 @@ import ray
 
 from dlrover.data.plan import DataPlan
 from dlrover.errors import DLRoverError
-from dlrover.joblog import event_line, progress_line, result_line
+from dlrover.runlogs.driver_log import event_line, progress_line, result_line
 from dlrover.paths import check_creatable_dir, is_url
-from dlrover.rayauth import use_token_auth
+from dlrover.driver.rayauth import use_token_auth
 from dlrover.resource.plan import Policy
 from dlrover.spec import JobSpec
 

@@ -1,5 +1,5 @@
 """``dlrover export`` and ``dlrover predict``: their arguments and handlers, kept out of
-``dlrover.cli`` (which adds them to its parser and dispatch table)."""
+``dlrover.cli.main`` (which adds them to its parser and dispatch table)."""
 
 from __future__ import annotations
 
@@ -20,14 +20,14 @@ def add_serving_parsers(add_parser: Callable[..., argparse.ArgumentParser]) -> N
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from dlrover.export import export_run
+    from dlrover.serving.export import export_run
 
     print(f"wrote {export_run(args.run_dir, args.out).parent}")
     return 0
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    from dlrover.predict import predict
+    from dlrover.serving.predict import predict
 
     rows = predict(args.model, args.data, args.out)
     print(f"scored {rows:,} rows -> {args.out}", file=sys.stderr)

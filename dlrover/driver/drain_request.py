@@ -35,7 +35,7 @@ def drain(address: str, job: str, node: str, deadline_s: float | None) -> int:
     import ray
     from ray.core.generated import autoscaler_pb2
 
-    from dlrover.rayauth import use_token_auth
+    from dlrover.driver.rayauth import use_token_auth
 
     if deadline_s is not None and deadline_s <= 0:
         raise DLRoverError(f"--deadline-s: must be > 0, got {deadline_s:g}")

@@ -2,7 +2,7 @@
 
 Everything comes from Ray Jobs (``JobSubmissionClient``): the job list, the metadata
 ``dlrover submit`` attached (model, policy, requested configuration), and the driver log,
-whose ``[dlrover] <job> progress|event|result`` lines (``dlrover.runner``) carry the live
+whose ``[dlrover] <job> progress|event|result`` lines (``dlrover.driver.runner``) carry the live
 configuration, throughput and events. So it works from any machine that reaches the
 dashboard, like ``ray job status``; no driver connection to the cluster is needed.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 
 from dlrover.errors import DLRoverError
-from dlrover.joblog import parse_log
+from dlrover.runlogs.driver_log import parse_log
 
 RECENT_JOBS = 20  # the list shows (and reads the logs of) at most this many, newest first
 LAST_EVENTS = 10
@@ -31,7 +31,7 @@ def _job_id(job) -> str:
 
 
 def status(address: str, job: str | None = None, events: int = LAST_EVENTS) -> int:
-    from dlrover.submit import client
+    from dlrover.driver.submit import client
 
     jobs = client(address)
     try:

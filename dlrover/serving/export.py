@@ -1,5 +1,5 @@
 """``dlrover export RUN_DIR --out DIR``: a finished job's model as a self-contained
-directory that :class:`dlrover.serving.ServedModel` (torch only) loads.
+directory that :class:`dlrover.serving.model.ServedModel` (torch only) loads.
 
 The job's ``final.pt`` (``<checkpoint.dir>/<job_id>/final.pt``, else in the run
 directory, written by the master when the job succeeds) holds the global tables, the flat dense parameter vector and each
@@ -22,11 +22,11 @@ from torch import nn
 
 from dlrover.data.schema import Schema, Transform
 from dlrover.errors import DataError, SpecError, format_validation_error
-from dlrover.id_map import IdMap
+from dlrover.serving.id_map import IdMap
 from dlrover.model.dlrm import dense_arches
 from dlrover.paths import out_dir
-from dlrover.runlog import read_events
-from dlrover.serving import DENSE_FILE, FORMAT, HASHING, ID_MAPS_FILE, MANIFEST, SCORE, TABLES_FILE, FileDigest, Manifest, sha256_of
+from dlrover.runlogs.events import read_events
+from dlrover.serving.model import DENSE_FILE, FORMAT, HASHING, ID_MAPS_FILE, MANIFEST, SCORE, TABLES_FILE, FileDigest, Manifest, sha256_of
 from dlrover.spec import JobSpec, ModelSpec
 
 

@@ -23,7 +23,7 @@ from dlrover.data.reader import FileReader, data_files
 from dlrover.data.schema import FeaturesSpec, resolve
 from dlrover.errors import DataError
 from dlrover.paths import out_dir
-from dlrover.serving import Manifest, ServedModel
+from dlrover.serving.model import Manifest, ServedModel
 
 
 def layout_of(manifest: Manifest) -> DataLayout:

@@ -35,7 +35,7 @@ import yaml
 from dlrover.errors import DLRoverError
 
 if TYPE_CHECKING:
-    from dlrover.localhead import LocalHead
+    from dlrover.driver.localhead import LocalHead
 
 ROOT = Path(__file__).resolve().parents[1]
 DASHBOARD = ROOT / "dashboards" / "dlrover.json"
@@ -140,7 +140,7 @@ class Prometheus:
         self.url = ""
 
     def __enter__(self) -> "Prometheus":
-        from dlrover.localhead import free_port
+        from dlrover.driver.localhead import free_port
 
         binary = shutil.which("prometheus")
         if binary is None:
@@ -163,7 +163,7 @@ class Prometheus:
         return self
 
     def _wait_ready(self) -> None:
-        from dlrover.localhead import wait_until
+        from dlrover.driver.localhead import wait_until
 
         def failed(why: str) -> str:
             log = (Path(self.dir) / "prometheus.log").read_text()[-500:].strip()
@@ -233,8 +233,8 @@ class ObservedJob:
 def observed_job(spec: str = CHECK_JOB, runs_dir: str = "runs", quiet: bool = False) -> Iterator[ObservedJob]:
     """Ray head + Prometheus (``dashboards/prometheus.yml``) + ``spec`` submitted through
     Ray Jobs and followed to its end; both servers stay up inside the ``with``."""
-    from dlrover.localhead import LocalHead
-    from dlrover.submit import client, follow, submit_job
+    from dlrover.driver.localhead import LocalHead
+    from dlrover.driver.submit import client, follow, submit_job
 
     say = (lambda *a: None) if quiet else (lambda *a: print("[dashboards]", *a, flush=True))
     say("starting a Ray head on loopback ...")

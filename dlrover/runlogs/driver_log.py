@@ -1,4 +1,4 @@
-"""The ``[dlrover]`` lines of a job's driver log: written by ``dlrover.runner``, read back
+"""The ``[dlrover]`` lines of a job's driver log: written by ``dlrover.driver.runner``, read back
 by ``dlrover status``. One module owns the format both ways.
 
     [dlrover] <job> progress progress=41.2% samples=... throughput=12,345/s ... config=2w x 1cpu + 2ps x 1cpu
@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from dlrover.runlog import config_text, describe_event
+from dlrover.runlogs.events import config_text, describe_event
 
 LOG_PREFIX = "[dlrover]"
 _LINE = re.compile(re.escape(LOG_PREFIX) + r" (\S+) (progress|event|result) (.*)$")
@@ -23,7 +23,7 @@ _FIELD = re.compile(r"(\w+)=(.*?)(?= \w+=|$)")
 
 def progress_line(job_id: str, p: dict) -> str:
     """``[dlrover] <job> progress=41.2% samples=... throughput=... config=...``: ``key=value``
-    fields, the configuration last (it has spaces); ``dlrover.status`` parses these."""
+    fields, the configuration last (it has spaces); ``dlrover.driver.status`` parses these."""
     fields = {
         "progress": f"{100.0 * p['progress']:.1f}%",
         "samples": f"{p['samples_done']:,}/{p['samples_expected']:,}",

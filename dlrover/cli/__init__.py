@@ -1,0 +1,1 @@
+"""The ``dlrover`` command line: one module per group of subcommands."""

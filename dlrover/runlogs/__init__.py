@@ -1,0 +1,1 @@
+"""A run's logs (events, the driver's log lines), read back and worded; the HTML report."""
