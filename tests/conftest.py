@@ -18,6 +18,21 @@ os.environ.setdefault("PYTHONWARNINGS", "ignore")
 os.environ["DLROVER_HISTORY_DIR"] = tempfile.mkdtemp(prefix=f"dlrover-test-history-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-")
 
 
+# Tests that start Ray without the ``ray_local`` fixture: a local head, a job through the
+# CLI in another process, a cluster of their own. ``pytest -m "not ray"`` runs the rest.
+STARTS_RAY = frozenset({
+    "test_cli.py", "test_observability.py", "test_drain.py", "test_export.py", "test_localhead.py", "test_sim_truth.py",
+})  # fmt: skip
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark ``ray`` every test that starts Ray: those using ``ray_local`` (directly or through
+    another fixture) and those of the files that start it their own way."""
+    for item in items:
+        if "ray_local" in getattr(item, "fixturenames", ()) or item.path.name in STARTS_RAY:
+            item.add_marker(pytest.mark.ray)
+
+
 @pytest.fixture(scope="session")
 def ray_local():
     """An embedded Ray on loopback with enough logical CPUs for 2 workers + 2 PS."""

@@ -9,12 +9,17 @@ from dlrover.master.states import (
     BadInput,
     Evaluating,
     Failed,
+    JobFailed,
     JobLoop,
     JobStatus,
+    Launching,
     PsUnreachable,
     Recovering,
     Rescaling,
     Running,
+    Stopped,
+    Stopping,
+    Succeeded,
     Tick,
     WorkerDied,
     WorkerExited,
@@ -33,10 +38,17 @@ class FakeJob:
         self.stepped: set[str] = set()
         self.calls: list[tuple] = []
         self.statuses: list[JobStatus] = []
+        self.fail_on_death = False  # the next death goes past the failure limit
 
     # JobContext
-    def entered(self, status):
-        self.statuses.append(status)
+    def entered(self, state):
+        self.statuses.append(state.status)
+
+    def launch(self):
+        self.calls.append(("launch",))
+
+    def evaluate(self):
+        self.calls.append(("evaluate",))
 
     def tick(self):
         self.calls.append(("tick",))
@@ -65,6 +77,8 @@ class FakeJob:
         self.calls.append(("exited", worker))
 
     def worker_died(self, worker, error):
+        if self.fail_on_death:
+            raise JobFailed(f"2 failures (checkpoint.max_failures: 1); last: {worker}")
         self.pending.remove(worker)
         self.pending.append(worker + "-new")
         self.calls.append(("died", worker))
@@ -94,14 +108,26 @@ class QueuedGroup:
 
 
 def loop_for(job, *batches):
-    return JobLoop(job, QueuedGroup(batches), tick_s=0.1)
+    """A loop past Launching (its first two statuses: starting, training)."""
+    loop = JobLoop(job, QueuedGroup(batches), tick_s=0.1)
+    loop.start()
+    del job.statuses[:2], job.calls[:1]
+    return loop
+
+
+def test_a_job_launches_first_then_trains():
+    job = FakeJob(["w0"])
+    loop = JobLoop(job, QueuedGroup([]), tick_s=0.1)
+    assert isinstance(loop.state, Launching) and job.calls == []
+    assert isinstance(loop.start(), Running)
+    assert job.calls == [("launch",)] and job.statuses == [JobStatus.STARTING, JobStatus.TRAINING]
 
 
 def test_a_tick_while_training_watches_the_job_and_stays_running():
     job = FakeJob(["w0", "w1"])
     loop = loop_for(job)
     assert isinstance(loop.step([Tick()]), Running)
-    assert job.calls == [("tick",), ("watch",)] and job.statuses == [JobStatus.TRAINING]
+    assert job.calls == [("tick",), ("watch",)] and job.statuses == []
 
 
 def test_no_watching_once_every_shard_is_done_or_the_job_is_stopping():
@@ -110,16 +136,55 @@ def test_no_watching_once_every_shard_is_done_or_the_job_is_stopping():
     job.done = True
     loop = loop_for(job)
     loop.step([Tick()])
+    assert isinstance(loop.state, Running)
     job.done, job.stop = False, True
+    loop.step([Tick(), Tick()])
+    assert ("watch",) not in job.calls and isinstance(loop.state, Stopping)
+
+
+def test_the_last_worker_exiting_evaluates_and_the_job_succeeds_when_every_shard_is_done():
+    job = FakeJob(["w0"])
+    job.done = True
+    loop = loop_for(job)
+    loop.step([WorkerExited("w0", {}), Tick()])
+    assert isinstance(loop.state, Succeeded) and job.calls[-1] == ("evaluate",)
+    assert job.statuses == [JobStatus.EVALUATING, JobStatus.SUCCEEDED]
+
+
+def test_a_stopped_job_waits_for_its_runs_then_evaluates_and_ends_stopped():
+    job = FakeJob(["w0"])
+    job.stop, job.stepped = True, {"w0", "w0-new"}
+    loop = loop_for(job)
     loop.step([Tick()])
-    assert ("watch",) not in job.calls and isinstance(loop.state, Running)
+    assert isinstance(loop.state, Stopping) and job.statuses == [JobStatus.STOPPING]
+    loop.step([WorkerDied("w0", RuntimeError("killed")), Tick()])  # still handled: a replacement runs
+    assert isinstance(loop.state, Stopping) and ("died", "w0") in job.calls
+    loop.step([WorkerExited("w0-new", {}), Tick()])
+    assert isinstance(loop.state, Stopped) and job.statuses[-2:] == [JobStatus.EVALUATING, JobStatus.STOPPED]
 
 
-def test_the_last_worker_exiting_moves_the_job_to_evaluating():
+def test_a_stopped_job_drops_a_replacement_that_never_started():
+    job = FakeJob(["w0"])
+    job.stop = True
+    loop = loop_for(job)
+    loop.step([WorkerDied("w0", RuntimeError("killed")), Tick(), Tick()])  # Stopping, then the drop
+    assert ("drop_unstarted", ("w0-new",)) in job.calls and isinstance(loop.state, Stopped)
+
+
+def test_runs_ending_short_of_the_data_without_a_stop_end_failed_after_the_evaluation():
     job = FakeJob(["w0"])
     loop = loop_for(job)
     loop.step([WorkerExited("w0", {}), Tick()])
-    assert isinstance(loop.state, Evaluating) and job.statuses[-1] == JobStatus.EVALUATING
+    assert isinstance(loop.state, Failed) and "before the data" in loop.state.reason and ("evaluate",) in job.calls
+
+
+def test_a_failure_past_the_limit_ends_failed_with_its_reason_and_no_evaluation():
+    job = FakeJob(["w0", "w1"])
+    job.fail_on_death = True
+    loop = loop_for(job)
+    loop.step([WorkerDied("w0", RuntimeError("killed")), WorkerExited("w1", {})])
+    assert isinstance(loop.state, Failed) and loop.state.reason.startswith("2 failures (checkpoint.max_failures: 1)")
+    assert job.statuses == [JobStatus.FAILED] and ("evaluate",) not in job.calls and ("exited", "w1") not in job.calls
 
 
 def test_workers_that_never_started_are_dropped_when_the_work_is_done():
@@ -127,7 +192,7 @@ def test_workers_that_never_started_are_dropped_when_the_work_is_done():
     job.done = True
     loop = loop_for(job)
     loop.step([Tick()])
-    assert ("drop_unstarted", ("w0", "w1")) in job.calls and isinstance(loop.state, Evaluating)
+    assert ("drop_unstarted", ("w0", "w1")) in job.calls and isinstance(loop.state, Succeeded)
 
 
 def test_a_dead_worker_is_replaced_in_place_without_leaving_running():
@@ -135,7 +200,7 @@ def test_a_dead_worker_is_replaced_in_place_without_leaving_running():
     loop = loop_for(job)
     loop.step([WorkerDied("w0", RuntimeError("killed")), Tick()])
     assert ("died", "w0") in job.calls and job.pending == ["w1", "w0-new"]
-    assert isinstance(loop.state, Running) and job.statuses == [JobStatus.TRAINING]
+    assert isinstance(loop.state, Running) and job.statuses == []
 
 
 def test_a_run_failing_on_a_live_ps_counts_as_the_workers_death():
@@ -151,7 +216,7 @@ def test_a_lost_ps_recovers_through_the_recovering_state_and_trains_again():
     loop = loop_for(job)
     loop.step([PsUnreachable("w0", RuntimeError("ps-1 died"))])
     assert ("recover", "w0", (0,)) in job.calls  # what was found lost travels with the transition
-    assert job.statuses == [JobStatus.TRAINING, JobStatus.RECOVERING, JobStatus.TRAINING]
+    assert job.statuses == [JobStatus.RECOVERING, JobStatus.TRAINING]
     assert isinstance(loop.state, Running)
 
 
@@ -161,7 +226,7 @@ def test_a_rescale_under_way_is_its_own_state_until_the_switch_is_done():
     job.busy = True
     assert isinstance(loop.step([Tick()]), Rescaling)
     loop.step([Tick()])  # still busy: no second entry
-    assert job.statuses == [JobStatus.TRAINING, JobStatus.RESCALING]
+    assert job.statuses == [JobStatus.RESCALING]
     job.busy = False
     assert isinstance(loop.step([Tick()]), Running)
     assert job.statuses[-1] == JobStatus.TRAINING
@@ -180,16 +245,18 @@ def test_bad_input_fails_the_job_and_stops_reading_events():
     job = FakeJob(["w0", "w1"])
     loop = loop_for(job)
     loop.step([BadInput("w0", DataError("a.tsv:3: 12 fields")), WorkerExited("w1", {})])
-    assert isinstance(loop.state, Failed) and job.statuses[-1] == JobStatus.FAILED
+    assert isinstance(loop.state, Failed) and job.statuses[-1] == JobStatus.FAILED and loop.state.reason == "a.tsv:3: 12 fields"
     assert ("bad_input", "w0", "a.tsv:3: 12 fields") in job.calls
     assert ("exited", "w1") not in job.calls  # nothing after the failure
 
 
-def test_run_steps_the_group_until_training_ends():
+def test_run_launches_and_steps_the_group_until_the_job_ends():
     job = FakeJob(["w0"])
-    loop = loop_for(job, [Tick()], [WorkerExited("w0", {}), Tick()])
-    assert isinstance(loop.run(), Evaluating)
+    job.done = True
+    loop = JobLoop(job, QueuedGroup([[Tick()], [WorkerExited("w0", {}), Tick()]]), tick_s=0.1)
+    assert isinstance(loop.run(), Succeeded) and job.calls[0] == ("launch",)
 
 
-def test_recovering_is_only_ever_passed_through():
-    assert Recovering.immediate and not Running.immediate
+def test_launching_recovering_and_evaluating_are_only_ever_passed_through():
+    assert Launching.immediate and Recovering.immediate and Evaluating.immediate and not Running.immediate
+    assert {Succeeded.terminal, Stopped.terminal, Failed.terminal} == {True} and not Evaluating.terminal

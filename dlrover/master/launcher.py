@@ -108,7 +108,6 @@ class Launcher:
     def launch(self, config: Config) -> None:
         """Start the job's first actors: ``config.ps`` PS, the dense PS, ``config.workers`` workers."""
         spec = self.spec
-        self.check_fits(config)
         dynamic = tuple(spec.schema.dynamic())
         self.vmap = VShardMap.round_robin(spec.schema.table_sizes(), spec.train.vshards_for(config.ps), config.ps, dynamic)
         for _ in range(config.ps):
@@ -118,16 +117,19 @@ class Launcher:
             self.add_worker(config.worker_cpu, config.worker_memory_mb)
         self.wait_started()
 
-    def check_fits(self, config: Config) -> None:
+    def check_fits(self, config: Config) -> str | None:
         """Fail at once, naming the shortfall, when the cluster's nodes can never hold
-        ``config``'s actors and no autoscaler can add nodes; with one, the job waits (and
-        ``wait_started`` gives up after ``ACTOR_START_TIMEOUT_S``)."""
+        ``config``'s actors and no autoscaler can add nodes. With one, the job waits (and
+        ``wait_started`` gives up after ``ACTOR_START_TIMEOUT_S``): the shortfall is returned."""
         r = self.spec.resources
         demands = [Demand("worker", config.worker_cpu, r.worker_gpu, config.worker_memory_mb)] * config.workers
         demands += [Demand("PS", config.ps_cpu, 0.0, config.ps_memory_mb)] * config.ps + [Demand("dense PS", r.dense_ps_cpu)] * r.dense_ps
         fit = pack(demands, node_totals())
-        if fit.impossible and not autoscaler_running():
+        if not fit.impossible:
+            return None
+        if not autoscaler_running():
             raise DLRoverError(f"{self.job_id}: the cluster cannot hold the job and no autoscaler can add nodes: {fit.shortfall()} (resources in the spec)")
+        return fit.shortfall()
 
     def initial_dense(self) -> np.ndarray:
         """The MLPs' initial values, the dense PS's starting point."""

@@ -35,11 +35,11 @@ from dlrover.master.evaluation import Evaluator
 from dlrover.master.events import NOTABLE_EVENTS, EventLog
 from dlrover.master.launcher import Launcher
 from dlrover.master.persist import MasterState
-from dlrover.master.recovery import JobFailed, Recovery
+from dlrover.master.recovery import Recovery
 from dlrover.master.rollback import resume_after_restart
 from dlrover.master.scale_events import ScaleEvent
 from dlrover.master.summary import actor_rows, end_summary, export_final, reliability_fields, reliability_of
-from dlrover.master.states import TERMINAL, JobLoop, JobStatus, RunGroup
+from dlrover.master.states import TERMINAL, Failed, JobLoop, JobStatus, RunGroup, State
 from dlrover.master.telemetry import Telemetry
 from dlrover.master.topology import cluster_cores
 from dlrover.resource.plan import Policy
@@ -69,6 +69,8 @@ class JobMaster:
         self.scale_events: list[ScaleEvent] = []
         self.status = JobStatus.STARTING
         self._user_error: DLRoverError | None = None  # bad input a worker hit: raised to the driver
+        self._resumed: MasterState | None = None  # what a restarted master takes over
+        self._metrics: dict | None = None  # the final evaluation's, once done
         self.runs = RunGroup()
         self.control: Controller | None = None
         self.chaos: ChaosInjector | None = None
@@ -93,8 +95,7 @@ class JobMaster:
         self.books.progress(worker, applied, generation)
 
     def preempted(self, actor: str) -> None:
-        """``actor`` got SIGTERM (a preemption notice): it is moved off before its grace
-        period ends (see ``dlrover.master.drain``)."""
+        """``actor`` got SIGTERM (a preemption notice): moved off before its grace ends (``master.drain``)."""
         self.events.add("preemption_notice", actor=actor)
         if self.drains is not None:
             self.drains.preempted(actor)
@@ -235,8 +236,38 @@ class JobMaster:
         os._exit(1)
 
     def _train_and_evaluate(self, state: MasterState | None = None) -> dict:
+        self._resumed = state
+        end = JobLoop(self, self.runs, tick_s=min(TICK_S, self.spec.policy.interval_s)).run()
+        if self._user_error is not None:
+            raise type(self._user_error)(str(self._user_error)) from None
+        failed = end.reason if isinstance(end, Failed) else None
+        if self._metrics is None:  # ended FAILED without an evaluation
+            self._wind_down()
+        self.events.add("job_end", status=self.status.value, **({"reason": failed} if failed else {}))
+        self.recovery.finish()
+        summary = end_summary(self, self._metrics or {}, failed)
+        self.checkpointer.flush()
+        if self.status == JobStatus.SUCCEEDED and not self.spec.checkpoint.dir:
+            # recovery checkpoints in the run directory served their purpose
+            shutil.rmtree(self._checkpoint_root(), ignore_errors=True)
+        summary.update(reliability_fields(self, summary))
+        self.checkpointer.release()  # trained: the export below needs the memory more
+        if self.status == JobStatus.SUCCEEDED or (self.spec.checkpoint.dir and self._metrics is not None):  # (a failed job's model: only where asked)
+            export_final(self)
+        self._publish(force=True)
+        return summary
+
+    # -- the job loop's context (dlrover.master.states.JobContext) ----------------------
+    def entered(self, state: State) -> None:
+        self.status = state.status
+        self.events.add("state", state=state.name, status=state.status.value, **({"reason": state.reason} if isinstance(state, Failed) else {}))
+
+    def launch(self) -> None:
+        state = self._resumed
         if state is None:
             config = self.control.initial_config()
+            if (short := self.launcher.check_fits(config)) is not None:
+                self.events.add("waiting_for_nodes", why=f"{short}; an autoscaler may add nodes")
             self.launcher.launch(config)
         else:
             config = resume_after_restart(self, state)
@@ -252,36 +283,16 @@ class JobMaster:
             self.checkpointer.write_durable(first, first.at_s)
             self._persist()
         self.runs.add({self.launcher.start(name): name for name in list(self.launcher.workers)})
-        loop = JobLoop(self, self.runs, tick_s=min(TICK_S, self.spec.policy.interval_s))
-        failed = None
-        try:
-            loop.run()
-        except JobFailed as e:  # past checkpoint.max_failures: ends FAILED, with a summary and the reason
-            failed = str(e)
-        if self._user_error is not None:
-            raise type(self._user_error)(str(self._user_error)) from None
+
+    def evaluate(self) -> None:
+        self._wind_down()
+        self._metrics = self.evaluator.final(self.launcher)
+
+    def _wind_down(self) -> None:  # training is over: no rescale half done, no evaluation running
         self.control.abort_pending()
         self.evaluator.settle()
         if self.books.train_end is None:
             self.books.train_end = self.clock()
-        metrics = {}
-        if failed is None:
-            self.entered(JobStatus.EVALUATING)
-            metrics = self.evaluator.final(self.launcher)
-        self.entered(JobStatus.FAILED if failed else JobStatus.SUCCEEDED if self.finished() else JobStatus.STOPPED if self.stopping() else JobStatus.FAILED)
-        self.events.add("job_end", status=self.status.value, **({"reason": failed} if failed else {}))
-        self.recovery.finish()
-        summary = end_summary(self, metrics, failed)
-        self.checkpointer.flush()
-        if self.status == JobStatus.SUCCEEDED and not self.spec.checkpoint.dir:
-            # recovery checkpoints in the run directory served their purpose
-            shutil.rmtree(self._checkpoint_root(), ignore_errors=True)
-        summary.update(reliability_fields(self, summary))
-        self.checkpointer.release()  # trained: the export below needs the memory more
-        if self.status == JobStatus.SUCCEEDED or (self.spec.checkpoint.dir and failed is None):  # (a failed job's model: only where asked)
-            export_final(self)
-        self._publish(force=True)
-        return summary
 
     def _checkpoint_root(self) -> str:
         """Durable checkpoints: ``checkpoint.dir/<job_id>``, else ``<run dir>/checkpoints``."""
@@ -290,10 +301,6 @@ class JobMaster:
         return os.path.join(self.run_directory(), "checkpoints")
 
     # -- internals --------------------------------------------------------------------------------
-    # -- the job loop's context (dlrover.master.states.JobContext) ----------------------
-    def entered(self, status: JobStatus) -> None:
-        self.status = status
-
     def tick(self) -> None:
         self.evaluator.tick(self.books.steps_done, self.launcher)
         self._forget_done()

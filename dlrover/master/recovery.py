@@ -42,6 +42,7 @@ from dlrover.ids import ProcessInfo, Role
 from dlrover.master.liveness import SUSPECT_AFTER_S, Prober, kill_process, liveness_timeout_s
 from dlrover.master.partial import recover_partially
 from dlrover.master.rollback import Rollback, roll_back
+from dlrover.master.states import JobFailed
 from dlrover.resource.plan import CorrectionKind, ResourcePlan
 
 from dlrover.master.job import Job
@@ -65,10 +66,6 @@ def cause_of(err: Exception | str | None) -> str:
 def node_alive(node_id: str) -> bool:
     """Whether Ray still counts ``node_id`` among its live nodes."""
     return any(n["NodeID"] == node_id and n["Alive"] for n in ray.nodes())
-
-
-class JobFailed(RuntimeError):
-    """Failures beyond ``checkpoint.max_failures``: the job stops with the last cause."""
 
 
 class Recovery:

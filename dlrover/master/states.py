@@ -3,17 +3,18 @@
 ::
 
     Launching -> Running <-> Rescaling
-                    |  ^
-                    v  |
-                 Recovering
-                    |
-    Running -> Evaluating -> Succeeded | Failed | Stopped
+                  |  ^  \
+         PS lost  v  |   `-(stop asked)-> Stopping
+               Recovering                    |
+    Running | Stopping -(every run returned)-> Evaluating -> Succeeded | Stopped
+    any state -(bad input, or past checkpoint.max_failures)-> Failed
 
 The loop (:class:`JobLoop`) takes the events a :class:`RunGroup` reports (a worker's
 ``run`` returned, failed on its own, failed on a PS, hit bad input) plus a tick on the
 clock, and hands each to the current state, which returns the next one. A state decides;
-the master (:class:`JobContext`) carries the decisions out on Ray. Tests drive the loop
-with a fake group and a fake context, one event at a time.
+the master (:class:`JobContext`) carries the decisions out on Ray. Every transition goes
+through :meth:`JobLoop.set_state`, which tells the context (it records a ``state``
+event). Tests drive the loop with a fake group and a fake context, one event at a time.
 """
 
 from __future__ import annotations
@@ -26,6 +27,11 @@ import ray
 
 from dlrover.errors import DLRoverError
 from dlrover.faults.records import LostPs
+
+
+class JobFailed(RuntimeError):
+    """Raised by the context when the job must end FAILED (past ``checkpoint.max_failures``):
+    the loop moves to :class:`Failed` with its message as the reason."""
 
 
 class JobStatus(str, Enum):
@@ -145,8 +151,14 @@ class RunGroup:
 class JobContext(Protocol):
     """What the states ask of the job (the master implements it on Ray)."""
 
-    def entered(self, status: JobStatus) -> None:
-        """The loop moved to a state with this status."""
+    def entered(self, state: "State") -> None:
+        """The loop moved to ``state`` (its ``status``, and a Failed state's ``reason``)."""
+
+    def launch(self) -> None:
+        """Start the job's actors and their runs (or take over those of a restarted master)."""
+
+    def evaluate(self) -> None:
+        """Training is over: wind down, then the final evaluation."""
 
     def tick(self) -> None:
         """Work due on every tick, whatever the state (periodic evaluation, metrics)."""
@@ -189,9 +201,26 @@ class JobContext(Protocol):
 class State:
     status: JobStatus
     immediate = False  # stepped with a tick as soon as it is entered
+    terminal = False
 
     def on(self, event: Event, job: JobContext) -> "State":
         return self
+
+    @property
+    def name(self) -> str:
+        return type(self).__name__
+
+
+class Launching(State):
+    """The job's actors start; the loop steps it at once (the launch is one synchronous
+    operation, which fails at once when the cluster can never hold the job)."""
+
+    status = JobStatus.STARTING
+    immediate = True
+
+    def on(self, event: Event, job: JobContext) -> State:
+        job.launch()
+        return Running()
 
 
 class Running(State):
@@ -201,15 +230,7 @@ class Running(State):
 
     def on(self, event: Event, job: JobContext) -> State:
         if isinstance(event, Tick):
-            job.tick()
-            if job.finished() and job.running() and job.unstarted(job.running()):
-                job.drop_unstarted()
-            if not job.running():
-                return Evaluating()
-            if job.finished() or job.stopping():
-                return self
-            job.watch()
-            return Rescaling() if job.rescaling() else self
+            return self.tick(job)
         if isinstance(event, WorkerExited):
             job.worker_exited(event.worker, event.stats)
         elif isinstance(event, WorkerDied):
@@ -221,8 +242,21 @@ class Running(State):
             job.worker_died(event.worker, event.error)
         elif isinstance(event, BadInput):
             job.bad_input(event.worker, event.error)
-            return Failed()
+            return Failed(str(event.error))
         return self
+
+    def tick(self, job: JobContext) -> State:
+        job.tick()
+        if job.finished() and job.running() and job.unstarted(job.running()):
+            job.drop_unstarted()
+        if not job.running():
+            return Evaluating()
+        if job.stopping():
+            return Stopping()
+        if job.finished():
+            return self
+        job.watch()
+        return Rescaling() if job.rescaling() else self
 
 
 class Rescaling(Running):
@@ -235,6 +269,19 @@ class Rescaling(Running):
         if isinstance(nxt, Rescaling):
             return self if job.rescaling() else Running()
         return nxt
+
+
+class Stopping(Running):
+    """The user asked the job to stop: workers get no more shards, no policy or checkpoint
+    work starts; failures are still handled. Evaluating once every run has returned."""
+
+    status = JobStatus.STOPPING
+
+    def tick(self, job: JobContext) -> State:
+        job.tick()
+        if job.running() and job.unstarted(job.running()):
+            job.drop_unstarted()  # waiting for a CPU, with nothing left to do
+        return self if job.running() else Evaluating()
 
 
 class Recovering(State):
@@ -253,36 +300,78 @@ class Recovering(State):
 
 
 class Evaluating(State):
+    """Every run has returned: the final evaluation, then Succeeded (every shard trained)
+    or Stopped (the user asked); a job whose runs ended short of both failed."""
+
     status = JobStatus.EVALUATING
+    immediate = True
+
+    def on(self, event: Event, job: JobContext) -> State:
+        job.evaluate()
+        if job.finished():
+            return Succeeded()
+        return Stopped() if job.stopping() else Failed("the workers ended before the data did")
+
+
+class Succeeded(State):
+    status = JobStatus.SUCCEEDED
+    terminal = True
+
+
+class Stopped(State):
+    status = JobStatus.STOPPED
+    terminal = True
 
 
 class Failed(State):
+    """The job ended FAILED: ``reason`` in one line (bad input, the failure limit)."""
+
     status = JobStatus.FAILED
+    terminal = True
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
 
 
 class JobLoop:
-    """Steps the current state with each event until training ends (Evaluating or Failed)."""
+    """Steps the current state with each event until the job ends in a terminal state.
+    A :class:`JobFailed` raised while a state acts ends the job in :class:`Failed`."""
 
     def __init__(self, job: JobContext, group: RunGroup, tick_s: float) -> None:
         self.job, self.group, self.tick_s = job, group, tick_s
-        self.state: State = Running()
-        job.entered(self.state.status)
+        self.state: State = Launching()
+        job.entered(self.state)
+
+    def start(self) -> State:
+        """Step the states that need no event (Launching) until one waits for events."""
+        self._settle()
+        return self.state
 
     def step(self, events: list[Event]) -> State:
         for event in events:
-            self._move(self.state.on(event, self.job))
-            while self.state.immediate:
-                self._move(self.state.on(Tick(), self.job))
-            if isinstance(self.state, (Evaluating, Failed)):
+            if self.state.terminal:
                 break
+            self._act(event)
+            self._settle()
         return self.state
 
-    def _move(self, nxt: State) -> None:
+    def set_state(self, nxt: State) -> None:
         if nxt is not self.state:
             self.state = nxt
-            self.job.entered(nxt.status)
+            self.job.entered(nxt)
+
+    def _act(self, event: Event) -> None:
+        try:
+            self.set_state(self.state.on(event, self.job))
+        except JobFailed as e:
+            self.set_state(Failed(str(e)))
+
+    def _settle(self) -> None:
+        while self.state.immediate and not self.state.terminal:
+            self._act(Tick())
 
     def run(self) -> State:
-        while not isinstance(self.state, (Evaluating, Failed)):
+        self.start()
+        while not self.state.terminal:
             self.step(self.group.poll(self.tick_s))
         return self.state

@@ -55,6 +55,7 @@ _DESCRIBE: dict[str, Callable[[dict], str]] = {
     "oom_kill": lambda e: f"{e.get('actor')} killed over its memory limit ({_num(e.get('rss_mb'))} > {e.get('limit_mb')} MB)",
     "chaos": lambda e: f"injected {e.get('action')} on {e.get('actor') or e.get('target')}",
     "measurement": lambda e: f"measured {config_text(e.get('config'))}: {_num(e.get('throughput'))} samples/s (model predicted {_num(e.get('predicted'))})",
+    "waiting_for_nodes": lambda e: f"waiting for nodes: {e.get('why')}",
     "eval": lambda e: f"{'final' if e.get('final') else 'periodic'} evaluation auc={_num(e.get('auc'), '.4f')} logloss={_num(e.get('logloss'), '.4f')}",
 }
 
