@@ -18,18 +18,33 @@ os.environ.setdefault("PYTHONWARNINGS", "ignore")
 os.environ["DLROVER_HISTORY_DIR"] = tempfile.mkdtemp(prefix=f"dlrover-test-history-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-")
 
 
-# Tests that start Ray without the ``ray_local`` fixture: a local head, a job through the
-# CLI in another process, a cluster of their own. ``pytest -m "not ray"`` runs the rest.
+# What a test that starts Ray says in its source (or in its fixtures' names): the local
+# Ray fixture, a cluster of its own, a job run in this or another process, a local head.
+RAY_SIGNS = ("ray_local", "ray.init", "cluster_utils", "run_job", "LocalHead", "observed_job", "ray_head", "submit")
+# Files whose Ray-starting tests get there through parametrised fixtures or the CLI in
+# another process, where the source of the test itself does not show it: all marked.
 STARTS_RAY = frozenset({
-    "test_cli.py", "test_observability.py", "test_drain.py", "test_export.py", "test_localhead.py", "test_sim_truth.py",
+    "test_cli.py", "test_observability.py", "test_drain.py", "test_localhead.py", "test_export.py", "test_own_data.py",
+    "test_object_store.py", "test_pal_live.py", "test_faults.py",
 })  # fmt: skip
 
 
+def starts_ray(item: pytest.Item) -> bool:
+    import inspect
+
+    if item.path.name in STARTS_RAY or any(sign in name for name in getattr(item, "fixturenames", ()) for sign in RAY_SIGNS):
+        return True
+    try:
+        source = inspect.getsource(item.function)  # type: ignore[attr-defined]
+    except (AttributeError, OSError, TypeError):
+        return False
+    return any(sign in source for sign in RAY_SIGNS)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark ``ray`` every test that starts Ray: those using ``ray_local`` (directly or through
-    another fixture) and those of the files that start it their own way."""
+    """Mark ``ray`` every test that starts Ray; ``pytest -m "not ray"`` runs the rest."""
     for item in items:
-        if "ray_local" in getattr(item, "fixturenames", ()) or item.path.name in STARTS_RAY:
+        if starts_ray(item):
             item.add_marker(pytest.mark.ray)
 
 

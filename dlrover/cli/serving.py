@@ -10,7 +10,7 @@ from typing import Callable
 
 def add_serving_parsers(add_parser: Callable[..., argparse.ArgumentParser]) -> None:
     """Add both commands with ``add_parser`` (the CLI's ``subparsers.add_parser``)."""
-    ex = add_parser("export", help="a finished run's model (checkpoint.dir set) as a self-contained directory for serving")
+    ex = add_parser("export", help="a finished run's model (its run directory's final.pt, or checkpoint.dir's) as a self-contained directory for serving")
     ex.add_argument("run_dir", help="the job's run directory, runs/<job_id>")
     ex.add_argument("--out", required=True, help="model directory to write (model.json, dense.pt2, tables.pt)")
     pr = add_parser("predict", help="score Criteo rows with an exported model: CSV label,score, one line per row")

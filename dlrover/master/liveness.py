@@ -4,8 +4,8 @@ lease expires unless its owner shows progress.
 Two ways an actor can be alive to Ray and useless to the job, and one check for each:
 
 - its process does not answer (frozen with SIGSTOP, stuck in the kernel, on a node that
-  is gone but not yet declared dead): a probe (a cheap method call served on another of
-  the actor's threads) stays unanswered past the liveness timeout;
+  is gone but not yet declared dead): a probe (a cheap method call; on an actor with
+  one thread it waits behind the call under way) stays unanswered past the liveness timeout;
 - its process answers but its training makes no progress (a deadlock in the loop, a
   hung filesystem read): its shard leases are not renewed (by reports and completed
   shards) within the timeout (:meth:`dlrover.data.shards.ShardQueue.expired`).
