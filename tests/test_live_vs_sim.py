@@ -14,6 +14,7 @@ from dlrover.resource.configs import Config
 from dlrover.resource.perf_model import PerfParams, throughput
 from dlrover.resource.policies import load_policy
 from dlrover.sim.truth import TRUTH_TERMS
+from dlrover.worker.window import WorkerReport
 
 TRUTH = PerfParams(t0=0.01, t1=1.2e-3, t2=0.01, t3=0.004, t4=3e-4)
 NEEDS_MB = {"worker": 1000.0, "ps": 3300.0}  # the PS's share of the tables + 512 MB runs at 93% of its 4096 MB
@@ -114,10 +115,10 @@ class FakeBooks:
     def __init__(self, launcher: FakeLauncher, total: float) -> None:
         self.launcher = launcher
         self.queue = SimpleNamespace(samples_done=0, samples_expected=int(total), finished=False)
-        self.metrics: dict[str, dict] = {}
+        self.metrics: dict[str, WorkerReport] = {}
 
-    def worker_reports(self) -> dict[str, dict]:
-        return {n: dict(r) for n, r in self.metrics.items()}
+    def worker_reports(self) -> dict[str, WorkerReport]:
+        return dict(self.metrics)
 
     def draining(self) -> frozenset[str]:
         return frozenset()
@@ -161,7 +162,10 @@ def live_decisions(spec, total: float) -> list[tuple[float, dict]]:
         m.now += REPORT_S
         m.books.queue.samples_done = int(samples)
         for w in m.launcher.workers:
-            m.books.metrics[w] = {"step_time_s": c.workers * 512 / thr, "rss_mb": NEEDS_MB["worker"], "at_s": m.now}
+            m.books.metrics[w] = WorkerReport(
+                samples=0, steps=0, samples_per_s=0.0, loss=0.0, step_time_s=c.workers * 512 / thr, wait_ps_s=0.0, pull_s=0.0, push_s=0.0,
+                queue_depth=0, rss_mb=NEEDS_MB["worker"], cpu_percent=0.0, node_id="", step_median_s=0.0, pull_ahead=0, at_s=m.now,
+            )
             ctl.on_report(w, m.books.metrics[w], m.now, int(samples))
         if m.now % TICK_S == 0:
             ctl.tick({})

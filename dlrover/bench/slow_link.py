@@ -18,6 +18,7 @@ import tempfile
 from dlrover.bench.progress import bench_data, run_bench_job
 from dlrover.bench.slow_ps import SETTLE_S, slow_ps_spec, window_rate
 from dlrover.spec import JobSpec, spec_from_dict
+from dlrover.worker.window import WorkerReport
 
 
 def slow_link_spec(data_dir: str, rows: int, latency_ms: float, max_staleness: int, at_s: float, history_dir: str) -> JobSpec:
@@ -47,12 +48,13 @@ def run_slow_link_bench(rows: int = 819_200, latency_ms: float = 200.0, max_stal
     runs = []
     for label, latency, bound, s, events in done:
         start = next((c["job_s"] for c in s.get("chaos") or []), first) + SETTLE_S
-        windows = [e for e in events if e.get("kind") == "metrics" and "samples" in e]
-        end = max((e["at_s"] for e in windows), default=0.0)
+        windows = [WorkerReport.from_json(e) for e in events if e.get("kind") == "metrics" and "samples" in e]
+        end = max((w.at_s or 0.0 for w in windows), default=0.0)
+        waits = [w.wait_ps_s for w in windows if (w.at_s or 0.0) > start]
         runs.append({
             "run": label, "latency_ms": latency, "max_staleness": bound, "samples_per_s": window_rate(events, start, end),
             "pull_ahead_peak": max((e.get("pull_ahead_peak", 1) for e in events if e.get("kind") == "worker_exit"), default=None),
-            "wait_ps_ms": 1000 * sum(e["wait_ps_s"] for e in windows if e["at_s"] > start) / max(1, sum(1 for e in windows if e["at_s"] > start)),
+            "wait_ps_ms": 1000 * sum(waits) / max(1, len(waits)),
             "auc": s["auc"], "samples_lost": s["samples_lost"], "bags_updated_per_sample": s["ps_bags_updated"] / max(s["samples_trained"], 1),
         })  # fmt: skip
     ref = runs[0]["samples_per_s"]

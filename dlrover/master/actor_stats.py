@@ -42,13 +42,13 @@ class ActorStats:
                     role="worker",
                     cpu=cpu,
                     memory_limit_mb=mem,
-                    rss_mb=float(r.get("rss_mb", 0.0)),
-                    cpu_util=float(r.get("cpu_percent", 0.0)) / 100.0 / max(cpu, 1e-9),
-                    step_time_s=float(r.get("step_time_s", 0.0)),
-                    samples_per_s=float(r.get("samples_per_s", 0.0)),
-                    wait_ps_s=float(r.get("wait_ps_s", 0.0)),
-                    queue_depth=int(r.get("queue_depth", 0)),
-                    at_s=float(r.get("at_s", now)),
+                    rss_mb=r.rss_mb,
+                    cpu_util=r.cpu_percent / 100.0 / max(cpu, 1e-9),
+                    step_time_s=r.step_time_s,
+                    samples_per_s=r.samples_per_s,
+                    wait_ps_s=r.wait_ps_s,
+                    queue_depth=r.queue_depth,
+                    at_s=r.at_s if r.at_s is not None else now,
                 )
             )
         return out + list(self._poll_ps(now).values())

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from dlrover.data.shards import Shard, ShardQueue
+from dlrover.worker.window import WorkerReport
 
 NEXT_SHARD_WAIT_S = 1.0
 
@@ -123,21 +124,21 @@ class ShardBooks:
         with self._lock:
             self._stepped.add(worker)
 
-    def report(self, worker: str, metrics: dict) -> int:
+    def report(self, worker: str, report: WorkerReport) -> int:
         """A worker's window of metrics; its progress renews its leases. Returns the
         samples reported by all workers so far."""
         with self._lock:
             self.queue.renew(worker)
-            self.samples_seen += metrics.get("samples", 0)
-            self.steps_done += metrics.get("steps", 0)
-            self._reports[worker] = metrics
+            self.samples_seen += report.samples
+            self.steps_done += report.steps
+            self._reports[worker] = report
             return self.samples_seen
 
     # -- the master's parts ------------------------------------------------------------
-    def worker_reports(self) -> dict[str, dict]:
-        """A copy of each worker's latest report."""
+    def worker_reports(self) -> dict[str, WorkerReport]:
+        """Each worker's latest report (the records are frozen: the dict is the copy)."""
         with self._lock:
-            return {n: dict(r) for n, r in self._reports.items()}
+            return dict(self._reports)
 
     def forget_report(self, worker: str) -> None:
         with self._lock:

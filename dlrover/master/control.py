@@ -26,6 +26,7 @@ from dlrover.resource.configs import Config, job_budget
 from dlrover.resource.driver import DecisionKind, PolicyDriver, Progress
 from dlrover.resource.history import HistoryRecord, HistoryStore, dataset_signature, default_history_dir, job_signature
 from dlrover.resource.plan import JobView, Measurement, Policy, ResourcePlan
+from dlrover.worker.window import WorkerReport
 
 from dlrover.master.job import Job
 
@@ -140,12 +141,11 @@ class Controller:
             return self.driver.window_s()
 
     # -- reports ------------------------------------------------------------------------
-    def on_report(self, worker: str, metrics: dict, now: float, samples: int) -> None:
+    def on_report(self, worker: str, report: WorkerReport, now: float, samples: int) -> None:
         with self._lock:
             self.driver.observe(now, samples)
-            if "rss_mb" in metrics:
-                self.driver.rss(worker, now, float(metrics["rss_mb"]))
-                self.stats.worker_rss(float(metrics["rss_mb"]))
+            self.driver.rss(worker, now, report.rss_mb)
+            self.stats.worker_rss(report.rss_mb)
 
     def _rss(self, actor: str, now: float, mb: float) -> None:
         with self._lock:

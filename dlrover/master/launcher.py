@@ -43,6 +43,7 @@ from dlrover.resource.placement import StepSample, merged_speeds, node_speeds, p
 from dlrover.spec import JobSpec
 from dlrover.ps.shm import shm_prefix
 from dlrover.worker.worker import Worker
+from dlrover.worker.window import WorkerReport
 from dlrover.worker.worker_spec import WorkerSpec, worker_threads
 
 MB = 2**20
@@ -52,7 +53,7 @@ ACTOR_START_TIMEOUT_S = 180.0
 class Launcher:
     def __init__(
         self, job_id: str, spec: JobSpec, files: dict[str, FileIndex], master: Any, generation: Callable[[], int],
-        reports: Callable[[], dict[str, dict]],
+        reports: Callable[[], dict[str, WorkerReport]],
     ) -> None:  # fmt: skip
         """``generation``: the job's rollback count now (the books'): a worker's run
         carries it, and a dense PS re-created by a rollback is named by at least it.
@@ -198,7 +199,7 @@ class Launcher:
         if len(candidates) > 1 and untried:  # PAL's profiling run: each node once, once there is a choice
             self._probe_tried.update(untried)
             self._probe_s.update(run_on_nodes(probe_work_s, untried, "node speed"))
-        samples = [StepSample(str(r["node_id"]), float(r["step_median_s"])) for r in self.reports().values() if r.get("node_id") and r.get("step_median_s")]
+        samples = [StepSample(r.node_id, r.step_median_s) for r in self.reports().values() if r.node_id and r.step_median_s]
         return pal_node(room, merged_speeds(node_speeds(samples), self.probed_speeds(), room), cpu)
 
     def probed_speeds(self) -> dict[str, float]:

@@ -15,6 +15,7 @@ import os
 import shutil
 import tempfile
 import time
+from dataclasses import replace
 from typing import Callable
 
 import numpy as np
@@ -44,6 +45,7 @@ from dlrover.master.telemetry import Telemetry
 from dlrover.master.topology import cluster_cores
 from dlrover.resource.plan import Policy
 from dlrover.spec import JobSpec
+from dlrover.worker.window import WorkerReport
 
 TICK_S = 1.0  # the control loop wakes at least this often while workers train
 PUBLISH_EVERY_S = 1.0  # metrics export (Ray's agent takes them every few seconds)
@@ -100,20 +102,22 @@ class JobMaster:
         if self.drains is not None:
             self.drains.preempted(actor)
 
-    def report(self, worker: str, metrics: dict) -> None:
+    def first_step(self, worker: str) -> None:
+        """``worker`` trained its first step (sent once per run, before its first report)."""
         now = self.clock() - self.t0
-        if metrics.get("first_step"):
-            self.events.add("first_step", actor=worker)
-            self.books.stepped(worker)
-            self.recovery.first_step(worker)
-            if self.control is not None:
-                self.control.first_step(worker, now)
-            return
-        metrics = dict(metrics, at_s=now)
-        samples = self.books.report(worker, metrics)
+        self.events.add("first_step", actor=worker)
+        self.books.stepped(worker)
+        self.recovery.first_step(worker)
         if self.control is not None:
-            self.control.on_report(worker, metrics, now, samples)
-        self.events.add("metrics", actor=worker, **metrics)
+            self.control.first_step(worker, now)
+
+    def report(self, worker: str, report: WorkerReport) -> None:
+        now = self.clock() - self.t0
+        report = replace(report, at_s=now)
+        samples = self.books.report(worker, report)
+        if self.control is not None:
+            self.control.on_report(worker, report, now, samples)
+        self.events.add("metrics", actor=worker, **report.to_json())
 
     # -- called by the driver ----------------------------------------------------------------
     def progress(self, since: int = 0) -> dict:
@@ -124,8 +128,8 @@ class JobMaster:
         fresh_s = max(3 * self.spec.train.log_every_s, 5.0)  # a worker silent for longer is not training
         b = self.books
         q, samples_seen, reports = b.queue, b.samples_seen, b.worker_reports()
-        loss = [m["loss"] for m in reports.values() if "loss" in m]
-        throughput = sum(m.get("samples_per_s", 0.0) for m in reports.values() if now - m.get("at_s", now) <= fresh_s)
+        loss = [r.loss for r in reports.values()]
+        throughput = sum(r.samples_per_s for r in reports.values() if now - (r.at_s if r.at_s is not None else now) <= fresh_s)
         lz, ctl = self.launcher, self.control
         events, events_next = self.events.since(since)
         predicted, measured = ctl.window_now() if ctl else (None, None)
@@ -164,9 +168,8 @@ class JobMaster:
         if b.train_start is None:
             return None
         now = self.clock()
-        wall = now - self.t0
         train = (b.train_end or now) - b.train_start
-        return reliability_of(self, wall, train, b.queue.samples_done).ettr
+        return reliability_of(self, now - self.t0, train, b.queue.samples_done).ettr
 
     def node_id(self) -> str:
         return ray.get_runtime_context().get_node_id()
@@ -231,7 +234,6 @@ class JobMaster:
     def crash(self) -> None:
         """Chaos ``master``: the master process dies here, as on a crash (state persisted
         first, as it is at every checkpoint)."""
-
         self._persist(crash_at_s=self.clock() - self.t0)
         os._exit(1)
 
@@ -308,8 +310,7 @@ class JobMaster:
 
     def _forget_done(self) -> None:
         """Shards done: every PS drops their applied batches (its memory stays bounded)."""
-        done = self.books.take_done()
-        if done:
+        if done := self.books.take_done():
             for h in [*self.launcher.ps.values(), *self.launcher.dense.handles]:
                 h.forget.remote(done)
 
@@ -379,8 +380,7 @@ class JobMaster:
             return
         if set(pending.values()) - self.books.running():
             return  # a replacement still starting: pausing it would stall the others until it runs
-        lz = self.launcher
-        running = {n: lz.workers[n] for n in pending.values() if n in lz.workers}
+        running = {n: self.launcher.workers[n] for n in pending.values() if n in self.launcher.workers}
         taken = ck.take(running, now, timeout_s=self.recovery.timeout_s())
         if taken is not None and ck.durable_due(now, len(self.failures)):
             ck.write_durable(taken, now)

@@ -91,7 +91,7 @@ class Recovery:
     # -- detection ----------------------------------------------------------------------
     def timeout_s(self) -> float:
         """The liveness timeout: the spec's, or sized for the workers' step times."""
-        steps = [float(r["step_time_s"]) for r in self.m.books.worker_reports().values() if r.get("step_time_s")]
+        steps = [r.step_time_s for r in self.m.books.worker_reports().values() if r.step_time_s]
         return liveness_timeout_s(self.m.spec.train.liveness_timeout_s, steps, self.m.spec.train.log_every_s)
 
     def suspects(self) -> list[str]:
@@ -160,7 +160,7 @@ class Recovery:
         if not self.m.spec.resources.enforce_memory:
             return
         lz = self.m.launcher
-        rss = {n: float(r.get("rss_mb", 0.0)) for n, r in self.m.books.worker_reports().items() if n in lz.workers}
+        rss = {n: r.rss_mb for n, r in self.m.books.worker_reports().items() if n in lz.workers}
         if self.m.control is not None:
             rss.update({a.name: a.rss_mb for a in self.m.control.stats.ps().values()})
         for name, mb in rss.items():

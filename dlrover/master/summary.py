@@ -18,6 +18,7 @@ from dlrover.serving.id_map import IdMap
 from dlrover.metrics.reliability import ReliabilityReport, reliability_report
 from dlrover.ps.dense_shards import dense_summary
 from dlrover.ps.dynamic_tables import default_row, total_counts
+from dlrover.worker.window import WorkerReport
 
 from dlrover.master.job import Job
 
@@ -25,7 +26,7 @@ STATS_TIMEOUT_S = 30.0
 
 
 
-def actor_rows(m: Job, reports: dict[str, dict]) -> list[dict]:
+def actor_rows(m: Job, reports: dict[str, WorkerReport]) -> list[dict]:
     """Resources and latest measurements of each running worker and PS (``reports``: a
     copy of the workers' latest reports)."""
     lz = m.launcher
@@ -34,11 +35,11 @@ def actor_rows(m: Job, reports: dict[str, dict]) -> list[dict]:
     rows = []
     for name in list(lz.workers):
         cpu, mem = lz.resources.get(name, (1.0, 0))
-        r = reports.get(name, {})
+        r = reports.get(name)  # None: no report yet, no figures
         rows.append({
-            "name": name, "role": "worker", "cpus": cpu, "memory_limit_mb": mem, "rss_mb": r.get("rss_mb"),
-            "cpu_util": r["cpu_percent"] / 100.0 / max(cpu, 1e-9) if "cpu_percent" in r else None,
-            "step_time_s": r.get("step_time_s"), "pull_s": r.get("pull_s"), "push_s": r.get("push_s"),
+            "name": name, "role": "worker", "cpus": cpu, "memory_limit_mb": mem, "rss_mb": r.rss_mb if r else None,
+            "cpu_util": r.cpu_percent / 100.0 / max(cpu, 1e-9) if r else None,
+            "step_time_s": r.step_time_s if r else None, "pull_s": r.pull_s if r else None, "push_s": r.push_s if r else None,
         })  # fmt: skip
     ps = m.control.stats.ps() if m.control else {}
     for k in list(lz.ps):

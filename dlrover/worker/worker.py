@@ -306,7 +306,7 @@ class Worker:
         self._stats["compute_s"] += time.perf_counter() - t0
         self._dense_refs = self.dense.push(step.batch_id)
         if self._stats["steps"] == 0:
-            self.master.report.remote(self.name, {"first_step": True})
+            self.master.first_step.remote(self.name)
         loss_sum = float(loss) * n
         self._stats["steps"] += 1
         self._stats["samples"] += n
@@ -365,9 +365,9 @@ class Worker:
 
     def _report(self, now: float) -> None:
         """Send the metrics window to the master and open the next one."""
-        metrics = self._window.metrics(now, self.client.timings, self._input.depth(), self._proc)
         recent = median(self._recent_steps) if self._recent_steps else 0.0  # a window's mean is one stall away from noise
-        self.master.report.remote(self.name, {**metrics, "node_id": self._node, "step_median_s": recent, "pull_ahead": self._ahead.control.depth})
+        report = self._window.metrics(now, self.client.timings, self._input.depth(), self._proc, self._node, recent, self._ahead.control.depth)
+        self.master.report.remote(self.name, report)
         self._send_progress(block=False)
         self._window = MetricsWindow(self.client.timings, now)
 
