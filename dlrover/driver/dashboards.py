@@ -37,7 +37,7 @@ from dlrover.errors import DLRoverError
 if TYPE_CHECKING:
     from dlrover.driver.localhead import LocalHead
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "dashboards" / "dlrover.json"
 PROMETHEUS_YML = ROOT / "dashboards" / "prometheus.yml"
 CHECK_JOB = "jobs/observe.yaml"
