@@ -72,13 +72,14 @@ def cpu_nodes() -> dict[str, float]:
 
 def cluster_cores() -> float:
     """Sum of the cores of the alive nodes that offer Ray CPUs. A node whose probe does not
-    answer counts its Ray CPUs (no over-commit assumed there)."""
+    answer counts its Ray CPUs (no over-commit assumed there). No such node yet (a head
+    without CPUs, nodes still to come from an autoscaler): unbounded, no over-commit."""
     here = ray.get_runtime_context().get_node_id()
     nodes = cpu_nodes()
     cores = run_on_nodes(node_cores, [n for n in nodes if n != here], "core")
     if here in nodes:
         cores[here] = node_cores()
-    return sum(float(cores.get(n, cpus)) for n, cpus in nodes.items())
+    return sum(float(cores.get(n, cpus)) for n, cpus in nodes.items()) or float("inf")
 
 
 def probe_work_s() -> float:
