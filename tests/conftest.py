@@ -99,7 +99,7 @@ def synth_dir_auc(tmp_path_factory):
 
 def events_of(summary_path) -> list[dict]:
     """The rows of a run's ``events.jsonl``, given the path of its ``summary.json``."""
-    from dlrover.runlogs.events import read_events
+    from dlrover.runlogs.event_file import read_events
 
     return [row for _, row in read_events(summary_path.parent / "events.jsonl")]
 

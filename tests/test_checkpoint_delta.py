@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from dlrover.checkpoint.chain import DurableChain, LinkWrite, load_latest_chain
-from dlrover.checkpoint.delta import pack_weights, unpack_weights
+from dlrover.checkpoint.incremental import pack_weights, unpack_weights
 from dlrover.checkpoint.store import CheckpointStore
 from dlrover.master.checkpoint import write_where_payloads_are
 from dlrover.model.dlrm import PSClient, PSEmbeddingBagCollection, make_kjt, table_configs

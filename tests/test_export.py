@@ -105,7 +105,7 @@ def trained_model_logits(trained: dict, data: Path) -> tuple[np.ndarray, np.ndar
 def test_the_exported_model_scores_the_held_out_rows_exactly_as_the_trained_model_does(job, request):
     """With dynamic tables too: the PS-served evaluation reads an unadmitted id's default
     row, the export reads the same row through its map."""
-    from dlrover.metrics.evaluation import evaluate_scores
+    from dlrover.metrics.auc import evaluate_scores
 
     trained = request.getfixturevalue(job)
     labels, scores = predict_csv(trained["model"], trained["heldout"], trained["tmp"] / "scores.csv")

@@ -33,7 +33,7 @@ from dlrover.driver.dashboards import (
     render,
     variable_query,
 )
-from dlrover.runlogs.events import describe_event
+from dlrover.runlogs.event_file import describe_event
 from dlrover.master.telemetry import METRICS, Telemetry
 from dlrover.runlogs.driver_log import event_line, parse_log, progress_line, result_line
 

@@ -18,7 +18,7 @@ from torchrec.modules.fused_embedding_modules import FusedEmbeddingBagCollection
 from dlrover.data.batch import Batch
 from dlrover.data.reader import FileReader
 from dlrover.data.plan import DataPlan
-from dlrover.metrics.evaluation import evaluate_scores
+from dlrover.metrics.auc import evaluate_scores
 from dlrover.model.dlrm import build_dense_dlrm, dense_parameters, make_kjt, table_configs
 from dlrover.ps.dense_ps import make_dense_optimizer
 from dlrover.ps.tables import init_rows

@@ -125,7 +125,7 @@ def train(data: Data, coefficients: np.ndarray, computed: np.ndarray) -> Trained
     ``coefficients[r] @ partition gradients / n``; partitions not ``computed[r]`` update
     no embedding rows."""
     from dlrover.bench.baseline import batch_loss, build_local_model, evaluate_local, predict
-    from dlrover.metrics.evaluation import evaluate_scores
+    from dlrover.metrics.auc import evaluate_scores
     from dlrover.model.dlrm import dense_parameters
 
     rounds, n = coefficients.shape

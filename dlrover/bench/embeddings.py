@@ -119,7 +119,7 @@ def _log(msg: str) -> None:
 
 def _job(spec: JobSpec, runs_dir: str) -> dict:
     """One job's AUC, samples/s, peak PS RSS and dynamic-table counts."""
-    from dlrover.runlogs.events import read_events
+    from dlrover.runlogs.event_file import read_events
     from dlrover.driver.runner import run_job
 
     summary, path = run_job(spec, runs_dir=runs_dir, progress="none", stop_when=JobProgress(spec.name))

@@ -27,7 +27,7 @@ import numpy as np
 
 from dlrover.resource.configs import Config
 from dlrover.resource.perf_model import PerfModel
-from dlrover.runlogs.events import read_events
+from dlrover.runlogs.event_file import read_events
 from dlrover.spec import JobSpec, spec_from_dict
 from dlrover.bench.progress import bench_data
 

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from dlrover.errors import DLRoverError
-from dlrover.runlogs.events import read_events
+from dlrover.runlogs.event_file import read_events
 from dlrover.spec import JobSpec
 
 

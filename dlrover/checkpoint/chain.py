@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from dlrover.checkpoint.delta import QUANTIZE_MODES, ChangedRows, RowChanges, apply_delta, delta_part, full_part, unpack_full
+from dlrover.checkpoint.incremental import QUANTIZE_MODES, ChangedRows, RowChanges, apply_delta, delta_part, full_part, unpack_full
 from dlrover.checkpoint.manifest import FileEntry
 from dlrover.checkpoint.store import CheckpointError, CheckpointInfo, CheckpointStore
 

@@ -1,6 +1,6 @@
 """Run event log: timestamped rows a pandas DataFrame reads directly (``pd.DataFrame(rows)``).
 
-Reading and wording a written log is ``dlrover.runlogs.events`` (no master needed for that)."""
+Reading and wording a written log is ``dlrover.runlogs.event_file`` (no master needed for that)."""
 
 from __future__ import annotations
 

@@ -32,7 +32,7 @@ from dlrover.master.chaos import ChaosInjector
 from dlrover.master.checkpoint import Checkpointer
 from dlrover.master.control import Controller
 from dlrover.master.drain import NodeDrains
-from dlrover.master.evaluation import Evaluator
+from dlrover.master.evaluator import Evaluator
 from dlrover.master.events import NOTABLE_EVENTS, EventLog
 from dlrover.master.launcher import Launcher
 from dlrover.master.persist import MasterState

@@ -24,11 +24,11 @@ import ray
 import torch
 
 from dlrover.faults.injected import ChaosState
-from dlrover.checkpoint.delta import ChangedRows
+from dlrover.checkpoint.incremental import ChangedRows
 from dlrover.metrics.process import owned_rss_mb
 from dlrover.faults.preemption import on_sigterm
 from dlrover.ps.applied import AppliedLog, BatchId
-from dlrover.ps.delta import CutTracker, report
+from dlrover.ps.checkpoint_rows import CutTracker, report
 from dlrover.ps.dynamic import MAP_STATES
 from dlrover.ps.dynamic_tables import DynamicCounts, DynamicTables, Translated
 from dlrover.ps.migration import DirtyRows
@@ -291,7 +291,7 @@ class EmbeddingPS(VShardMoves):
 
     # -- durable checkpoint deltas --
     def cut_changes(self) -> ChangedRows:
-        """The global rows pushed since the previous cut (:mod:`dlrover.ps.delta`), for the
+        """The global rows pushed since the previous cut (:mod:`dlrover.ps.checkpoint_rows`), for the
         master's next durable delta; called at every cut, with the workers parked."""
         with self._lock:
             ended = self._cut_tracker

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from dlrover.runlogs.events import config_text, describe_event
+from dlrover.runlogs.event_file import config_text, describe_event
 
 LOG_PREFIX = "[dlrover]"
 _LINE = re.compile(re.escape(LOG_PREFIX) + r" (\S+) (progress|event|result) (.*)$")

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from dlrover.errors import DataError
-from dlrover.runlogs.events import read_events
+from dlrover.runlogs.event_file import read_events
 
 # Event markers: colour, legend label, line style (failures dotted and thicker: they often
 # coincide with the scale event that handles them).

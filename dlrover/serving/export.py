@@ -25,7 +25,7 @@ from dlrover.errors import DataError, SpecError, format_validation_error
 from dlrover.serving.id_map import IdMap
 from dlrover.model.dlrm import dense_arches
 from dlrover.paths import out_dir
-from dlrover.runlogs.events import read_events
+from dlrover.runlogs.event_file import read_events
 from dlrover.serving.model import DENSE_FILE, FORMAT, HASHING, ID_MAPS_FILE, MANIFEST, SCORE, TABLES_FILE, FileDigest, Manifest, sha256_of
 from dlrover.spec import JobSpec, ModelSpec
 

@@ -10,7 +10,7 @@ for the live ``Controller``. What differs is the runtime:
   :class:`~dlrover.sim.truth.Truth` of the kind ``SimSettings.truth`` names, from the
   trace's ``t0..t4`` or a measured profile; speed from the nodes it runs on). The policy
   never sees the truth: its driver is fed the job's progress (times a per-window noise),
-  step times and RSS samples (:mod:`dlrover.sim.control`) and the policy fits its own
+  step times and RSS samples (:mod:`dlrover.sim.control_loop`) and the policy fits its own
   ``PerfModel``.
 * **costs.** A first start and a restart after a failure hold the resources for
   ``restart_s`` without progress; a reconfiguration runs at the smaller of the old and
@@ -29,7 +29,7 @@ for the live ``Controller``. What differs is the runtime:
 
 Progress is piecewise linear: between events each job's rate is constant, and its
 completion and OOM times are scheduled from it (stale events are skipped by version).
-Placement is in :mod:`dlrover.sim.placement`, the job record and truth in :mod:`dlrover.sim.job`.
+Placement is in :mod:`dlrover.sim.placing`, the job record and truth in :mod:`dlrover.sim.job`.
 """
 
 from __future__ import annotations
@@ -46,10 +46,10 @@ from dlrover.resource.history import HistoryRecord
 from dlrover.resource.configs import Budget, Config
 from dlrover.resource.plan import Policy
 from dlrover.sim.cluster import Cluster, ClusterSpec
-from dlrover.sim.control import ControlMixin
+from dlrover.sim.control_loop import ControlMixin
 from dlrover.sim.faults import DAY_S, FaultsMixin
 from dlrover.sim.job import SimJob, SimResult, SimSettings, oom_progress, peaks, rss_total
-from dlrover.sim.placement import PlacementMixin
+from dlrover.sim.placing import PlacementMixin
 from dlrover.sim.profile_truth import ids_per_sample_of, make_truth
 from dlrover.sim.trace import validate_trace
 

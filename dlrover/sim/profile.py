@@ -61,7 +61,7 @@ import numpy as np
 import pandas as pd
 
 from dlrover.errors import DataError
-from dlrover.runlogs.events import read_events
+from dlrover.runlogs.event_file import read_events
 from dlrover.resource.perf_model import DEFAULT_PRIOR, REFERENCE_IDS, PerfParams, features, fit_params, throughput
 
 PROFILES_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "profiles"

@@ -44,7 +44,7 @@ from dlrover.ps.shm import LocalLinks
 from dlrover.ps.vshard import VShardMap
 from dlrover.worker.batches import ShardProgress, Step
 from dlrover.worker.dense_client import DenseClient
-from dlrover.worker.evaluation import Evaluator
+from dlrover.worker.scoring import Evaluator
 from dlrover.worker.gate import Aborted, PauseGate
 from dlrover.worker.inputs import PAUSE_POLL_S, ShardInput
 from dlrover.worker.lookahead import Lookahead, PullAhead, ring_slots

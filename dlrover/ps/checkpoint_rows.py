@@ -4,7 +4,7 @@ A separate :class:`~dlrover.ps.migration.DirtyRows` from the one live migration 
 (that one lives only between a migration's two rounds). It is swapped for a fresh one at
 every cut, while the workers are parked with every push applied, so each report covers
 exactly the pushes between two consecutive cuts; the master unions the reports up to
-the next durable cut (:class:`dlrover.checkpoint.delta.RowChanges`).
+the next durable cut (:class:`dlrover.checkpoint.incremental.RowChanges`).
 
 The tracker records local rows of the layout it was started under. If the tables were
 rebuilt or re-mapped since (a rollback's ``restore``, a migration's ``commit_switch``: the
@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dlrover.checkpoint.delta import ChangedRows
+from dlrover.checkpoint.incremental import ChangedRows
 from dlrover.ps.migration import DirtyRows
 from dlrover.ps.vshard import VShardMap
 

@@ -13,7 +13,7 @@ import torch
 from dlrover.data.plan import DataPlan
 from dlrover.master.events import EventLog
 from dlrover.master.launcher import Launcher
-from dlrover.metrics.evaluation import evaluate_scores
+from dlrover.metrics.auc import evaluate_scores
 
 PERIODIC_EVAL_MAX_RANGES = 4  # periodic evaluation scores a bounded slice of the held-out rows
 
