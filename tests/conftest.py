@@ -24,7 +24,7 @@ RAY_SIGNS = ("ray_local", "ray.init", "cluster_utils", "run_job", "LocalHead", "
 # Files whose Ray-starting tests get there through parametrised fixtures or the CLI in
 # another process, where the source of the test itself does not show it: all marked.
 STARTS_RAY = frozenset({
-    "test_cli.py", "test_observability.py", "test_drain.py", "test_localhead.py", "test_export.py", "test_own_data.py",
+    "test_cli.py", "test_observability.py", "test_drain.py", "test_export.py", "test_own_data.py",
     "test_object_store.py", "test_pal_live.py", "test_faults.py",
 })  # fmt: skip
 

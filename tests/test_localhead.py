@@ -1,4 +1,4 @@
-"""Ports of a local Ray head (``dlrover.driver.localhead.free_port``): pure logic, no Ray."""
+"""A local Ray head (``dlrover.driver.localhead``): its ports and a start that dies, without Ray."""
 
 from __future__ import annotations
 
@@ -23,3 +23,19 @@ def test_no_port_left_outside_the_ephemeral_range_is_a_one_line_error(monkeypatc
     monkeypatch.setattr(localhead, "ephemeral_range", lambda: (1024, 65535))
     with pytest.raises(DLRoverError, match="no free loopback port"):
         localhead.free_port()
+
+
+def test_a_head_that_dies_while_starting_is_started_once_more_then_named_with_its_last_words(monkeypatch, tmp_path):
+    """A stand-in ``ray`` that counts its starts and dies as a raylet losing its dashboard
+    agent would: two starts, then one line with the head's own last words."""
+    import stat
+
+    count = tmp_path / "starts"
+    fake = tmp_path / "ray"
+    fake.write_text(f"#!/bin/sh\necho x >> {count}\necho 'INFO starting'\necho 'Some Ray subprocesses exited unexpectedly: raylet [exit code=1]'\nexit 1\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setattr(localhead.shutil, "which", lambda *a, **k: str(fake))
+    with pytest.raises(DLRoverError, match=r"exited with code 1: Some Ray subprocesses exited unexpectedly: raylet \[exit code=1\]$"):
+        with localhead.LocalHead():
+            pass
+    assert len(count.read_text().splitlines()) == 2

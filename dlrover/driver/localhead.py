@@ -89,8 +89,21 @@ class LocalHead:
         self.address = ""
         self.gcs = ""
         self.metrics_port = 0
+        self._died = False  # the last start failed because the head's process exited
 
     def __enter__(self) -> "LocalHead":
+        """Start the head. A head that dies while it starts is started once more: on a busy
+        machine Ray's dashboard agent can die before it registers, and the raylet with it
+        (a transient failure Ray knows of, ray-project/ray#42514); a second death is the error."""
+        try:
+            return self._start()
+        except DLRoverError:
+            if not self._died:
+                raise
+        return self._start()
+
+    def _start(self) -> "LocalHead":
+        self._died = False
         ray_bin = shutil.which("ray", path=str(Path(sys.executable).parent)) or shutil.which("ray") or "ray"
         self.temp_dir = tempfile.mkdtemp(prefix="dlrover-ray-")
         port, dash, agent, self.metrics_port = free_port(), free_port(), free_port(), free_port()
@@ -110,9 +123,11 @@ class LocalHead:
         env.pop("RAY_ADDRESS", None)
         self.address, self.gcs = f"http://127.0.0.1:{dash}", f"127.0.0.1:{port}"
         try:
-            self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+            with open(os.path.join(self.temp_dir, "head.out"), "wb") as out:  # `ray start`'s own words, for a failed start
+                self.proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
             self._wait_for_jobs_api(agent)
         except BaseException:
+            self._died = self.proc is not None and self.proc.poll() is not None
             self.__exit__(None, None, None)
             raise
         return self
@@ -132,8 +147,18 @@ class LocalHead:
 
         wait_until(
             ready, self.proc, START_TIMEOUT_S,
-            lambda why: f"the Ray head at {self.address} {why} (logs: {self.temp_dir}/session_latest/logs)",
+            lambda why: f"the Ray head at {self.address} {why}{self._last_words()}",
         )
+
+    def _last_words(self) -> str:
+        """The last line of ``ray start``'s output that says something went wrong (its logs
+        go with the temp directory when the head stops)."""
+        try:
+            lines = [ln.strip() for ln in open(os.path.join(self.temp_dir, "head.out"), errors="replace") if ln.strip()]
+        except OSError:
+            return ""
+        bad = [ln for ln in lines if any(w in ln for w in ("ERROR", "Error", "error", "exited", "died", "failed"))]
+        return f": {(bad or lines or [''])[-1][:300]}" if lines else ""
 
     def __exit__(self, *exc) -> None:
         if self.proc is not None:
