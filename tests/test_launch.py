@@ -69,6 +69,7 @@ os._exit(1)
 """
 
 
+@pytest.mark.ray  # starts a head of its own, in a script the marker's source check does not see
 @pytest.mark.timeout(600)
 def test_on_an_autoscaling_cluster_a_job_that_does_not_fit_yet_waits_for_nodes_saying_so(synth_dir, tmp_path):
     """A head with no CPUs and an autoscaler that can add nodes: the job does not fail at
