@@ -50,7 +50,13 @@ from dlrover.driver.rayauth import use_token_auth
 from dlrover.driver.runner import run_job
 
 use_token_auth()
-ray.init(address={gcs!r}, namespace="dlrover", logging_level="ERROR")
+for attempt in range(30):  # the head may still be starting on a busy machine
+    try:
+        ray.init(address={gcs!r}, namespace="dlrover", logging_level="ERROR")
+        break
+    except ConnectionError:
+        ray.shutdown()
+        time.sleep(2)
 spec = small_spec({data!r}, resources__dense_ps_cpu=0)
 threading.Thread(target=run_job, args=(spec,), kwargs=dict(runs_dir={runs!r}, progress="none"), daemon=True).start()
 deadline = time.monotonic() + 300
