@@ -54,28 +54,37 @@ class Fit:
     demands: list[Demand] = field(default_factory=list)
     nodes: list[Node] = field(default_factory=list)
 
+    def largest(self) -> list[float]:
+        """Per resource, the most any one node has."""
+        return [max((n.amounts()[i] for n in self.nodes), default=0.0) for i in range(len(RESOURCES))]
+
+    def have(self) -> list[float]:
+        """Per resource, what all nodes have together."""
+        return [sum(n.amounts()[i] for n in self.nodes) for i in range(len(RESOURCES))]
+
+    def need(self) -> list[float]:
+        """Per resource, what all the actors ask for together."""
+        return [sum(d.amounts()[i] for d in self.demands) for i in range(len(RESOURCES))]
+
     @property
     def impossible(self) -> bool:
         """No placement at all can hold the job: an actor larger than every node, or more
         of a resource than all nodes have. (A greedy packing that fails short of that
         may still be beaten by Ray's own placement.)"""
-        largest = [max((n.amounts()[i] for n in self.nodes), default=0.0) for i in range(len(RESOURCES))]
-        have = [sum(n.amounts()[i] for n in self.nodes) for i in range(len(RESOURCES))]
-        need = [sum(d.amounts()[i] for d in self.demands) for i in range(len(RESOURCES))]
+        largest, have, need = self.largest(), self.have(), self.need()
         return any(w > h + _EPS for d in self.demands for w, h in zip(d.amounts(), largest)) or any(n > h + _EPS for n, h in zip(need, have))
 
     def shortfall(self) -> str:
         """One clause naming what is missing: an actor no node is large enough for, or
         the totals the job needs against the cluster's."""
-        largest = [max((n.amounts()[i] for n in self.nodes), default=0.0) for i in range(len(RESOURCES))]
+        largest = self.largest()
         for d in self.unplaced:
             too_big = [r for r, want, have in zip(RESOURCES, d.amounts(), largest) if want > have + _EPS]
             if too_big:
                 r = too_big[0]
                 i = RESOURCES.index(r)
                 return f"a {d.role} asks for {_amount(r, d.amounts()[i])} and the largest node has {_amount(r, largest[i])}"
-        need = [sum(d.amounts()[i] for d in self.demands) for i in range(len(RESOURCES))]
-        have = [sum(n.amounts()[i] for n in self.nodes) for i in range(len(RESOURCES))]
+        need, have = self.need(), self.have()
         i = next((i for i in range(len(RESOURCES)) if need[i] > have[i] + _EPS), 0)
         groups = Counter((d.role, d.amounts()[i]) for d in self.demands if d.amounts()[i] > 0)
         asked = " + ".join(f"{k} {PLURAL.get(role, role) if k > 1 else role} x {_amount(RESOURCES[i], v)}" for (role, v), k in groups.items())
