@@ -8,6 +8,8 @@ most half a quantization step per value.
 
 from __future__ import annotations
 
+import functools
+
 import os
 import shutil
 import subprocess
@@ -22,6 +24,7 @@ from dlrover.checkpoint.chain import DurableChain, LinkWrite, load_latest_chain
 from dlrover.checkpoint.incremental import pack_weights, unpack_weights
 from dlrover.checkpoint.store import CheckpointStore
 from dlrover.master.checkpoint import write_where_payloads_are
+from dlrover.master.cluster import RayCluster
 from dlrover.model.dlrm import PSClient, PSEmbeddingBagCollection, make_kjt, table_configs
 from dlrover.ps.embedding_ps import EmbeddingPS
 from dlrover.ps.vshard import VShardMap
@@ -62,7 +65,7 @@ class Job:
     def durable(self, payloads: list) -> str:
         """Write the cut as the master does: each payload's file by a task where it is."""
         meta = {"seq": self.seq, "extra": {"vmap": {"table_sizes": SIZES, "num_vshards": V}}}
-        return self.chain.write(self.chain.plan(self.seq), payloads, {"step": self.seq}, meta, parts=write_where_payloads_are)[1]
+        return self.chain.write(self.chain.plan(self.seq), payloads, {"step": self.seq}, meta, parts=functools.partial(write_where_payloads_are, RayCluster()))[1]
 
 
 def by_vshard(payloads: list[dict]) -> dict[tuple[int, int], list[np.ndarray]]:
@@ -181,7 +184,7 @@ def test_payloads_in_memory_and_from_disk_are_written_each_to_its_own_file_in_or
     mixed = [refs[0], ray_local.get(refs[1]), refs[1]]
     link = LinkWrite(CheckpointStore(tmp_path / "out"), 1, "none", V, job.vmap.rows_per_vshard(), None)
     link.store.begin(1, {})
-    written = write_where_payloads_are(link, mixed)
+    written = write_where_payloads_are(RayCluster(), link, mixed)
     assert [key for key, _ in written] == ["ps_0", "ps_1", "ps_2"]
     files = {key: torch.load(tmp_path / "out" / "ckpt-00000001" / f"{key}.pt", weights_only=True) for key, _ in written}
     assert [np.asarray(f["vshards"]).tolist() for f in files.values()] == [np.asarray(ray_local.get(p)["vshards"]).tolist() for p in (refs[0], refs[1], refs[1])]

@@ -227,7 +227,9 @@ class PsOnly:
     """What a Scaler asks of its launcher, for PS actors alone (no workers to park)."""
 
     def __init__(self, ps: dict, vmap: VShardMap) -> None:
-        self.ps, self.vmap, self.workers = ps, vmap, {}
+        from dlrover.master.cluster import RayCluster
+
+        self.ps, self.vmap, self.workers, self.cluster = ps, vmap, {}, RayCluster()
 
     def remove_ps(self, k: int) -> None:
         self.ps.pop(k)

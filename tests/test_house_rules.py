@@ -299,3 +299,20 @@ def test_line_limit_exemptions_only_list_files_still_over_the_limit() -> None:
     counts = {where(m): line_count(p) for m, p in modules().items()}
     stale = sorted(f"{f} ({counts[f]} lines)" if f in counts else f"{f} (gone)" for f in LINE_LIMIT_EXEMPT if counts.get(f, 0) <= MAX_LINES)
     assert not stale, "take these off LINE_LIMIT_EXEMPT, they are within the limit now:\n" + "\n".join(stale)
+
+
+RAY_BOUNDARY = "dlrover.master.cluster"
+
+
+def test_inside_the_master_package_only_its_cluster_module_imports_ray() -> None:
+    """Every Ray call of the master goes through ``dlrover.master.cluster``, which tests
+    replace with a fake: any other master module importing ray would escape it."""
+    known = frozenset(modules())
+    bad = [
+        f"{where(m)}:{i.line} imports {i.module}"
+        for m, path in modules().items()
+        if m.startswith("dlrover.master.") and m != RAY_BOUNDARY
+        for i in imports_of(path.read_text(), m, path.name == "__init__.py", known)
+        if i.module == "ray" or i.module.startswith("ray.")
+    ]
+    assert not bad, f"only {RAY_BOUNDARY} may import ray inside dlrover/master:\n" + "\n".join(bad)

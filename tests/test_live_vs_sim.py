@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pandas as pd
 
 from conftest import small_spec
+from fake_cluster import FakeCluster
 from dlrover.master.scaler import ScaleOp, ScalePhase, ScalePlan, ScaleResult
 from dlrover.resource.configs import Config
 from dlrover.resource.perf_model import PerfParams, throughput
@@ -26,6 +27,7 @@ class FakeLauncher:
     """The job's actors by name with their (CPUs, memory MB), as the real Launcher keeps them."""
 
     def __init__(self, job: str) -> None:
+        self.cluster = FakeCluster()
         self.job, self.workers, self.ps, self.resources, self.vmap = job, {}, {}, {}, "routing"
         self.next_worker = self.next_ps = 0
 
@@ -47,7 +49,7 @@ class FakeLauncher:
     def add_ps(self, cpu: float, mem: int) -> int:
         k = self.next_ps
         self.next_ps += 1
-        self.ps[k], self.resources[self.ps_name(k)] = FakePS(self), (cpu, mem)
+        self.ps[k], self.resources[self.ps_name(k)] = self.cluster.actor(FakePS, self), (cpu, mem)
         return k
 
     def config(self, exclude: frozenset = frozenset()) -> Config:
@@ -60,7 +62,10 @@ class FakePS:
     """A PS whose stats say what the simulator's truth says: RSS = its share of the tables + 512 MB."""
 
     def __init__(self, launcher: FakeLauncher) -> None:
-        self.stats = SimpleNamespace(remote=lambda: {"uptime_s": 1.0, "busy_s": 0.0, "rss_mb": NEEDS_MB["ps"] / len(launcher.ps) + 512.0})
+        self.launcher = launcher
+
+    def stats(self) -> dict:
+        return {"uptime_s": 1.0, "busy_s": 0.0, "rss_mb": NEEDS_MB["ps"] / len(self.launcher.ps) + 512.0}
 
 
 class FakeScaler:
@@ -98,6 +103,7 @@ class FakeMaster:
     def __init__(self, spec, total: float) -> None:
         self.spec, self.job_id, self.t0, self.now = spec, "t", 0.0, 0.0
         self.launcher = FakeLauncher("t")
+        self.cluster = self.launcher.cluster
         self.events = SimpleNamespace(add=lambda kind, **fields: None)
         self.scale_events: list = []
         self.books = FakeBooks(self.launcher, total)
@@ -197,14 +203,11 @@ def simulated_decisions(spec, total: float) -> list[tuple[float, dict]]:
     return [(e["t_s"], e["config"]) for e in res.events.to_dict("records") if e["kind"] == "scale"]
 
 
-def test_dlrover_rm_takes_the_same_decisions_live_and_simulated(tmp_path, monkeypatch):
+def test_dlrover_rm_takes_the_same_decisions_live_and_simulated(tmp_path):
     """The real dlrover_rm policy, fed the same job (reports at the truth's throughput, PS
     RSS over its watermark) by the live Controller and by the simulator, makes the same
     decisions: a memory correction first, then a model-driven rescale once the cooldown
     and the profile window allow it."""
-    import ray
-
-    monkeypatch.setattr(ray, "get", lambda refs, timeout=None: list(refs))  # the fake PS answer at once
     spec, total = job_spec(tmp_path), 3e8
     live = live_decisions(spec, total)
     assert [t for t, _ in live] == [TICK_S, 4 * TICK_S]  # the first tick; then the cooldown (900 s) after it

@@ -34,7 +34,7 @@ from dlrover.driver.dashboards import (
     variable_query,
 )
 from dlrover.runlogs.event_file import describe_event
-from dlrover.master.telemetry import METRICS, Telemetry
+from dlrover.metrics.telemetry import METRICS, Telemetry
 from dlrover.runlogs.driver_log import event_line, parse_log, progress_line, result_line
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-import ray
-
+from dlrover.master.cluster import ActorDied, CallTimeout
 from dlrover.master.job import Job
 from dlrover.resource.plan import ActorMetrics
 
@@ -57,8 +56,8 @@ class ActorStats:
         lz = self.m.launcher
         ids = list(lz.ps)
         try:
-            stats = ray.get([lz.ps[k].stats.remote() for k in ids], timeout=PS_STATS_TIMEOUT_S)
-        except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError):
+            stats = self.m.cluster.get([lz.ps[k].stats.remote() for k in ids], timeout=PS_STATS_TIMEOUT_S)
+        except (CallTimeout, ActorDied):
             return self._ps  # a PS lost: recovery's probes find it
         out = {}
         for k, st in zip(ids, stats):

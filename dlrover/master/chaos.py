@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import ray
-
 from dlrover.faults.records import FailureKind
 from dlrover.spec import ChaosEvent
 
@@ -71,7 +69,7 @@ class ChaosInjector:
                 h.set_chaos.remote(latency_ms={ps_id: ev.ms})
         elif ev.action == "kill":
             self.m.recovery.expect_failure(name, self.now())
-            ray.kill(handle, no_restart=True)
+            self.m.cluster.kill(handle)
         elif ev.action == "slow":
             handle.set_chaos.remote(slowdown=ev.factor)
         elif ev.action == "delay":
@@ -83,7 +81,7 @@ class ChaosInjector:
     def _kill_node(self, ev: ChaosEvent, i: int, now: float) -> None:
         """``node:i``: every worker and PS of the job on the i-th node dies at once."""
         lz = self.m.launcher
-        nodes = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
+        nodes = sorted(self.m.cluster.alive_nodes())
         if i >= len(nodes):
             self.m.events.add("chaos_skipped", action=ev.action, target=ev.target, why=f"only {len(nodes)} nodes")
             return
@@ -91,7 +89,7 @@ class ChaosInjector:
         victims = [n for n, nd in lz.nodes.items() if nd == node and lz.handle(n) is not None]
         for name in victims:
             self.m.recovery.expect_failure(name, self.now(), FailureKind.NODE_LOSS)
-            ray.kill(lz.handle(name), no_restart=True)
+            self.m.cluster.kill(lz.handle(name))
         self._fired(ev, now, f"node {node[:12]}", actors=victims)
 
     def _fired(self, ev: ChaosEvent, now: float, actor: str, **more: Any) -> None:

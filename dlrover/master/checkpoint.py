@@ -26,14 +26,15 @@ import threading
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import functools
+
 import numpy as np
-import ray
 
 from dlrover.checkpoint.chain import DurableChain, LinkWrite
 from dlrover.checkpoint.manifest import FileEntry
 from dlrover.checkpoint.store import CheckpointError, CheckpointStore
 from dlrover.master.books import Cut, held_samples
-from dlrover.master.scaler import get_alive
+from dlrover.master.cluster import CallTimeout, Cluster, RayError, get_alive
 from dlrover.metrics.reliability import failure_rate_per_s, young_daly_interval_s
 
 from dlrover.master.job import Job
@@ -43,53 +44,38 @@ PAUSE_TIMEOUT_S = 30.0
 OBJECT_GET_TIMEOUT_S = 30.0
 
 
-@ray.remote(num_cpus=0)
-def _write_parts(link: LinkWrite, parts: list[tuple[int, Any]]) -> list[tuple[str, FileEntry]]:
-    """Write the files of ``parts`` (payload index, payload or its ObjectRef) in this
-    process, one thread each: hashing and file I/O release the GIL, so several files
-    overlap their disk waits as separate processes did."""
+def write_parts(link: LinkWrite, indices: list[int], *payloads: Any) -> list[tuple[str, FileEntry]]:
+    """Write the files of ``payloads`` (their indices in the checkpoint: ``indices``) in
+    this process, one thread each: hashing and file I/O release the GIL, so several
+    files overlap their disk waits as separate processes did. Run as a task, whose
+    arguments Ray has fetched (from this node's object store: no copy)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    def one(part: tuple[int, Any]) -> tuple[str, FileEntry]:
-        i, p = part
-        return link.write(i, ray.get(p) if isinstance(p, ray.ObjectRef) else p)
-
-    with ThreadPoolExecutor(max_workers=len(parts), thread_name_prefix="checkpoint-part") as pool:
-        return list(pool.map(one, parts))
+    with ThreadPoolExecutor(max_workers=len(payloads), thread_name_prefix="checkpoint-part") as pool:
+        return list(pool.map(link.write, indices, payloads))
 
 
-@ray.remote(num_cpus=0)
-def _writer_ready() -> None:
+def writer_ready() -> None:
     """Nothing: the process that runs it has loaded this module (torch and the checkpoint
     code), which is what ``Checkpointer.warm_writers`` wants done before training."""
 
 
-def write_where_payloads_are(link: LinkWrite, payloads: list[Any]) -> list[tuple[str, FileEntry]]:
+def write_where_payloads_are(cluster: Cluster, link: LinkWrite, payloads: list[Any]) -> list[tuple[str, FileEntry]]:
     """The PS payloads' durable files, written by one task on each node holding some of
     them (it reads them there without a copy): no process gathers them. One task a node,
     not one a payload: each task beyond the first on a node would start a fresh Ray
     worker process (importing torch, about 2 s of CPU) while training goes on; one task
     runs in the process ``Checkpointer.warm_writers`` started. Payloads that are not
-    ObjectRefs (loaded from disk by a recovery) and objects whose node Ray does not know
-    go to one task placed by Ray."""
-    from ray.experimental import get_object_locations
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    refs = [p for p in payloads if isinstance(p, ray.ObjectRef)]
-    try:
-        where = get_object_locations(refs, timeout_ms=int(OBJECT_GET_TIMEOUT_S * 1000)) if refs else {}
-    except (RuntimeError, ray.exceptions.RayError):  # placement is an optimisation: Ray places them
-        where = {}
+    refs (loaded from disk by a recovery) and objects whose node Ray does not know go
+    to one task placed by Ray."""
+    where = cluster.object_nodes([p for p in payloads if cluster.is_ref(p)])
     by_node: dict[str | None, list[tuple[int, Any]]] = {}
     for i, p in enumerate(payloads):
-        nodes = where.get(p, {}).get("node_ids") if isinstance(p, ray.ObjectRef) else None
+        nodes = where.get(p) if cluster.is_ref(p) else None
         by_node.setdefault(nodes[0] if nodes else None, []).append((i, p))
-    shared = ray.put(link)
-    tasks = [
-        _write_parts.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=True) if node else "DEFAULT").remote(shared, parts)
-        for node, parts in by_node.items()
-    ]
-    written = {i: f for parts, files in zip(by_node.values(), ray.get(tasks)) for (i, _), f in zip(parts, files)}
+    shared = cluster.put(link)
+    tasks = [cluster.task(write_parts, shared, [i for i, _ in parts], *[p for _, p in parts], node=node) for node, parts in by_node.items()]
+    written = {i: f for parts, files in zip(by_node.values(), cluster.get(tasks)) for (i, _), f in zip(parts, files)}
     return [written[i] for i in range(len(payloads))]
 
 
@@ -194,26 +180,26 @@ class Checkpointer:
         t0 = m.clock()
         names, live = list(workers), []
         try:
-            parked = get_alive([workers[n].pause.remote(timeout_s) for n in names], timeout_s + 1)
+            parked = get_alive(m.cluster, [workers[n].pause.remote(timeout_s) for n in names], timeout_s + 1)
             live = [n for n, p in zip(names, parked) if p is not None]
             if any(p is False for p in parked):
                 m.events.add("checkpoint_skipped", why="a worker did not pause in time")
                 return None
             trained: dict[int, tuple[int, int]] = {}
-            for t in get_alive([workers[n].trained.remote() for n in live], timeout_s + 1):
+            for t in get_alive(m.cluster, [workers[n].trained.remote() for n in live], timeout_s + 1):
                 trained.update({int(k): tuple(v) for k, v in (t or {}).items()})
             ps = dict(lz.ps)
             changed = [h.cut_changes.remote() for h in ps.values()]  # rows pushed since the last cut
             snaps = [h.snapshot.options(num_returns=2).remote() for h in ps.values()]
-            ray.get([nbytes for nbytes, _ in snaps], timeout=timeout_s)  # and so each payload is in the object store
-            changed = ray.get(changed, timeout=timeout_s)
+            m.cluster.get([nbytes for nbytes, _ in snaps], timeout=timeout_s)  # and so each payload is in the object store
+            changed = m.cluster.get(changed, timeout=timeout_s)
             # What each PS had applied at the cut: partial recovery reports a dead one's.
-            stats = ray.get([h.stats.remote() for h in ps.values()], timeout=timeout_s)
+            stats = m.cluster.get([h.stats.remote() for h in ps.values()], timeout=timeout_s)
             bags = {str(k): int(st["rows_updated"]) for k, st in zip(ps, stats)}
             ids = {str(k): int(st["ids_updated"]) for k, st in zip(ps, stats)}
-            dense = lz.dense.state(timeout_s)
+            dense = lz.dense.state(timeout_s, get=m.cluster.get)
             cut = m.books.cut(trained)
-        except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError) as e:
+        except (RayError, CallTimeout) as e:
             m.events.add("checkpoint_skipped", why=str(e).strip().splitlines()[0][:200])
             if self.chain is not None:
                 self.chain.broken()  # some PS may have started counting afresh
@@ -221,7 +207,7 @@ class Checkpointer:
         finally:
             # Wait only for those that answered the pause: a frozen one would hold the loop.
             resumed = {n: workers[n].resume.remote() for n in names}
-            get_alive([resumed[n] for n in live], timeout_s + 1)
+            get_alive(m.cluster, [resumed[n] for n in live], timeout_s + 1)
         pause = m.clock() - t0
         refs = [payload for _, payload in snaps]
         self._seq += 1
@@ -249,14 +235,12 @@ class Checkpointer:
         master restart, where the PS's nodes are not known yet)."""
         if self.store is None:
             return
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
         lz = self.m.launcher
         nodes = {lz.nodes[n] for n in map(lz.ps_name, lz.ps) if n in lz.nodes}
         try:
-            ready = [_writer_ready.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=True)).remote() for n in nodes]
-            ray.get(ready, timeout=OBJECT_GET_TIMEOUT_S)
-        except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError) as e:
+            ready = [self.m.cluster.task(writer_ready, node=n) for n in nodes]
+            self.m.cluster.get(ready, timeout=OBJECT_GET_TIMEOUT_S)
+        except (RayError, CallTimeout) as e:
             self.m.events.add("checkpoint_writers_not_started", error=f"{type(e).__name__}: {str(e)[:200]}")
 
     def write_durable(self, ckpt: Checkpoint, now: float) -> None:
@@ -270,7 +254,7 @@ class Checkpointer:
             if previous is not None:
                 previous.join()  # a delta builds on the write before it
             try:
-                info, kind = self.chain.write(plan, list(ckpt.ps), ckpt.dense, ckpt.meta(), parts=write_where_payloads_are)
+                info, kind = self.chain.write(plan, list(ckpt.ps), ckpt.dense, ckpt.meta(), parts=functools.partial(write_where_payloads_are, self.m.cluster))
             except Exception as e:  # noqa: BLE001 - reported, the job goes on
                 self._write_error = f"{type(e).__name__}: {e}"
                 self.m.events.add("checkpoint_write_failed", seq=ckpt.seq, error=self._write_error[:300])
@@ -308,15 +292,15 @@ class Checkpointer:
         ckpt = self.latest
         if ckpt is not None and ckpt.ps is None:
             return self._durable_or_initial()  # released: on disk only
-        if ckpt is not None and not all(isinstance(p, ray.ObjectRef) for p in ckpt.ps):
+        if ckpt is not None and not all(map(self.m.cluster.is_ref, ckpt.ps)):
             return ckpt, list(ckpt.ps), "durable"  # loaded from disk by an earlier recovery
         if ckpt is not None:
             try:
-                ready, _ = ray.wait(list(ckpt.ps), num_returns=len(ckpt.ps), timeout=OBJECT_GET_TIMEOUT_S, fetch_local=True)
+                ready, _ = self.m.cluster.wait(list(ckpt.ps), num_returns=len(ckpt.ps), timeout=OBJECT_GET_TIMEOUT_S)
                 if len(ready) == len(ckpt.ps):
-                    ray.get(list(ckpt.ps), timeout=OBJECT_GET_TIMEOUT_S)  # raises if an object is lost
+                    self.m.cluster.get(list(ckpt.ps), timeout=OBJECT_GET_TIMEOUT_S)  # raises if an object is lost
                     return ckpt, list(ckpt.ps), "memory"
-            except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError) as e:
+            except (RayError, CallTimeout) as e:
                 self.m.events.add("checkpoint_lost", seq=ckpt.seq, error=str(e).strip().splitlines()[0][:200])
         return self._durable_or_initial()
 

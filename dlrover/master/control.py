@@ -17,9 +17,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import ray
-
 from dlrover.master.actor_stats import ActorStats
+from dlrover.master.cluster import ActorDied
 from dlrover.master.scale_events import FirstSteps, ScaleEvent, ScaleKind
 from dlrover.master.scaler import MigrationAborted, ScaleOp, ScalePhase, ScalePlan, Scaler, ScaleResult, scale_plan
 from dlrover.resource.configs import Config, job_budget
@@ -237,7 +236,7 @@ class Controller:
         op, plan = r.op, r.plan
         try:
             ready = self.scaler.ready(op)
-        except ray.exceptions.RayActorError as e:
+        except ActorDied as e:
             ready, error = False, f"a new actor failed to start: {str(e).strip().splitlines()[0]}"
         else:
             error = None if ready or not self.scaler.late(op) else f"new actors not running after {self.scaler.launch_timeout_s:.0f}s (cluster full?)"

@@ -17,21 +17,13 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import ray
-
+from dlrover.master.cluster import RayError
 from dlrover.master.job import Job
 
 EVICT_MARGIN_S = 15.0  # drained workers still there this long before the deadline are stopped
 NOTICE_GRACE_S = 30.0  # a SIGTERMed actor's time before its kill (Kubernetes' default grace period)
 PARK_TIMEOUT_S = 5.0
 RETRY_S = 10.0  # a replacement that failed (cluster full?) is tried again after this
-
-
-def ray_draining_nodes() -> dict[str, float | None]:
-    """Nodes Ray is draining, each with its deadline (Unix seconds; None: none given)."""
-    from ray._private.state import state
-
-    return {node: (ms / 1000.0 if ms else None) for node, ms in state.get_draining_nodes().items()}
 
 
 @dataclass
@@ -42,13 +34,13 @@ class DrainOrder:
 
 
 class NodeDrains:
-    def __init__(self, job: Job, draining: Callable[[], dict[str, float | None]] = ray_draining_nodes, wall: Callable[[], float] | None = None) -> None:
+    def __init__(self, job: Job, draining: Callable[[], dict[str, float | None]] | None = None, wall: Callable[[], float] | None = None) -> None:
         """``draining``: the nodes being drained with their deadlines in Unix seconds;
-        ``wall``: the Unix clock (the deadlines' clock)."""
+        ``wall``: the Unix clock (the deadlines' clock). Default: the job's cluster's."""
         import time
 
         self.m = job
-        self._draining = draining
+        self._draining = draining or job.cluster.draining_nodes
         self._wall = wall or time.time
         self.orders: dict[str, DrainOrder] = {}
         self.noticed: dict[str, float] = {}  # actor that got SIGTERM -> job time of its deadline
@@ -108,13 +100,13 @@ class NodeDrains:
         stop them: their shards go back from there."""
         lz = self.m.launcher
         refs = {w: lz.workers[w].pause.remote(PARK_TIMEOUT_S) for w in workers}
-        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=PARK_TIMEOUT_S + 1)
+        ready, _ = self.m.cluster.wait(list(refs.values()), num_returns=len(refs), timeout=PARK_TIMEOUT_S + 1)
         for w in workers:
             for ref in [r for r, n in pending.items() if n == w]:
                 del pending[ref]  # its end is not a failure
             try:
-                parked = refs[w] in ready and ray.get(refs[w]) is True
-            except ray.exceptions.RayError:
+                parked = refs[w] in ready and self.m.cluster.get(refs[w]) is True
+            except RayError:
                 parked = False
             requeued = self.m.books.retire(w, parked=parked)
             lz.forget_worker(w)

@@ -7,10 +7,10 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import ray
 import torch
 
 from dlrover.data.plan import DataPlan
+from dlrover.master.cluster import ActorDied, CallTimeout, Cluster, RayError
 from dlrover.master.events import EventLog
 from dlrover.master.launcher import Launcher
 from dlrover.metrics.auc import evaluate_scores
@@ -29,7 +29,8 @@ def score(results: list[dict]) -> dict:
 
 
 class Evaluator:
-    def __init__(self, data: DataPlan, shard_rows: int, every_steps: int | None, events: EventLog) -> None:
+    def __init__(self, cluster: Cluster, data: DataPlan, shard_rows: int, every_steps: int | None, events: EventLog) -> None:
+        self.cluster = cluster
         self.data, self.shard_rows, self.every, self.events = data, shard_rows, every_steps, events
         self._next_step = every_steps or None
         self._running: tuple[Any, int] | None = None  # (ObjectRef of the scores, step it began at)
@@ -41,7 +42,7 @@ class Evaluator:
 
     def tick(self, steps_done: int, launcher: Launcher) -> None:
         """Collect a finished periodic evaluation; start the next one when it is due."""
-        if self._running is not None and ray.wait([self._running[0]], timeout=0)[0]:
+        if self._running is not None and self.cluster.wait([self._running[0]], timeout=0)[0]:
             self._collect()
         if self._next_step is None or steps_done < self._next_step or self._running is not None:
             return
@@ -55,7 +56,7 @@ class Evaluator:
     def settle(self) -> None:
         """Training is over: wait for a periodic evaluation still running and keep its result."""
         if self._running is not None:
-            ray.wait([self._running[0]])
+            self.cluster.wait([self._running[0]])
             self._collect()
         self._next_step = None
 
@@ -63,8 +64,8 @@ class Evaluator:
         ref, step = self._running
         self._running = None
         try:
-            scores = score([ray.get(ref)])
-        except ray.exceptions.RayError:
+            scores = score([self.cluster.get(ref)])
+        except RayError:
             return  # the evaluating worker died; the next period tries again
         self.last_auc = scores.get("auc")
         self.events.add("eval", step=step, periodic=True, **scores)
@@ -81,15 +82,15 @@ class Evaluator:
             workers = list(launcher.workers.items())
             parts = [ranges[i :: len(workers)] for i in range(len(workers))]
             try:
-                results = ray.get([w.evaluate.remote(p) for (_, w), p in zip(workers, parts) if p])
+                results = self.cluster.get([w.evaluate.remote(p) for (_, w), p in zip(workers, parts) if p])
                 break
-            except ray.exceptions.RayActorError:
+            except ActorDied:
                 if attempt:
                     raise
                 for name, w in workers:  # drop the dead ones and score again on the rest
                     try:
-                        ray.get(w.ping.remote(), timeout=30)
-                    except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
+                        self.cluster.get(w.ping.remote(), timeout=30)
+                    except (RayError, CallTimeout):
                         launcher.forget_worker(name)
         out = score(results)
         self.last_auc = out.get("auc")

@@ -10,6 +10,7 @@ from typing import Any, Callable, Protocol
 from dlrover.data.plan import DataPlan
 from dlrover.faults.records import Failure
 from dlrover.master.books import ShardBooks
+from dlrover.master.cluster import Cluster
 from dlrover.master.events import EventLog
 from dlrover.master.launcher import Launcher
 from dlrover.master.scale_events import ScaleEvent
@@ -20,6 +21,7 @@ class Job(Protocol):
     job_id: str
     spec: JobSpec
     data: DataPlan  # the files, their row counts, the training and held-out rows
+    cluster: Cluster  # every Ray call goes through it
     clock: Callable[[], float]
     t0: float  # clock value at the job's start: job time = clock() - t0
     events: EventLog

@@ -25,14 +25,13 @@ from collections import Counter
 from typing import Any, Callable
 
 import numpy as np
-import ray
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from dlrover.data.criteo import FileIndex
 from dlrover.errors import DLRoverError
 from dlrover.ids import ActorId, Role
 from dlrover.model.dlrm import initial_dense_array
-from dlrover.master.topology import autoscaler_running, cpu_nodes, free_cpus, node_totals, probe_work_s, run_on_nodes
+from dlrover.master.cluster import ActorDied, CallTimeout, Cluster
+from dlrover.master.topology import cpu_nodes, node_totals, probe_work_s
 from dlrover.ps.dense_rounds import RoundRule
 from dlrover.ps.dense_shards import DenseShards, start_dense_shards
 from dlrover.ps.embedding_ps import EmbeddingPS
@@ -52,13 +51,15 @@ ACTOR_START_TIMEOUT_S = 180.0
 
 class Launcher:
     def __init__(
-        self, job_id: str, spec: JobSpec, files: dict[str, FileIndex], master: Any, generation: Callable[[], int],
+        self, cluster: Cluster, job_id: str, spec: JobSpec, files: dict[str, FileIndex], master: Any, generation: Callable[[], int],
         reports: Callable[[], dict[str, WorkerReport]],
     ) -> None:  # fmt: skip
-        """``generation``: the job's rollback count now (the books'): a worker's run
+        """``cluster``: where the actors are made (Ray, or a test's fake).
+        ``generation``: the job's rollback count now (the books'): a worker's run
         carries it, and a dense PS re-created by a rollback is named by at least it.
         ``reports``: each worker's latest report (the books'), whose step times and node
         ids measure the nodes for PAL placement."""
+        self.cluster = cluster
         self.job_id = job_id
         self.generation = generation
         self.spec = spec
@@ -68,8 +69,7 @@ class Launcher:
         # TorchRec (5-6 s of CPU) is all the master would need it for. Started now, it
         # overlaps the PS start-up; a later job of the same driver (a test session, a
         # benchmark) may find a pooled worker that has TorchRec imported already.
-        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
-        self._initial_ref = ray.remote(num_cpus=0)(initial_dense_array).options(scheduling_strategy=here).remote(spec.model, spec.seed, spec.schema)
+        self._initial_ref = cluster.task(initial_dense_array, spec.model, spec.seed, spec.schema, node=cluster.node_id())
         self._initial_dense: np.ndarray | None = None  # kept once fetched: a rollback re-creates the dense PS from it
         self.master = master
         self.ps: dict[int, Any] = {}
@@ -125,17 +125,17 @@ class Launcher:
         r = self.spec.resources
         demands = [Demand("worker", config.worker_cpu, r.worker_gpu, config.worker_memory_mb)] * config.workers
         demands += [Demand("PS", config.ps_cpu, 0.0, config.ps_memory_mb)] * config.ps + [Demand("dense PS", r.dense_ps_cpu)] * r.dense_ps
-        fit = pack(demands, node_totals())
+        fit = pack(demands, node_totals(self.cluster))
         if not fit.impossible:
             return None
-        if not autoscaler_running():
+        if not self.cluster.autoscaler_running():
             raise DLRoverError(f"{self.job_id}: the cluster cannot hold the job and no autoscaler can add nodes: {fit.shortfall()} (resources in the spec)")
         return fit.shortfall()
 
     def initial_dense(self) -> np.ndarray:
         """The MLPs' initial values, the dense PS's starting point."""
         if self._initial_dense is None:
-            self._initial_dense, self._initial_ref = ray.get(self._initial_ref), None
+            self._initial_dense, self._initial_ref = self.cluster.get(self._initial_ref), None
         return self._initial_dense
 
     def new_dense(self) -> None:
@@ -143,8 +143,7 @@ class Launcher:
         are the part of the job a worker node's loss must not take)."""
         if self.dense is not None:
             for h in self.dense.handles:
-                ray.kill(h, no_restart=True)
-        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+                self.cluster.kill(h)
         # A re-created dense PS never takes its predecessor's names (a rollback re-creates
         # it before the books' generation moves on): a late probe answer about a dead
         # shard must not read as news about its replacement.
@@ -159,26 +158,27 @@ class Launcher:
             # A push holds a server thread while it waits for its round: room for as many
             # workers as the budget holds at a quarter CPU each (a policy may size them down).
             max(self.spec.max_actors("worker"), math.ceil((res.elastic_budget_cpu or 0) / 0.25)),
+            create=self.cluster.actor,
             num_cpus=res.dense_ps_cpu,
-            scheduling_strategy=here,
+            node=self.cluster.node_id(),
         )
 
-    def _placement(self, cpu: float, name: str) -> dict:
-        """Scheduling options of a new actor of ``cpu`` CPUs named
+    def _placement(self, cpu: float, name: str) -> str | None:
+        """The node for a new actor of ``cpu`` CPUs named
         ``name``: PAL's node with ``policy.placement: pal``, else (or when no node has the
         room) one that is not bad while such nodes are alive."""
         if self.spec.policy.placement != "pal" and not self.avoid:
-            return {}  # Ray's choice: no need to ask the GCS for the nodes
-        alive = cpu_nodes()
+            return None  # Ray's choice: no need to ask the GCS for the nodes
+        alive = cpu_nodes(self.cluster)
         good = sorted(n for n in alive if n not in self.avoid)
         if self.spec.policy.placement == "pal":
             node = self._pal_node({n: alive[n] for n in good} or alive, cpu)
             if node is not None:
                 self._asked[name] = node
-                return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=True)}
+                return node
         if not self.avoid or not good:
-            return {}
-        return {"scheduling_strategy": NodeAffinitySchedulingStrategy(good[next(self._node_rr) % len(good)], soft=True)}
+            return None
+        return good[next(self._node_rr) % len(good)]
 
     def _pal_node(self, cpus: dict[str, float], cpu: float) -> str | None:
         """PAL's choice among the nodes of ``cpus`` (node -> its Ray CPUs). A node's room is
@@ -192,13 +192,13 @@ class Launcher:
             node = self.nodes.get(name) or self._asked.get(name)
             if node in ours:
                 ours[node] += actor_cpu
-        free = free_cpus()
+        free = self.cluster.free_cpus()
         room = {n: min(free.get(n, 0.0), cpus[n] - ours[n]) for n in cpus}
         candidates = [n for n in cpus if cpus[n] > 0]
         untried = [n for n in candidates if n not in self._probe_tried]
         if len(candidates) > 1 and untried:  # PAL's profiling run: each node once, once there is a choice
             self._probe_tried.update(untried)
-            self._probe_s.update(run_on_nodes(probe_work_s, untried, "node speed"))
+            self._probe_s.update(self.cluster.run_on_nodes(probe_work_s, untried, "node speed"))
         samples = [StepSample(r.node_id, r.step_median_s) for r in self.reports().values() if r.node_id and r.step_median_s]
         return pal_node(room, merged_speeds(node_speeds(samples), self.probed_speeds(), room), cpu)
 
@@ -217,14 +217,11 @@ class Launcher:
         if reserve_slots and not self.vmap.dynamic:
             self.vmap = self.vmap.with_reserved(ps_id, reserve_slots)
         name = self._name(ActorId(Role.PS, ps_id))
-        self.ps[ps_id] = (
-            ray.remote(EmbeddingPS)
-            .options(name=name, num_cpus=cpu, memory=memory_mb * MB, **self._placement(cpu, name))
-            .remote(
-                ps_id, self.vmap, self.spec.model.embedding_dim, self.spec.optimizer.sparse.model_dump(), self.spec.seed,
-                master=self.master, name=name, tables=self.spec.schema.table_specs(),
-            )  # fmt: skip
-        )
+        self.ps[ps_id] = self.cluster.actor(
+            EmbeddingPS, ps_id, self.vmap, self.spec.model.embedding_dim, self.spec.optimizer.sparse.model_dump(), self.spec.seed,
+            self.master, name, self.spec.schema.table_specs(),
+            name=name, num_cpus=cpu, memory=memory_mb * MB, node=self._placement(cpu, name),
+        )  # fmt: skip
         self.resources[name] = (cpu, memory_mb)
         return ps_id
 
@@ -232,7 +229,7 @@ class Launcher:
         handle = self.ps.pop(ps_id, None)
         self.resources.pop(self.ps_name(ps_id), None)
         if handle is not None:
-            ray.kill(handle, no_restart=True)
+            self.cluster.kill(handle)
 
     def wait_started(self, names: list[str] | None = None) -> None:
         """Fail fast, with a one-line reason, when actors cannot start: a cluster without
@@ -244,13 +241,13 @@ class Launcher:
         if names is None:
             probes += [h.pull.remote() for h in self.dense.handles]
         try:
-            replies = ray.get(probes, timeout=ACTOR_START_TIMEOUT_S)
-        except ray.exceptions.GetTimeoutError:
+            replies = self.cluster.get(probes, timeout=ACTOR_START_TIMEOUT_S)
+        except CallTimeout:
             raise DLRoverError(
                 f"{self.job_id}: actors did not start within {ACTOR_START_TIMEOUT_S:.0f}s; the cluster may lack the "
                 f"CPUs/GPUs/memory in resources (workers x worker_cpu/worker_gpu/worker_memory_mb, ps x ps_cpu/ps_memory_mb, dense_ps x dense_ps_cpu)"
             ) from None
-        except ray.exceptions.RayActorError as e:
+        except ActorDied as e:
             raise DLRoverError(f"{self.job_id}: an actor failed to start: {str(e).strip().splitlines()[0]}") from None
         self.nodes.update((n, st["node_id"]) for n, st in zip(ps, replies) if st.get("node_id"))
 
@@ -262,20 +259,11 @@ class Launcher:
         memory_mb = res.worker_memory_mb if memory_mb is None else memory_mb
         name = self._name(ActorId(Role.WORKER, next(self._worker_ids)))
         # Threads: run, evaluate, pause and set_routing may overlap.
-        self.workers[name] = (
-            ray.remote(Worker)
-            .options(name=name, num_cpus=cpu, num_gpus=res.worker_gpu, memory=memory_mb * MB, max_concurrency=4, **self._placement(cpu, name))
-            .remote(
-                name,
-                self.worker_spec,
-                self.master,
-                dict(self.ps),
-                self.dense,
-                self.vmap,
-                self.files,
-                worker_threads(cpu, self.spec.train.threads_per_worker),
-            )
-        )
+        self.workers[name] = self.cluster.actor(
+            Worker, name, self.worker_spec, self.master, dict(self.ps), self.dense, self.vmap, self.files,
+            worker_threads(cpu, self.spec.train.threads_per_worker),
+            name=name, num_cpus=cpu, num_gpus=res.worker_gpu, memory=memory_mb * MB, max_concurrency=4, node=self._placement(cpu, name),
+        )  # fmt: skip
         self.resources[name] = (cpu, memory_mb)
         if self.latency_ms:
             self.workers[name].set_chaos.remote(latency_ms=dict(self.latency_ms))
@@ -318,16 +306,16 @@ class Launcher:
         for h in self.dense.handles if self.dense is not None else ():
             h.drop.remote(name)  # sync rounds stop waiting for it
         if handle is not None:
-            ray.kill(handle, no_restart=True)
+            self.cluster.kill(handle)
 
     def add_spares(self, config: Config, n: int) -> None:
         """Keep ``n`` spare workers and PS of ``config``'s sizes (others are given back)."""
         wsize, psize = (config.worker_cpu, config.worker_memory_mb), (config.ps_cpu, config.ps_memory_mb)
         for name in [n_ for n_ in self.spare_workers if self.resources.get(n_) != wsize]:
-            ray.kill(self.spare_workers.pop(name), no_restart=True)
+            self.cluster.kill(self.spare_workers.pop(name))
             self.resources.pop(name, None)
         for k in [k for k in self.spare_ps if self.resources.get(self.ps_name(k)) != psize]:
-            ray.kill(self.spare_ps.pop(k), no_restart=True)
+            self.cluster.kill(self.spare_ps.pop(k))
             self.resources.pop(self.ps_name(k), None)
         while len(self.spare_workers) < n:
             name = self.add_worker(*wsize)
@@ -354,7 +342,7 @@ class Launcher:
 
     def shutdown(self) -> None:
         for h in [*self.workers.values(), *self.ps.values(), *self.spare_workers.values(), *self.spare_ps.values(), *(self.dense.handles if self.dense else ())]:
-            ray.kill(h, no_restart=True)
+            self.cluster.kill(h)
         # Exchange segments of workers that were killed before they could remove them
         # (this node only; see dlrover.worker.dense_client).
         for path in glob.glob(f"/dev/shm/{shm_prefix(self.job_id)}*"):

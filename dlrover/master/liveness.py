@@ -23,7 +23,7 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import ray
+from dlrover.master.cluster import ActorDied, Cluster, RayError
 
 PROBE_EVERY_S = 1.0
 SUSPECT_AFTER_S = 2.5  # not heard from this long (at least): no checkpoint or rescale pause waits on it
@@ -59,7 +59,8 @@ class Prober:
     start-up is bounded elsewhere (the launch timeouts), and takes long on a busy host.
     """
 
-    def __init__(self, every_s: float = PROBE_EVERY_S) -> None:
+    def __init__(self, cluster: Cluster, every_s: float = PROBE_EVERY_S) -> None:
+        self.cluster = cluster
         self.every_s = every_s
         self._in_flight: dict[str, tuple[Any, float]] = {}
         self._heard: dict[str, float] = {}  # actor -> job time of its last answer
@@ -72,7 +73,7 @@ class Prober:
         for name in [n for n in self._in_flight if n not in targets]:
             self.forget(name)  # gone from the job meanwhile
         for name, (ref, issued) in list(self._in_flight.items()):
-            done, _ = ray.wait([ref], timeout=0)
+            done, _ = self.cluster.wait([ref], timeout=0)
             if not done:
                 if (name in self._heard or name in up) and now - issued > timeout_s:  # up, silent since
                     del self._in_flight[name]
@@ -81,10 +82,10 @@ class Prober:
             del self._in_flight[name]
             self._heard[name] = now
             try:
-                out.replies[name] = ray.get(ref)
-            except ray.exceptions.RayActorError:
+                out.replies[name] = self.cluster.get(ref)
+            except ActorDied:
                 out.dead.append(name)
-            except ray.exceptions.RayError:
+            except RayError:
                 pass  # the call failed, the actor lives: ask again next round
         if now >= self._next:
             self._next = now + self.every_s
@@ -113,21 +114,16 @@ def _signal(pid: int) -> None:
         pass
 
 
-_kill_pid = ray.remote(num_cpus=0, max_retries=0)(_signal)
-
-
-def kill_process(node_id: str | None, pid: int | None) -> None:
+def kill_process(cluster: Cluster, node_id: str | None, pid: int | None) -> None:
     """SIGKILL ``pid`` on ``node_id`` (a stopped process dies at once): directly when it
     is this process's node, else from a task pinned to that node (which on a loaded node
     may take a while to start). Best effort: the node may be gone with the process."""
     if pid is None or node_id is None:
         return
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    if node_id == ray.get_runtime_context().get_node_id():
+    if node_id == cluster.node_id():
         _signal(pid)
         return
     try:
-        ray.get(_kill_pid.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote(pid), timeout=10)
-    except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
+        cluster.get(cluster.task(_signal, pid, node=node_id, soft=False, max_retries=0), timeout=10)
+    except RayError:
         pass

@@ -19,7 +19,6 @@ from dataclasses import replace
 from typing import Callable
 
 import numpy as np
-import ray
 
 from dlrover.data.plan import DataPlan
 from dlrover.data.shards import Shard
@@ -30,6 +29,7 @@ from dlrover.ids import ProcessInfo
 from dlrover.checkpoint.store import CheckpointStore
 from dlrover.master.chaos import ChaosInjector
 from dlrover.master.checkpoint import Checkpointer
+from dlrover.master.cluster import Cluster, RayCluster
 from dlrover.master.control import Controller
 from dlrover.master.drain import NodeDrains
 from dlrover.master.evaluator import Evaluator
@@ -39,9 +39,9 @@ from dlrover.master.persist import MasterState
 from dlrover.master.recovery import Recovery
 from dlrover.master.rollback import resume_after_restart
 from dlrover.master.scale_events import ScaleEvent
-from dlrover.master.summary import actor_rows, end_summary, export_final, reliability_fields, reliability_of
+from dlrover.master.summary import actor_rows, end_summary, ettr_now, export_final, reliability_fields
 from dlrover.master.states import TERMINAL, Failed, JobLoop, JobStatus, RunGroup, State
-from dlrover.master.telemetry import Telemetry
+from dlrover.metrics.telemetry import Telemetry
 from dlrover.master.topology import cluster_cores
 from dlrover.resource.plan import Policy
 from dlrover.spec import JobSpec
@@ -50,12 +50,15 @@ from dlrover.worker.window import WorkerReport
 TICK_S = 1.0  # the control loop wakes at least this often while workers train
 PUBLISH_EVERY_S = 1.0  # metrics export (Ray's agent takes them every few seconds)
 
+
 class JobMaster:
     def __init__(
-        self, job_id: str, spec: JobSpec, data: DataPlan, policy: Policy, clock: Callable[[], float] = time.monotonic, run_dir: str | None = None
-    ) -> None:
-        """``spec``: validated once, on the driver; ``data``: the driver's index of the
-        files; ``policy``: built once, on the driver."""
+        self, job_id: str, spec: JobSpec, data: DataPlan, policy: Policy, clock: Callable[[], float] = time.monotonic, run_dir: str | None = None,
+        cluster: Cluster | None = None,
+    ) -> None:  # fmt: skip
+        """``spec``, ``data`` (the files' index), ``policy``: made once, on the driver;
+        ``cluster``: where the actors run (default: this process's Ray; tests: a fake)."""
+        self.cluster: Cluster = cluster if cluster is not None else RayCluster()
         self.job_id = job_id
         self.run_dir = run_dir
         self.spec = spec
@@ -66,14 +69,14 @@ class JobMaster:
         self.data = data
         self.policy = policy
         self.launcher: Launcher | None = None
-        self.evaluator = Evaluator(data, spec.data.shard_rows, spec.data.eval_every_steps, self.events)
+        self.evaluator = Evaluator(self.cluster, data, spec.data.shard_rows, spec.data.eval_every_steps, self.events)
         self.failures: list[Failure] = []
         self.scale_events: list[ScaleEvent] = []
         self.status = JobStatus.STARTING
         self._user_error: DLRoverError | None = None  # bad input a worker hit: raised to the driver
         self._resumed: MasterState | None = None  # what a restarted master takes over
         self._metrics: dict | None = None  # the final evaluation's, once done
-        self.runs = RunGroup()
+        self.runs = RunGroup(self.cluster)
         self.control: Controller | None = None
         self.chaos: ChaosInjector | None = None
         self.drains: NodeDrains | None = None
@@ -151,7 +154,7 @@ class JobMaster:
             "window_s": ctl.window_s() if ctl else 0.0,
             "predicted": predicted,
             "measured": measured,
-            "ettr": self._ettr_now(),
+            "ettr": ettr_now(self),
             "checkpoint_age_s": self.checkpointer.age_s(now) if self.checkpointer else {},
             "actors": actor_rows(self, reports),
             # Copies of the fields readers use: the originals gain keys on other threads.
@@ -162,20 +165,11 @@ class JobMaster:
             "events_next": events_next,
         }
 
-    def _ettr_now(self) -> float | None:
-        """ETTR of the job so far (None before training starts)."""
-        b = self.books
-        if b.train_start is None:
-            return None
-        now = self.clock()
-        train = (b.train_end or now) - b.train_start
-        return reliability_of(self, now - self.t0, train, b.queue.samples_done).ettr
-
     def node_id(self) -> str:
-        return ray.get_runtime_context().get_node_id()
+        return self.cluster.node_id()
 
     def ping(self) -> ProcessInfo:
-        return ProcessInfo(os.getpid(), ray.get_runtime_context().get_node_id())
+        return ProcessInfo(os.getpid(), self.cluster.node_id())
 
     def stop(self) -> None:
         """Workers get no more shards; the job ends "stopped"."""
@@ -185,11 +179,11 @@ class JobMaster:
         """Drive the job to the end and return the summary (the driver writes it)."""
         spec = self.spec
         self.events.add("job_start", job_id=self.job_id, samples_expected=self.books.queue.samples_expected)
-        master = ray.get_runtime_context().current_actor
-        self.launcher = Launcher(self.job_id, spec, self.data.files, master, lambda: self.books.generation, self.books.worker_reports)
+        master = self.cluster.current_actor()
+        self.launcher = Launcher(self.cluster, self.job_id, spec, self.data.files, master, lambda: self.books.generation, self.books.worker_reports)
         self.checkpointer = Checkpointer(self, CheckpointStore(self._checkpoint_root(), keep=spec.checkpoint.keep))
         state = self._load_state()
-        self.control = Controller(self, self.data, self.policy, cluster_cores())
+        self.control = Controller(self, self.data, self.policy, cluster_cores(self.cluster))
         self.drains = NodeDrains(self)
         self.chaos = ChaosInjector(self, spec.chaos, state.chaos_fired if state else None)
         try:

@@ -21,7 +21,6 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
-import ray
 
 from dlrover.data.criteo import FileIndex
 from dlrover.data.layout import DataLayout
@@ -50,7 +49,6 @@ class PartialRecovery:
         failure.replacement = self.replaced.get(failure.actor)
 
 
-@ray.remote(num_cpus=0)
 def count_ids(files: dict[str, FileIndex], ranges: list[tuple[str, int, int]], vmap: VShardMap, ps_ids: list[int], layout: DataLayout) -> int:
     """Ids of the lines ``ranges`` that the PS ``ps_ids`` own under ``vmap`` (bad lines
     trained nothing: skipped)."""
@@ -82,16 +80,16 @@ def recover_partially(m: Job, pending: dict[Any, str], lost_ps: LostPs) -> Parti
     at_death = lz.vmap
     owner, replaced = replace_ps(m, lost_ps.ps)
     lz.wait_started()
-    refs = None if payloads is None else [p if isinstance(p, ray.ObjectRef) else ray.put(p) for p in payloads]
+    refs = None if payloads is None else [p if m.cluster.is_ref(p) else m.cluster.put(p) for p in payloads]
     vmap = at_death.with_owner(owner)
     # The replacements rebuild their vshards; the survivors keep theirs (same slots: only
     # the map's version moves, and pulls of the aborted runs are dropped).
     new = set(replaced.values())
-    ray.get([h.restore.remote(vmap, refs) if k in new else h.reconfigure.remote(vmap, []) for k, h in lz.ps.items()])
+    m.cluster.get([h.restore.remote(vmap, refs) if k in new else h.reconfigure.remote(vmap, []) for k, h in lz.ps.items()])
     lz.vmap = vmap
     ranges = m.books.queue.lines_since(ShardQueue.from_state_dict(ckpt.queue))
-    lost = count_ids.remote(lz.files, ranges, at_death, list(lost_ps.ps), m.spec.layout())
-    ray.get([h.set_routing.remote(dict(lz.ps), vmap, lz.dense) for h in lz.workers.values()])
+    lost = m.cluster.task(count_ids, lz.files, ranges, at_death, list(lost_ps.ps), m.spec.layout())
+    m.cluster.get([h.set_routing.remote(dict(lz.ps), vmap, lz.dense) for h in lz.workers.values()])
     for name in lz.workers:
         pending[lz.start(name)] = name
     if m.control is not None:

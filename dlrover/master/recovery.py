@@ -35,10 +35,9 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-import ray
-
 from dlrover.faults.records import Failure, FailureKind, LostPs
 from dlrover.ids import ProcessInfo, Role
+from dlrover.master.cluster import ActorDied, CallTimeout, RayError, TaskFailed
 from dlrover.master.liveness import SUSPECT_AFTER_S, Prober, kill_process, liveness_timeout_s
 from dlrover.master.partial import recover_partially
 from dlrover.master.rollback import Rollback, roll_back
@@ -57,21 +56,16 @@ BAD_NODE_STRIKES = 2  # failures or stragglers on one node before new actors avo
 def cause_of(err: Exception | str | None) -> str:
     """One line saying what went wrong: for an exception raised inside an actor's method
     (a RayTaskError, whose first line only names the method) the exception itself."""
-    inner = getattr(err, "cause", None) if isinstance(err, ray.exceptions.RayTaskError) else None
+    inner = getattr(err, "cause", None) if isinstance(err, TaskFailed) else None
     text = f"{type(inner).__name__}: {inner}" if isinstance(inner, BaseException) else str(err or "")
     lines = text.strip().splitlines()
     return lines[0][:300] if lines else ""
 
 
-def node_alive(node_id: str) -> bool:
-    """Whether Ray still counts ``node_id`` among its live nodes."""
-    return any(n["NodeID"] == node_id and n["Alive"] for n in ray.nodes())
-
-
 class Recovery:
     def __init__(self, master: Job) -> None:
         self.m = master
-        self.prober = Prober()
+        self.prober = Prober(master.cluster)
         self.processes: dict[str, ProcessInfo] = {}  # actor -> its process, once a probe answered
         self._last_tick = float("inf")
         self.injected: dict[str, float] = {}  # actor -> job time a fault was injected (chaos)
@@ -153,7 +147,7 @@ class Recovery:
             self._kill(handle)
         info = self.processes.pop(name, None)
         if info is not None:
-            kill_process(info.node_id, info.pid)
+            kill_process(self.m.cluster, info.node_id, info.pid)
         self.prober.forget(name)
 
     def _enforce_memory(self, now: float) -> None:
@@ -172,10 +166,9 @@ class Recovery:
                 if handle is not None:
                     self._kill(handle)
 
-    @staticmethod
-    def _kill(handle: Any) -> None:
+    def _kill(self, handle: Any) -> None:
         try:
-            ray.kill(handle, no_restart=True)
+            self.m.cluster.kill(handle)
         except Exception:  # noqa: BLE001 - already gone
             pass
 
@@ -186,8 +179,8 @@ class Recovery:
         dead = []
         for name, ref in items:
             try:
-                ray.get(ref, timeout=timeout_s)
-            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                self.m.cluster.get(ref, timeout=timeout_s)
+            except (ActorDied, CallTimeout):
                 dead.append(name)
         return self._lost_ps(dead)
 
@@ -210,7 +203,7 @@ class Recovery:
         node = self.m.launcher.nodes.get(actor)
         if actor in self.oom_killed:
             kind = FailureKind.OOM_KILL
-        elif getattr(err, "preempted", False) or (kind != FailureKind.WORKER_HANG and node is not None and not node_alive(node)):
+        elif getattr(err, "preempted", False) or (kind != FailureKind.WORKER_HANG and node is not None and node not in self.m.cluster.alive_nodes()):
             kind = FailureKind.NODE_LOSS
         return Failure(kind, actor, round(min(at, detected), 3), round(detected, 3), cause=cause_of(err), node=node)
 
@@ -261,8 +254,8 @@ class Recovery:
         self._awaiting.clear()
         for f, ref in self._counting:
             try:
-                f.updates_lost = int(ray.get(ref, timeout=COUNT_TIMEOUT_S))
-            except ray.exceptions.RayError:  # the PS counting them died (a job past its failure limit)
+                f.updates_lost = int(self.m.cluster.get(ref, timeout=COUNT_TIMEOUT_S))
+            except RayError:  # the PS counting them died (a job past its failure limit)
                 pass
         self._counting.clear()
 

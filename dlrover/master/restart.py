@@ -16,10 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import ray
 import torch
 
-from dlrover.master.scaler import get_alive
+from dlrover.master.cluster import get_alive
 from dlrover.ps.migration import export_blocks
 from dlrover.resource.configs import Config
 
@@ -67,7 +66,7 @@ def stop_checkpoint_restart(master: Job, config: Config, pending: dict[Any, str]
     names = list(lz.workers)
     master.books.drain(names)
     refs = [r for r, n in pending.items() if n in names]
-    get_alive(refs)  # a worker dying now: its shards were requeued when it died
+    get_alive(master.cluster, refs)  # a worker dying now: its shards were requeued when it died
     for r in refs:
         pending.pop(r)
     t_stopped = master.clock()
@@ -75,14 +74,14 @@ def stop_checkpoint_restart(master: Job, config: Config, pending: dict[Any, str]
     ckpt = Path(tempfile.mkdtemp(prefix=f"dlrover-restart-{master.job_id.replace('/', '_')}-"))
     files, nbytes = [], 0
     for k, h in lz.ps.items():
-        payload = ray.get(h.export_vshards.remote(lz.vmap.owned(k).tolist()))
+        payload = master.cluster.get(h.export_vshards.remote(lz.vmap.owned(k).tolist()))
         nbytes += sum(a.nbytes for t in payload["tables"] for a in t)
         path = ckpt / f"ps-{k}.pt"
         torch.save(_to_torch(payload), path)
         files.append(path)
     t_saved = master.clock()
     # 3. Everything goes away.
-    retired = ray.get([h.stats.remote() for h in lz.ps.values()])
+    retired = master.cluster.get([h.stats.remote() for h in lz.ps.values()])
     for n in names:
         lz.forget_worker(n)
     for k in list(lz.ps):
@@ -96,9 +95,9 @@ def stop_checkpoint_restart(master: Job, config: Config, pending: dict[Any, str]
     vmap = lz.vmap.reassigned(new_ps)
     payloads = [_to_numpy(torch.load(f, weights_only=True)) for f in files]
     rpv = vmap.rows_per_vshard()
-    ray.get([lz.ps[k].reconfigure.remote(vmap, [ray.put(select(p, vmap.owned(k), rpv)) for p in payloads]) for k in new_ps])
+    master.cluster.get([lz.ps[k].reconfigure.remote(vmap, [master.cluster.put(select(p, vmap.owned(k), rpv)) for p in payloads]) for k in new_ps])
     lz.vmap = vmap
-    ray.get([lz.workers[w].set_routing.remote(dict(lz.ps), vmap) for w in workers])
+    master.cluster.get([lz.workers[w].set_routing.remote(dict(lz.ps), vmap) for w in workers])
     for f in files:
         f.unlink()
     ckpt.rmdir()

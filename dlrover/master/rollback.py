@@ -12,8 +12,8 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import ray
 
+from dlrover.master.cluster import ActorDied, CallTimeout, RayError
 from dlrover.faults.records import CheckpointRef, Failure, FailureKind, LostPs
 from dlrover.resource.configs import Config
 
@@ -44,14 +44,14 @@ def stop_workers(m: Job, pending: dict[Any, str]) -> list[str]:
     for h in lz.workers.values():
         h.abort.remote()
     refs = list(pending)
-    done, hung = ray.wait(refs, num_returns=len(refs), timeout=ABORT_TIMEOUT_S) if refs else ([], [])
+    done, hung = m.cluster.wait(refs, num_returns=len(refs), timeout=ABORT_TIMEOUT_S)
     lost = [pending[r] for r in hung]
     for r in done:
         try:
-            ray.get(r)
-        except ray.exceptions.RayActorError:
+            m.cluster.get(r)
+        except ActorDied:
             lost.append(pending[r])  # the worker itself died
-        except ray.exceptions.RayError:
+        except RayError:
             pass  # its run failed on a dead PS: the worker is fine
     pending.clear()
     return lost
@@ -67,13 +67,13 @@ def halt(m: Job, pending: dict[Any, str], lost_ps: LostPs) -> tuple[list[str], L
     lost = stop_workers(m, pending)
     survivors = [n for n in lz.workers if n not in lost]
     answers = {n: lz.workers[n].ping.remote() for n in survivors}
-    ready, _ = ray.wait(list(answers.values()), num_returns=len(answers), timeout=10.0) if answers else ([], [])
+    ready, _ = m.cluster.wait(list(answers.values()), num_returns=len(answers), timeout=10.0)
     for n, ref in answers.items():
         try:
             if ref not in ready:
-                raise ray.exceptions.GetTimeoutError()
-            ray.get(ref)
-        except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
+                raise CallTimeout()
+            m.cluster.get(ref)
+        except (RayError, CallTimeout):
             lost.append(n)
     return lost, lost_ps | m.recovery.dead_ps_now()
 
@@ -124,13 +124,13 @@ def roll_back(m: Job, pending: dict[Any, str], lost_ps: LostPs, replace_all: boo
         lz.new_dense()
     lz.wait_started()
     ckpt, payloads, source = m.checkpointer.payloads()
-    refs = None if payloads is None else [p if isinstance(p, ray.ObjectRef) else ray.put(p) for p in payloads]
+    refs = None if payloads is None else [p if m.cluster.is_ref(p) else m.cluster.put(p) for p in payloads]
     vmap = lz.vmap.with_owner(owner)
-    ray.get([h.restore.remote(vmap, refs) for h in lz.ps.values()])
-    lz.dense.set_state(ckpt.dense)
+    m.cluster.get([h.restore.remote(vmap, refs) for h in lz.ps.values()])
+    lz.dense.set_state(ckpt.dense, m.cluster.get)
     lz.vmap = vmap
     replayed = m.books.restore(ckpt.cut(), new_generation=True)
-    ray.get([h.set_routing.remote(dict(lz.ps), vmap, lz.dense) for h in lz.workers.values()])
+    m.cluster.get([h.set_routing.remote(dict(lz.ps), vmap, lz.dense) for h in lz.workers.values()])
     for name in lz.workers:
         pending[lz.start(name)] = name
     if m.control is not None:
@@ -148,9 +148,9 @@ def resume_after_restart(m: Job, state: "MasterState") -> Config:
     config = Config(**ckpt.extra["config"])
     m.launcher.launch(config)
     lz = m.launcher
-    refs = [ray.put(p) for p in payloads]
-    ray.get([h.restore.remote(lz.vmap, refs) for h in lz.ps.values()])
-    lz.dense.set_state(ckpt.dense)
+    refs = [m.cluster.put(p) for p in payloads]
+    m.cluster.get([h.restore.remote(lz.vmap, refs) for h in lz.ps.values()])
+    lz.dense.set_state(ckpt.dense, m.cluster.get)
     m.books.restore(ckpt.cut(), new_generation=False)
     replayed = max(0, state.samples_done - ckpt.samples)
     m.recovery.samples_replayed += replayed

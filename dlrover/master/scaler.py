@@ -28,8 +28,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Callable
 
-import ray
-
+from dlrover.master.cluster import ActorDied, RayError, TaskFailed, get_alive
 from dlrover.master.launcher import Launcher
 from dlrover.resource.plan import ResourcePlan
 
@@ -170,6 +169,7 @@ class Scaler:
         self, launcher: Launcher, running: Callable[[], list[str]], clock: Callable[[], float], soon: Callable[[float], None], launch_timeout_s: float = LAUNCH_TIMEOUT_S
     ) -> None:
         self.launcher = launcher
+        self.cluster = launcher.cluster
         self.running = running  # names of workers whose ``run`` is going on
         self.clock = clock
         self.soon = soon  # the control loop's next wait at most this long (``RunGroup.soon``)
@@ -190,10 +190,10 @@ class Scaler:
         return ScaleOp(sp, new_ps, new_workers, probes, now, now + self.launch_timeout_s, used)
 
     def ready(self, op: ScaleOp) -> bool:
-        """True once every new actor answers; raises RayActorError if one failed to start."""
-        done, _ = ray.wait(op.probes, num_returns=len(op.probes), timeout=0)
+        """True once every new actor answers; raises ActorDied if one failed to start."""
+        done, _ = self.cluster.wait(op.probes, num_returns=len(op.probes), timeout=0)
         if len(done) == len(op.probes):
-            ray.get(op.probes)
+            self.cluster.get(op.probes)
             return True
         return False
 
@@ -205,7 +205,7 @@ class Scaler:
         """Give back the op's new PS, and its new workers unless they already train; a
         pre-copy under way is dropped."""
         if op.migration is not None:
-            get_alive([h.cancel_migration.remote() for h in self.launcher.ps.values()])
+            get_alive(self.cluster, [h.cancel_migration.remote() for h in self.launcher.ps.values()])
         for k in op.new_ps:
             self.launcher.remove_ps(k)
         for w in op.new_workers if workers else []:
@@ -215,7 +215,7 @@ class Scaler:
         """Start the op's new workers on the current routing (``{run ref: name}``): they
         train while vshards move, and the move re-routes them with everyone else."""
         lz = self.launcher
-        get_alive([lz.workers[w].set_routing.remote(dict(lz.ps), lz.vmap) for w in op.new_workers])
+        get_alive(self.cluster, [lz.workers[w].set_routing.remote(dict(lz.ps), lz.vmap) for w in op.new_workers])
         return {lz.start(w): w for w in op.new_workers}
 
     def start_migration(self, op: ScaleOp, ps_load: dict[int, float] | None = None) -> None:
@@ -233,9 +233,9 @@ class Scaler:
         mig = Migration(new_vmap, moves, keep, now, now + PAUSE_TIMEOUT_S)
         op.migration, op.phase = mig, ScalePhase.PRECOPYING
         try:
-            ray.get([h.track.remote() for h in lz.ps.values()])
-            ray.get([lz.ps[k].prepare.remote(new_vmap, [(lz.ps[s], vs) for s, vs in mig.senders(k).items()]) for k in keep])
-        except ray.exceptions.RayError as e:
+            self.cluster.get([h.track.remote() for h in lz.ps.values()])
+            self.cluster.get([lz.ps[k].prepare.remote(new_vmap, [(lz.ps[s], vs) for s, vs in mig.senders(k).items()]) for k in keep])
+        except RayError as e:
             raise MigrationAborted(f"starting the pre-copy failed: {str(e).strip().splitlines()[0]}") from None
 
     def precopied(self, op: ScaleOp) -> bool:
@@ -243,11 +243,11 @@ class Scaler:
         the answers on a later tick). MigrationAborted on an error or past the deadline."""
         mig, lz = op.migration, self.launcher
         if mig.probes:
-            done, _ = ray.wait(mig.probes, num_returns=len(mig.probes), timeout=0)
+            done, _ = self.cluster.wait(mig.probes, num_returns=len(mig.probes), timeout=0)
             if len(done) == len(mig.probes):
                 try:
-                    states = ray.get(mig.probes)
-                except ray.exceptions.RayError as e:
+                    states = self.cluster.get(mig.probes)
+                except RayError as e:
                     raise MigrationAborted(f"a PS failed during the pre-copy: {str(e).strip().splitlines()[0]}") from None
                 mig.probes = []
                 errors = [x for x in states if isinstance(x, str)]
@@ -282,33 +282,33 @@ class Scaler:
         t_pause = self.clock()
         try:
             running = [w for w in self.running() if w in lz.workers]
-            parked = get_alive([lz.workers[w].pause.remote(PAUSE_TIMEOUT_S) for w in running])
+            parked = get_alive(self.cluster, [lz.workers[w].pause.remote(PAUSE_TIMEOUT_S) for w in running])
             if not all(parked):  # False: not in time; None: it died (its batches are uncertain)
                 stuck = [w for w, ok in zip(running, parked) if not ok]
                 raise MigrationAborted(f"workers did not pause within {PAUSE_TIMEOUT_S:.0f}s or died: {stuck}")
             delta = {src: lz.ps[src].export_vshards.remote(vs, dirty_only=True) for src, vs in mig.outgoing.items()}
-            replies = ray.get([lz.ps[k].stage_switch.remote(mig.vmap, [delta[s] for s in mig.senders(k)]) for k in mig.keep])
-        except (MigrationAborted, ray.exceptions.RayError) as e:
+            replies = self.cluster.get([lz.ps[k].stage_switch.remote(mig.vmap, [delta[s] for s in mig.senders(k)]) for k in mig.keep])
+        except (MigrationAborted, RayError) as e:
             # Nothing switched: drop what was prepared, everyone goes on as before (a dead
             # PS is then lost under the old map, as at any other time).
-            get_alive([h.cancel_migration.remote() for h in lz.ps.values()])
-            get_alive([h.set_routing.remote(dict(lz.ps), lz.vmap) for h in lz.workers.values()])
+            get_alive(self.cluster, [h.cancel_migration.remote() for h in lz.ps.values()])
+            get_alive(self.cluster, [h.set_routing.remote(dict(lz.ps), lz.vmap) for h in lz.workers.values()])
             raise MigrationAborted(str(e).strip().splitlines()[0]) from None
         # A commit only swaps references: a PS that dies now is lost under the new map,
         # like one dying just after a switch (its replacement restores its new vshards).
         # One that cannot commit (a bug) must not serve the old map: it is made lost too.
         for k, ref in [(k, lz.ps[k].commit_switch.remote(mig.vmap.version)) for k in mig.keep]:
             try:
-                ray.get(ref)
-            except ray.exceptions.RayTaskError:
-                ray.kill(lz.ps[k])
-            except ray.exceptions.RayActorError:
+                self.cluster.get(ref)
+            except TaskFailed:
+                self.cluster.kill(lz.ps[k])
+            except ActorDied:
                 pass
         # A retired PS that died since staging lost nothing (its rows moved): only its counts.
-        result.retired_ps_stats = [s for s in get_alive([lz.ps[k].stats.remote() for k in retire]) if s is not None]
+        result.retired_ps_stats = [s for s in get_alive(self.cluster, [lz.ps[k].stats.remote() for k in retire]) if s is not None]
         lz.vmap = mig.vmap
         ps = {k: lz.ps[k] for k in mig.keep}
-        get_alive([h.set_routing.remote(ps, mig.vmap) for h in lz.workers.values()])
+        get_alive(self.cluster, [h.set_routing.remote(ps, mig.vmap) for h in lz.workers.values()])
         done = self.clock()
         result.pause_s = done - t_pause
         result.copy_s = done - mig.began_s
@@ -321,16 +321,3 @@ class Scaler:
 
 def _first(value: Any, make: Callable[[], Any]) -> Any:
     return value if value is not None else make()
-
-
-def get_alive(refs: list[Any], timeout_s: float | None = None) -> list[Any]:
-    """Results of calls on workers; ``None`` for a worker that died (its death reaches the
-    master as an event on its ``run`` and is handled there) or, with ``timeout_s``, did
-    not answer in time."""
-    out = []
-    for r in refs:
-        try:
-            out.append(ray.get(r, timeout=timeout_s))
-        except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError, ray.exceptions.GetTimeoutError):
-            out.append(None)
-    return out

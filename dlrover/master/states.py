@@ -23,8 +23,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Protocol
 
-import ray
-
+from dlrover.master.cluster import ActorDied, Cluster, TaskFailed
 from dlrover.errors import DLRoverError
 from dlrover.faults.records import LostPs
 
@@ -104,7 +103,8 @@ class RunGroup:
     that start or stop runs go through :meth:`start` / :meth:`add` / :meth:`clear`.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
         self.pending: dict[Any, str] = {}
         self._soon_s: float | None = None
 
@@ -123,7 +123,7 @@ class RunGroup:
         """Wait up to ``timeout_s`` for one run to end; its event (if any), then a tick."""
         if self._soon_s is not None:
             timeout_s, self._soon_s = min(timeout_s, self._soon_s), None
-        ready, _ = ray.wait(list(self.pending), num_returns=1, timeout=timeout_s) if self.pending else ([], [])
+        ready, _ = self.cluster.wait(list(self.pending), num_returns=1, timeout=timeout_s)
         events: list[Event] = []
         for ref in ready:
             name = self.pending.pop(ref, None)
@@ -132,18 +132,17 @@ class RunGroup:
         events.append(Tick())
         return events
 
-    @staticmethod
-    def _outcome(ref: Any, name: str) -> Event:
+    def _outcome(self, ref: Any, name: str) -> Event:
         try:
-            stats = ray.get(ref)
-        except ray.exceptions.RayTaskError as e:
+            stats = self.cluster.get(ref)
+        except TaskFailed as e:
             cause = getattr(e, "cause", None)
             if isinstance(cause, DLRoverError):
                 return BadInput(name, cause)
-            if isinstance(cause, ray.exceptions.RayActorError):
+            if isinstance(cause, ActorDied):
                 return PsUnreachable(name, e)
             return WorkerDied(name, e)
-        except ray.exceptions.RayActorError as e:
+        except ActorDied as e:
             return WorkerDied(name, e)
         return WorkerAborted(name) if stats.get("aborted") else WorkerExited(name, stats)
 

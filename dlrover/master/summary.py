@@ -8,12 +8,12 @@ import os
 import tempfile
 
 import numpy as np
-import ray
 import torch
 
 from dlrover.checkpoint.manifest import HashingWriter
 from dlrover.checkpoint.store import DROP_CACHE_EVERY
 from dlrover.faults.records import FailureKind
+from dlrover.master.cluster import Cluster, RayError
 from dlrover.serving.id_map import IdMap
 from dlrover.metrics.reliability import ReliabilityReport, reliability_report
 from dlrover.ps.dense_shards import dense_summary
@@ -48,6 +48,15 @@ def actor_rows(m: Job, reports: dict[str, WorkerReport]) -> list[dict]:
         a = ps.get(k)
         rows.append({"name": name, "role": "ps", "cpus": cpu, "memory_limit_mb": mem, "rss_mb": a.rss_mb if a else None, "cpu_util": a.cpu_util if a else None})
     return rows
+
+
+def ettr_now(m: Job) -> float | None:
+    """ETTR of the job so far (None before training starts)."""
+    b = m.books
+    if b.train_start is None:
+        return None
+    now = m.clock()
+    return reliability_of(m, now - m.t0, (b.train_end or now) - b.train_start, b.queue.samples_done).ettr
 
 
 def reliability_of(m: Job, wall_s: float, train_s: float, trained: int) -> ReliabilityReport:
@@ -120,14 +129,14 @@ def summary_of(m: Job, metrics: dict) -> dict:
     }
 
 
-def _answers(calls: list) -> list:
+def _answers(cluster: Cluster, calls: list) -> list:
     """What each actor call returned; an actor that died (a job failed past its limit may
     have lost one) gives nothing."""
     out = []
     for ref in calls:
         try:
-            out.append(ray.get(ref, timeout=STATS_TIMEOUT_S))
-        except (ray.exceptions.RayError, TimeoutError):
+            out.append(cluster.get(ref, timeout=STATS_TIMEOUT_S))
+        except (RayError, TimeoutError):
             pass
     return out
 
@@ -139,11 +148,11 @@ def end_summary(m: Job, metrics: dict, failed: str | None) -> dict:
     summary = summary_of(m, metrics)
     if failed:
         summary["reason"] = failed
-    ps_stats = _answers([ps.stats.remote() for ps in m.launcher.ps.values()]) + m.control.retired_ps_stats
+    ps_stats = _answers(m.cluster, [ps.stats.remote() for ps in m.launcher.ps.values()]) + m.control.retired_ps_stats
     for key, stat in (("ps_bags_updated", "rows_updated"), ("ps_ids_updated", "ids_updated")):  # the updates applied
         summary[key] = int(sum(s[stat] for s in ps_stats))
     summary["dynamic_tables"] = total_counts(ps_stats)  # hits, admissions, evictions (dlrover bench embeddings)
-    dense = _answers([h.stats.remote() for h in m.launcher.dense.handles])
+    dense = _answers(m.cluster, [h.stats.remote() for h in m.launcher.dense.handles])
     if dense:
         summary.update(dense_summary(dense, m.spec.train.dense_sync))
     # Pushes of a batch a PS had applied before (a replacement redoing a dead worker's
@@ -157,7 +166,7 @@ def final_id_maps(m: Job) -> dict[int, IdMap]:
     """Each dynamic table's id map, gathered from the PS owning its vshards."""
     spec, out = m.spec, {}
     for t in spec.schema.dynamic():
-        parts = ray.get([h.dynamic_map.remote(t) for h in m.launcher.ps.values()])
+        parts = m.cluster.get([h.dynamic_map.remote(t) for h in m.launcher.ps.values()])
         ids, rows = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
         order = np.argsort(ids, kind="stable")
         default = default_row(spec.seed, t, spec.schema.table_sizes()[t], spec.model.embedding_dim)
@@ -181,9 +190,9 @@ def export_final(m: Job) -> None:
         tables = [torch.from_file(os.path.join(scratch, f"t{t}"), shared=True, size=n * dim).view(n, dim) for t, n in enumerate(sizes)]
         for h in m.launcher.ps.values():
             for t in range(len(sizes)):
-                rows, w = ray.get(h.table_rows.remote(t))
+                rows, w = m.cluster.get(h.table_rows.remote(t))
                 tables[t][torch.from_numpy(rows)] = torch.from_numpy(w)
-        dense = torch.as_tensor(m.launcher.dense.pull())
+        dense = torch.as_tensor(m.launcher.dense.pull(m.cluster.get))
         tmp = os.path.join(out, "final.pt.tmp")
         with open(tmp, "wb") as f:
             writer = HashingWriter(f, drop_cache_every=DROP_CACHE_EVERY)  # kept out of the page cache

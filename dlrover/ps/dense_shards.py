@@ -66,19 +66,24 @@ def merge_states(states: list[dict]) -> dict:
 
 
 def start_dense_shards(
-    flat: np.ndarray, optimizer: dict, names: list[str], rule: RoundRule | None = None, max_workers: int = 1, **options: Any
-) -> "DenseShards":
+    flat: np.ndarray, optimizer: dict, names: list[str], rule: RoundRule | None = None, max_workers: int = 1,
+    create: Callable[..., Any] | None = None, **options: Any,
+) -> "DenseShards":  # fmt: skip
     """One ``DenseParamServer`` actor per name, each given its slice of ``flat``;
-    ``rule``: how its rounds close (None: async); ``options``: Ray actor options (CPUs,
-    placement). In round mode a push waits in the server for its round, so each server
-    gets a thread per worker it may ever have, and a few for other calls."""
+    ``rule``: how its rounds close (None: async); ``create(cls, *args, **options)``: makes
+    an actor (default: Ray's; the master passes its cluster's); ``options``: actor options
+    (CPUs, placement). In round mode a push waits in the server for its round, so each
+    server gets a thread per worker it may ever have, and a few for other calls."""
     from dlrover.ps.dense_ps import DenseParamServer
 
+    if create is None:
+        def create(cls: type, *args: Any, **opts: Any) -> Any:
+            return ray.remote(cls).options(**opts).remote(*args)
+
     bounds = shard_bounds(flat.size, len(names))
-    actor = ray.remote(DenseParamServer)
     threads = 1 if rule is None else 2 * max_workers + 4
     handles = tuple(
-        actor.options(name=n, max_concurrency=threads, **options).remote(flat[lo:hi], optimizer, rule=rule)
+        create(DenseParamServer, flat[lo:hi], optimizer, 1, rule, name=n, max_concurrency=threads, **options)
         for n, (lo, hi) in zip(names, itertools.pairwise(bounds))
     )
     return DenseShards(handles, tuple(names), bounds)
@@ -99,20 +104,17 @@ class DenseShards:
     def slices(self) -> list[tuple[int, int]]:
         return list(itertools.pairwise(self.bounds))
 
-    def pull(self, get: Callable[[Any], Any] = ray.get) -> np.ndarray:
-        """The whole current vector."""
+    def pull(self, get: Callable[..., Any] = ray.get) -> np.ndarray:
+        """The whole current vector. ``get``: how refs are resolved (the master passes
+        its cluster's, a worker its own)."""
         return np.concatenate([reply[1] for reply in get([h.pull.remote() for h in self.handles])])
 
-    def state(self, timeout_s: float | None = None) -> dict:
+    def state(self, timeout_s: float | None = None, get: Callable[..., Any] = ray.get) -> dict:
         """The merged state (for a checkpoint; consistent only while workers are parked)."""
-        return merge_states(ray.get([h.state.remote() for h in self.handles], timeout=timeout_s))
+        return merge_states(get([h.state.remote() for h in self.handles], timeout=timeout_s))
 
-    def set_state(self, state: dict) -> None:
-        ray.get([h.set_state.remote(s) for h, s in zip(self.handles, split_state(state, self.bounds))])
-
-    def stats(self) -> list[dict]:
-        """Each shard's ``stats()``."""
-        return ray.get([h.stats.remote() for h in self.handles])
+    def set_state(self, state: dict, get: Callable[..., Any] = ray.get) -> None:
+        get([h.set_state.remote(s) for h, s in zip(self.handles, split_state(state, self.bounds))])
 
 
 def dense_summary(stats: list[dict], mode: str) -> dict:

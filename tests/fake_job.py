@@ -1,0 +1,121 @@
+"""A JobMaster on a :class:`~fake_cluster.FakeCluster`: the real master, books, states,
+recovery, checkpoints, summary and export, with the real embedding and dense PS objects
+in this process and workers that train no model. A fake worker's ``run`` takes shards
+from the master and marks them done at once (a test holds it open to keep it
+"training"); its evaluation scores every row 0.5.
+
+Nothing here starts Ray: the tests that use it run under ``pytest -m "not ray"``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fake_cluster import FakeCluster, FakeHandle
+from dlrover.ids import ProcessInfo
+from dlrover.ps.dense_ps import DenseParamServer
+from dlrover.worker.window import WorkerReport
+from dlrover.worker.worker import Worker
+
+
+def report(samples: int, rss_mb: float = 100.0) -> WorkerReport:
+    return WorkerReport(
+        samples=samples, steps=1, samples_per_s=1000.0, loss=0.5, step_time_s=0.01, wait_ps_s=0.0, pull_s=0.0, push_s=0.0,
+        queue_depth=1, rss_mb=rss_mb, cpu_percent=50.0, node_id="node-0", step_median_s=0.01, pull_ahead=0,
+    )  # fmt: skip
+
+
+class FakeWorker:
+    """What the master calls on a worker (``dlrover.worker.worker.Worker``)."""
+
+    def __init__(self, cluster: FakeCluster, name: str, spec: Any, master: FakeHandle, *rest: Any) -> None:
+        self.cluster, self.name, self.master = cluster, name, master
+        self.pid = 10_000 + len(cluster.actors)
+        self.shards_done: list[int] = []
+        self.aborted = False
+
+    def run(self, generation: int = 0) -> dict:
+        """Train every shard the master gives, at once, until it says stop (or has
+        nothing now: the loop asks this worker's next run, if any)."""
+        self.aborted = False
+        self.master.sync("first_step", self.name)
+        samples = 0
+        while not self.aborted:
+            shard = self.master.sync("next_shard", self.name, generation)
+            if shard is None or shard == "stop":
+                break
+            rows = shard.stop - shard.start
+            samples += rows
+            self.master.sync("report", self.name, report(samples))
+            self.master.sync("shard_done", self.name, shard.shard_id, rows, 0, generation)
+            self.shards_done.append(shard.shard_id)
+        return {"aborted": True, "generation": generation} if self.aborted else {"steps": len(self.shards_done), "samples": samples}
+
+    def abort(self) -> None:
+        self.aborted = True
+
+    def ping(self) -> ProcessInfo:
+        return ProcessInfo(self.pid, "node-0")
+
+    def pause(self, timeout_s: float) -> bool:
+        return True
+
+    def resume(self) -> None: ...
+
+    def trained(self) -> dict:
+        return {}
+
+    def set_routing(self, *args: Any) -> None: ...
+
+    def set_chaos(self, **kwargs: Any) -> None: ...
+
+    def evaluate(self, ranges: list[tuple[str, int, int]]) -> dict:
+        n = sum(b - a for _, a, b in ranges)
+        labels = (np.arange(n) % 2).astype(np.float32)
+        return {"labels": labels, "logits": np.where(labels > 0, 1.0, -1.0).astype(np.float32), "oracle": None}
+
+
+class FakeDensePS(DenseParamServer):
+    """The real dense PS, answering its probes without a Ray runtime."""
+
+    def ping(self) -> ProcessInfo:
+        return ProcessInfo(os.getpid(), "node-0")
+
+    def node_id(self) -> str:
+        return "node-0"
+
+
+def fake_cluster() -> FakeCluster:
+    cluster = FakeCluster()
+    cluster.make = {Worker: lambda *args: FakeWorker(cluster, *args), DenseParamServer: FakeDensePS}
+    return cluster
+
+
+def fake_master(spec: Any, run_dir: Path, cluster: FakeCluster | None = None) -> tuple[Any, FakeCluster]:
+    """A JobMaster of ``spec`` on a fake cluster (its own handle is the cluster's master)."""
+    from dlrover.data.plan import DataPlan
+    from dlrover.driver.runner import resolve_policy
+    from dlrover.master.master import JobMaster
+
+    cluster = cluster or fake_cluster()
+    spec, policy = resolve_policy(spec)
+    clock = FakeClock()
+    master = JobMaster("fake-job", spec, DataPlan.build(spec), policy, clock=clock, run_dir=str(run_dir), cluster=cluster)
+    cluster.master = FakeHandle(cluster, master, {"name": "fake-job/master"})
+    master.fake_clock = clock  # type: ignore[attr-defined]
+    return master, cluster
+
+
+class FakeClock:
+    """Job time that moves only when a test (or the master's own wait) moves it."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        self.now += 0.001  # every reading is a little later: durations stay positive
+        return self.now
