@@ -16,6 +16,9 @@ from typing import Any
 from dlrover.master.cluster import ActorDied, CallTimeout, TaskFailed
 
 
+OPEN = object()  # an actor method returning this leaves its call open (a run still training)
+
+
 class FakeRef:
     """A call's answer: ready with a value or an error, or still open."""
 
@@ -85,6 +88,10 @@ class FakeHandle:
             value = getattr(self.obj, name)(*self._cluster.resolved(args), **kwargs)
         except Exception as e:  # noqa: BLE001 - raised to the caller's get, as Ray does
             return FakeRef(error=TaskFailed(name, f"{type(e).__name__}: {e}", e).as_instanceof_cause(), actor=self)
+        if value is OPEN:
+            ref = FakeRef(ready=False, actor=self)
+            self.open.append(ref)
+            return ref
         return FakeRef(value, actor=self)
 
     def sync(self, name: str, *args: Any, **kwargs: Any) -> Any:
@@ -109,6 +116,10 @@ class FakeCluster:
         self.draining: dict[str, float | None] = {}
         self.autoscaler = False
         self.master: Any = None
+        self.clock: Any = None  # a FakeClock (``.now``): waits with a timeout move it on
+        self.script: list[tuple[float, Callable[[], None]]] = []  # (clock time, action), see ``at``
+        self.horizon_s = 3600.0  # a wait past this much clock time fails the test (no end in sight)
+        self._began: float | None = None
 
     # -- what a test does ---------------------------------------------------------------
     def hold(self, actor: str, method: str) -> None:
@@ -117,6 +128,17 @@ class FakeCluster:
 
     def release(self, actor: str, method: str) -> None:
         self.held.get(actor, set()).discard(method)
+
+    def at(self, when: float, action: Callable[[], None]) -> None:
+        """Do ``action`` once the clock reaches ``when`` (during a wait that would block)."""
+        self.script.append((when, action))
+        self.script.sort(key=lambda x: x[0])
+
+    def _run_script(self, until: float) -> None:
+        while self.script and self.script[0][0] <= until:
+            when, action = self.script.pop(0)
+            self.clock.now = max(self.clock.now, when)
+            action()
 
     def by_name(self, name: str) -> FakeHandle:
         (handle,) = [h for h in self.actors if h.name == name and not h.dead]
@@ -155,10 +177,25 @@ class FakeCluster:
         return ref.value
 
     def wait(self, refs: list[Any], num_returns: int = 1, timeout: float | None = None) -> tuple[list[Any], list[Any]]:
+        """A wait that would block runs the script's actions due meanwhile and moves the
+        clock on by ``timeout`` (or to the action that ended it)."""
+        self.waiting()
+        if sum(r.ready for r in refs) < num_returns and timeout and self.clock is not None:
+            self._began = self.clock.now if self._began is None else self._began
+            if self.clock.now - self._began > self.horizon_s:
+                raise AssertionError(f"still waiting for {refs} after {self.horizon_s:.0f} s of clock time")
+            end = self.clock.now + timeout
+            while self.script and self.script[0][0] <= end and sum(r.ready for r in refs) < num_returns:
+                self._run_script(self.script[0][0])
+            if sum(r.ready for r in refs) < num_returns:
+                self.clock.now = max(self.clock.now, end)
         ready = [r for r in refs if r.ready]
         if len(ready) < num_returns and timeout is None:
             raise AssertionError(f"wait for {num_returns} of {refs} would block for ever")
         return ready, [r for r in refs if not r.ready]
+
+    def waiting(self) -> None:
+        """Called at each wait: a subclass lets its actors make progress here."""
 
     def put(self, value: Any) -> FakeRef:
         return FakeRef(value)

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from fake_cluster import FakeCluster, FakeHandle
+from fake_cluster import OPEN, FakeCluster, FakeHandle
 from dlrover.ids import ProcessInfo
 from dlrover.ps.dense_ps import DenseParamServer
 from dlrover.worker.window import WorkerReport
@@ -36,27 +36,61 @@ class FakeWorker:
         self.cluster, self.name, self.master = cluster, name, master
         self.pid = 10_000 + len(cluster.actors)
         self.shards_done: list[int] = []
+        self.leased: list[int] = []  # shards taken and never finished (a stalled worker's)
         self.aborted = False
 
-    def run(self, generation: int = 0) -> dict:
-        """Train every shard the master gives, at once, until it says stop (or has
-        nothing now: the loop asks this worker's next run, if any)."""
-        self.aborted = False
+    def run(self, generation: int = 0) -> Any:
+        """Train what the master gives at once; with nothing to take now the run stays
+        open and trains more at the cluster's next wait (:meth:`poke`)."""
+        self.generation, self.aborted, self.samples, self.stalled = generation, False, 0, False
         self.master.sync("first_step", self.name)
-        samples = 0
+        out = self.train()
+        return OPEN if out is None else out
+
+    def train(self) -> dict | None:
+        """Shards until the master says stop (the run's stats), or None: nothing to
+        take now (or stalled: a worker named in the cluster's ``stall`` leases that many
+        shards, then trains no more)."""
+        books, stall = self.master.obj.books, self.cluster.stall.get(self.name)
         while not self.aborted:
-            shard = self.master.sync("next_shard", self.name, generation)
-            if shard is None or shard == "stop":
+            q = books.queue
+            if q.todo_count == 0 and not (q.finished or books.stop_requested or self.generation != books.generation):
+                return None  # asking now would block the master's thread in the long poll
+            shard = self.master.sync("next_shard", self.name, self.generation)
+            if shard is None:
+                return None
+            if shard == "stop":
                 break
+            if stall is not None:
+                self.leased.append(shard.shard_id)
+                if len(self.leased) >= stall:
+                    self.stalled = True
+                    return None
+                continue
             rows = shard.stop - shard.start
-            samples += rows
-            self.master.sync("report", self.name, report(samples))
-            self.master.sync("shard_done", self.name, shard.shard_id, rows, 0, generation)
+            self.samples += rows
+            self.master.sync("report", self.name, report(self.samples))
+            self.master.sync("shard_done", self.name, shard.shard_id, rows, 0, self.generation)
             self.shards_done.append(shard.shard_id)
-        return {"aborted": True, "generation": generation} if self.aborted else {"steps": len(self.shards_done), "samples": samples}
+        return {"aborted": True, "generation": self.generation} if self.aborted else {"steps": len(self.shards_done), "samples": self.samples}
+
+    def open_run(self) -> Any:
+        runs = [r for r in self.handle.open if not r.ready]
+        return runs[-1] if runs else None
+
+    def poke(self) -> None:
+        """Time passed: an open, unstalled run trains what it can take now."""
+        ref = self.open_run()
+        if ref is not None and not self.stalled and not self.handle.dead:
+            out = self.train()
+            if out is not None:
+                ref.resolve(out)
 
     def abort(self) -> None:
         self.aborted = True
+        ref = self.open_run()
+        if ref is not None:
+            ref.resolve({"aborted": True, "generation": self.generation})
 
     def ping(self) -> ProcessInfo:
         return ProcessInfo(self.pid, "node-0")
@@ -89,13 +123,32 @@ class FakeDensePS(DenseParamServer):
         return "node-0"
 
 
-def fake_cluster() -> FakeCluster:
-    cluster = FakeCluster()
+class FakeJobCluster(FakeCluster):
+    """A fake cluster whose workers are :class:`FakeWorker`; ``stall``: worker name ->
+    shards it leases before it stalls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stall: dict[str, int] = {}
+
+    def actor(self, cls: type, *args: Any, **options: Any) -> FakeHandle:
+        handle = super().actor(cls, *args, **options)
+        if isinstance(handle.obj, FakeWorker):
+            handle.obj.handle = handle
+        return handle
+
+    def waiting(self) -> None:
+        for h in self.alive(Worker):
+            h.obj.poke()
+
+
+def fake_cluster() -> FakeJobCluster:
+    cluster = FakeJobCluster()
     cluster.make = {Worker: lambda *args: FakeWorker(cluster, *args), DenseParamServer: FakeDensePS}
     return cluster
 
 
-def fake_master(spec: Any, run_dir: Path, cluster: FakeCluster | None = None) -> tuple[Any, FakeCluster]:
+def fake_master(spec: Any, run_dir: Path, cluster: FakeJobCluster | None = None) -> tuple[Any, FakeJobCluster]:
     """A JobMaster of ``spec`` on a fake cluster (its own handle is the cluster's master)."""
     from dlrover.data.plan import DataPlan
     from dlrover.driver.runner import resolve_policy
@@ -106,7 +159,7 @@ def fake_master(spec: Any, run_dir: Path, cluster: FakeCluster | None = None) ->
     clock = FakeClock()
     master = JobMaster("fake-job", spec, DataPlan.build(spec), policy, clock=clock, run_dir=str(run_dir), cluster=cluster)
     cluster.master = FakeHandle(cluster, master, {"name": "fake-job/master"})
-    master.fake_clock = clock  # type: ignore[attr-defined]
+    cluster.clock = clock
     return master, cluster
 
 
