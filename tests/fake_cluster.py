@@ -118,6 +118,7 @@ class FakeCluster:
         self.master: Any = None
         self.clock: Any = None  # a FakeClock (``.now``): waits with a timeout move it on
         self.script: list[tuple[float, Callable[[], None]]] = []  # (clock time, action), see ``at``
+        self.processes_killed: list[tuple[str | None, int | None]] = []
         self.horizon_s = 3600.0  # a wait past this much clock time fails the test (no end in sight)
         self._began: float | None = None
 
@@ -211,6 +212,10 @@ class FakeCluster:
         for ref in handle.open:
             if not ref.ready:
                 ref.resolve(error=ActorDied(error_msg=f"{handle.name} was killed"))
+
+    def kill_process(self, node_id: str | None, pid: int | None) -> None:
+        """Recorded, never done: the fake actors' pids are this test's own process."""
+        self.processes_killed.append((node_id, pid))
 
     def node_id(self) -> str:
         return self.here

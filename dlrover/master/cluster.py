@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
@@ -30,6 +32,13 @@ RayError = ray.exceptions.RayError  # any failure of a call (the base of the thr
 ActorDied = ray.exceptions.RayActorError  # the actor called (or one it called) is gone
 TaskFailed = ray.exceptions.RayTaskError  # the call raised: ``.cause`` is its exception
 CallTimeout = ray.exceptions.GetTimeoutError  # ``get`` gave up waiting
+
+
+def signal_kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 class Cluster(Protocol):
@@ -55,6 +64,9 @@ class Cluster(Protocol):
 
     def kill(self, handle: Any) -> None:
         """Kill the actor at once, without a restart."""
+
+    def kill_process(self, node_id: str | None, pid: int | None) -> None:
+        """SIGKILL process ``pid`` on node ``node_id`` (best effort: it may be gone)."""
 
     def node_id(self) -> str:
         """The node this process (the master) runs on."""
@@ -122,6 +134,20 @@ class RayCluster:
 
     def kill(self, handle: Any) -> None:
         ray.kill(handle, no_restart=True)
+
+    def kill_process(self, node_id: str | None, pid: int | None) -> None:
+        """Directly when it is this process's node (a stopped process dies at once), else
+        from a task pinned to that node (which on a loaded node may take a while to
+        start). Ray's kill alone leaves a stopped process holding its resources."""
+        if pid is None or node_id is None:
+            return
+        if node_id == self.node_id():
+            signal_kill(pid)
+            return
+        try:
+            ray.get(self.task(signal_kill, pid, node=node_id, soft=False, max_retries=0), timeout=10)
+        except RayError:
+            pass
 
     def node_id(self) -> str:
         return ray.get_runtime_context().get_node_id()

@@ -18,8 +18,6 @@ against anyone: after a gap in its own ticks the leases are renewed.
 
 from __future__ import annotations
 
-import os
-import signal
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -105,25 +103,3 @@ class Prober:
     def forget(self, name: str) -> None:
         self._in_flight.pop(name, None)
         self._heard.pop(name, None)
-
-
-def _signal(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-
-
-def kill_process(cluster: Cluster, node_id: str | None, pid: int | None) -> None:
-    """SIGKILL ``pid`` on ``node_id`` (a stopped process dies at once): directly when it
-    is this process's node, else from a task pinned to that node (which on a loaded node
-    may take a while to start). Best effort: the node may be gone with the process."""
-    if pid is None or node_id is None:
-        return
-    if node_id == cluster.node_id():
-        _signal(pid)
-        return
-    try:
-        cluster.get(cluster.task(_signal, pid, node=node_id, soft=False, max_retries=0), timeout=10)
-    except RayError:
-        pass

@@ -38,7 +38,7 @@ from typing import Any
 from dlrover.faults.records import Failure, FailureKind, LostPs
 from dlrover.ids import ProcessInfo, Role
 from dlrover.master.cluster import ActorDied, CallTimeout, RayError, TaskFailed
-from dlrover.master.liveness import SUSPECT_AFTER_S, Prober, kill_process, liveness_timeout_s
+from dlrover.master.liveness import SUSPECT_AFTER_S, Prober, liveness_timeout_s
 from dlrover.master.partial import recover_partially
 from dlrover.master.rollback import Rollback, roll_back
 from dlrover.master.states import JobFailed
@@ -147,7 +147,7 @@ class Recovery:
             self._kill(handle)
         info = self.processes.pop(name, None)
         if info is not None:
-            kill_process(self.m.cluster, info.node_id, info.pid)
+            self.m.cluster.kill_process(info.node_id, info.pid)
         self.prober.forget(name)
 
     def _enforce_memory(self, now: float) -> None:
