@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 from dlrover.master.cluster import RayError
 from dlrover.master.job import Job
+from dlrover.master.replace import remove_worker
 
 EVICT_MARGIN_S = 15.0  # drained workers still there this long before the deadline are stopped
 NOTICE_GRACE_S = 30.0  # a SIGTERMed actor's time before its kill (Kubernetes' default grace period)
@@ -109,6 +110,5 @@ class NodeDrains:
             except RayError:
                 parked = False
             requeued = self.m.books.retire(w, parked=parked)
-            lz.forget_worker(w)
-            self.m.control.forget(w)
+            remove_worker(self.m, w)
             self.m.events.add("drain_evicted", actor=w, shards_requeued=len(requeued))

@@ -37,6 +37,7 @@ from dlrover.master.events import NOTABLE_EVENTS, EventLog
 from dlrover.master.launcher import Launcher
 from dlrover.master.persist import MasterState
 from dlrover.master.recovery import Recovery
+from dlrover.master.replace import remove_worker
 from dlrover.master.rollback import resume_after_restart
 from dlrover.master.scale_events import ScaleEvent
 from dlrover.master.summary import actor_rows, end_summary, ettr_now, export_final, reliability_fields
@@ -323,7 +324,7 @@ class JobMaster:
         of waiting for ever. They hold no shards (every shard is done)."""
         for name in self.runs.workers():
             self.events.add("worker_unneeded", actor=name, why="no work left before it started")
-            self.launcher.forget_worker(name)
+            remove_worker(self, name)
         self.runs.pending.clear()
 
     def watch(self) -> None:
@@ -345,8 +346,7 @@ class JobMaster:
         self.events.add("worker_exit", actor=worker, **{k: v for k, v in stats.items() if np.isscalar(v)})
         self.books.forget_report(worker)
         if worker in self.books.draining():  # removed by a scale-in: its work is done
-            self.launcher.forget_worker(worker)
-            self.control.forget(worker)
+            remove_worker(self, worker)
 
     def worker_died(self, worker: str, error: Exception) -> None:
         self.recovery.worker_failed(worker, error, self.runs.pending)

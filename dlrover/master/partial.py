@@ -30,7 +30,8 @@ from dlrover.faults.records import CheckpointRef, Failure, LostPs
 from dlrover.ps.vshard import VShardMap
 
 from dlrover.master.job import Job
-from dlrover.master.rollback import halt, replace_ps, replace_workers
+from dlrover.master.replace import replace_ps, replace_workers
+from dlrover.master.rollback import halt
 
 READ_ROWS = 65_536  # lines read at a time when counting lost updates
 

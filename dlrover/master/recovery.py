@@ -40,6 +40,7 @@ from dlrover.ids import ProcessInfo, Role
 from dlrover.master.cluster import ActorDied, CallTimeout, RayError, TaskFailed
 from dlrover.master.liveness import SUSPECT_AFTER_S, Prober, liveness_timeout_s
 from dlrover.master.partial import recover_partially
+from dlrover.master.replace import remove_worker, replacement_size
 from dlrover.master.rollback import Rollback, roll_back
 from dlrover.master.states import JobFailed
 from dlrover.resource.plan import CorrectionKind, ResourcePlan
@@ -276,12 +277,8 @@ class Recovery:
         m, lz = self.m, self.m.launcher
         drained = name in m.books.draining()
         requeued = m.books.retire(name)
-        size = lz.resources.get(name, (None, None))
-        if name in self.oom_killed and m.control is not None:
-            size = (size[0], m.control.memory_after_oom(size[1]))
-        lz.forget_worker(name)
-        if m.control is not None:
-            m.control.forget(name)
+        size = replacement_size(m, name, (None, None))
+        remove_worker(m, name)
         failure.shards_requeued = len(requeued)
         failure.capacity_lost = round(1.0 / max(len(lz.workers) + 1, 1), 4)  # the others train on
         resumes = None

@@ -18,6 +18,7 @@ from dlrover.faults.records import CheckpointRef, Failure, FailureKind, LostPs
 from dlrover.resource.configs import Config
 
 from dlrover.master.job import Job
+from dlrover.master.replace import replace_ps, replace_workers
 
 if TYPE_CHECKING:
     from dlrover.master.persist import MasterState
@@ -76,37 +77,6 @@ def halt(m: Job, pending: dict[Any, str], lost_ps: LostPs) -> tuple[list[str], L
         except (RayError, CallTimeout):
             lost.append(n)
     return lost, lost_ps | m.recovery.dead_ps_now()
-
-
-def replace_workers(m: Job, names: set[str], drop: frozenset[str] = frozenset()) -> None:
-    """Forget these workers and start one of the same size for each (none for ``drop``)."""
-    lz = m.launcher
-    for name in names:
-        if name in lz.workers:
-            size = lz.resources.get(name, (None, None))
-            lz.forget_worker(name)
-            if m.control is not None:
-                m.control.forget(name)
-            if name not in drop:
-                lz.add_worker(*size)
-
-
-def replace_ps(m: Job, ids: tuple[int, ...]) -> tuple[np.ndarray, dict[int, int]]:
-    """Start (or take from the spares) a PS of the same size (more memory after an OOM
-    kill) for each lost one in
-    ``ids``: the owner array with each replacement taking exactly its predecessor's
-    vshards, and which replaced which."""
-    lz = m.launcher
-    owner, replaced = lz.vmap.owner.copy(), {}
-    for k in ids:
-        size = lz.resources.get(lz.ps_name(k), (lz.spec.resources.ps_cpu, lz.spec.resources.ps_memory_mb))
-        if lz.ps_name(k) in m.recovery.oom_killed and m.control is not None:
-            size = (size[0], m.control.memory_after_oom(size[1]))
-        lz.remove_ps(k)
-        spare = lz.take_spare_ps(*size)  # pre-started (policy.standby): no start-up to wait for
-        replaced[k] = spare if spare is not None else lz.add_ps(*size)
-        owner[owner == k] = replaced[k]
-    return owner, replaced
 
 
 def roll_back(m: Job, pending: dict[Any, str], lost_ps: LostPs, replace_all: bool = False) -> Rollback:
