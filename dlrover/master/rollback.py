@@ -11,8 +11,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from dlrover.master.cluster import ActorDied, CallTimeout, RayError
 from dlrover.faults.records import CheckpointRef, Failure, FailureKind, LostPs
 from dlrover.resource.configs import Config
