@@ -150,7 +150,14 @@ class FakeCluster:
 
     # -- the Cluster protocol -----------------------------------------------------------
     def resolved(self, args: Iterable[Any]) -> list[Any]:
-        return [self.get(a) if isinstance(a, FakeRef) else a for a in args]
+        """Arguments as the callee sees them. Unlike Ray, refs inside a list are resolved
+        too: the PS code ``ray.get``s those itself, which here would start Ray."""
+        def one(a: Any) -> Any:
+            if isinstance(a, FakeRef):
+                return self.get(a)
+            return [one(x) for x in a] if isinstance(a, list) else a
+
+        return [one(a) for a in args]
 
     def actor(self, cls: type, *args: Any, node: str | None = None, soft: bool = True, **options: Any) -> FakeHandle:
         obj = self.make.get(cls, cls)(*args)

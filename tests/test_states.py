@@ -4,25 +4,23 @@ records what the states ask of it, and a fake run group queues the events."""
 from __future__ import annotations
 
 from dlrover.errors import DataError
+from dlrover.faults.policy import RecoverPs, ReplaceWorkers, RestartAll
 from dlrover.faults.records import LostPs
+from dlrover.master.runs import BadInput, PsUnreachable, Tick, WorkerDied, WorkerExited
 from dlrover.master.states import (
-    BadInput,
     Evaluating,
     Failed,
     JobFailed,
     JobLoop,
     JobStatus,
     Launching,
-    PsUnreachable,
     Recovering,
+    Restarting,
     Rescaling,
     Running,
     Stopped,
     Stopping,
     Succeeded,
-    Tick,
-    WorkerDied,
-    WorkerExited,
 )
 
 
@@ -39,6 +37,8 @@ class FakeJob:
         self.calls: list[tuple] = []
         self.statuses: list[JobStatus] = []
         self.fail_on_death = False  # the next death goes past the failure limit
+        self.decision = None  # the failure policy's answer to the next failure (default: replace / recover)
+        self.probe_lost = LostPs()  # what the next watch finds
 
     # JobContext
     def entered(self, state):
@@ -68,6 +68,8 @@ class FakeJob:
 
     def watch(self):
         self.calls.append(("watch",))
+        lost, self.probe_lost = self.probe_lost, LostPs()
+        return lost
 
     def rescaling(self):
         return self.busy
@@ -79,16 +81,23 @@ class FakeJob:
     def worker_died(self, worker, error):
         if self.fail_on_death:
             raise JobFailed(f"2 failures (checkpoint.max_failures: 1); last: {worker}")
+        self.calls.append(("died", worker))
+        if self.decision is not None:
+            return self.decision
         self.pending.remove(worker)
         self.pending.append(worker + "-new")
-        self.calls.append(("died", worker))
+        return ReplaceWorkers((worker,))
 
     def ps_unreachable(self, worker, error):
         return LostPs((0,)) if self.ps_gone else LostPs()
 
-    def recover(self, worker, error, lost):
-        self.calls.append(("recover", worker, lost.ps))
+    def recover(self, lost, how):
+        self.calls.append(("recover", how, lost.ps))
         self.ps_gone = False
+        return self.decision or RecoverPs(lost, partial=True)
+
+    def restart(self):
+        self.calls.append(("restart",))
 
     def bad_input(self, worker, error):
         self.calls.append(("bad_input", worker, str(error)))
@@ -215,7 +224,7 @@ def test_a_lost_ps_recovers_through_the_recovering_state_and_trains_again():
     job.ps_gone = True
     loop = loop_for(job)
     loop.step([PsUnreachable("w0", RuntimeError("ps-1 died"))])
-    assert ("recover", "w0", (0,)) in job.calls  # what was found lost travels with the transition
+    assert ("recover", "w0: ps-1 died", (0,)) in job.calls  # what was found lost, and how, travel with the transition
     assert job.statuses == [JobStatus.RECOVERING, JobStatus.TRAINING]
     assert isinstance(loop.state, Running)
 
@@ -258,5 +267,33 @@ def test_run_launches_and_steps_the_group_until_the_job_ends():
 
 
 def test_launching_recovering_and_evaluating_are_only_ever_passed_through():
-    assert Launching.immediate and Recovering.immediate and Evaluating.immediate and not Running.immediate
+    assert Launching.immediate and Recovering.immediate and Restarting.immediate and Evaluating.immediate and not Running.immediate
     assert {Succeeded.terminal, Stopped.terminal, Failed.terminal} == {True} and not Evaluating.terminal
+
+
+def test_a_ps_the_probes_find_lost_recovers_through_the_recovering_state():
+    job = FakeJob(["w0"])
+    loop = loop_for(job)
+    job.probe_lost = LostPs((1,))
+    loop.step([Tick()])
+    assert ("recover", "probe", (1,)) in job.calls
+    assert job.statuses == [JobStatus.RECOVERING, JobStatus.TRAINING]
+
+
+def test_a_death_the_policy_answers_with_a_restart_goes_through_restarting():
+    job = FakeJob(["w0", "w1"])
+    loop = loop_for(job)
+    job.decision = RestartAll()
+    loop.step([WorkerDied("w0", RuntimeError("killed"))])
+    assert job.calls[-2:] == [("died", "w0"), ("restart",)]
+    assert job.statuses == [JobStatus.RESTARTING, JobStatus.TRAINING] and isinstance(loop.state, Running)
+
+
+def test_a_lost_ps_the_policy_answers_with_a_restart_goes_through_recovering_then_restarting():
+    job = FakeJob(["w0"])
+    job.ps_gone = True
+    loop = loop_for(job)
+    job.decision = RestartAll()
+    loop.step([PsUnreachable("w0", RuntimeError("ps-0 died"))])
+    assert job.calls[-1] == ("restart",)
+    assert job.statuses == [JobStatus.RECOVERING, JobStatus.RESTARTING, JobStatus.TRAINING]

@@ -24,6 +24,7 @@ from dlrover.data.plan import DataPlan
 from dlrover.data.shards import Shard
 from dlrover.master.books import ShardBooks
 from dlrover.errors import DLRoverError
+from dlrover.faults.policy import Decision, FailurePolicy
 from dlrover.faults.records import Failure, LostPs
 from dlrover.ids import ProcessInfo
 from dlrover.checkpoint.store import CheckpointStore
@@ -35,13 +36,14 @@ from dlrover.master.drain import NodeDrains
 from dlrover.master.evaluator import Evaluator
 from dlrover.master.events import NOTABLE_EVENTS, EventLog
 from dlrover.master.launcher import Launcher
-from dlrover.master.persist import MasterState
+from dlrover.master.persist import MasterState, load_master_state, save_master_state
 from dlrover.master.recovery import Recovery
 from dlrover.master.replace import remove_worker
 from dlrover.master.rollback import resume_after_restart
 from dlrover.master.scale_events import ScaleEvent
 from dlrover.master.summary import actor_rows, end_summary, ettr_now, export_final, reliability_fields
-from dlrover.master.states import TERMINAL, Failed, JobLoop, JobStatus, RunGroup, State
+from dlrover.master.runs import RunGroup
+from dlrover.master.states import TERMINAL, Failed, JobLoop, JobStatus, State
 from dlrover.metrics.telemetry import Telemetry
 from dlrover.master.topology import cluster_cores
 from dlrover.resource.plan import Policy
@@ -55,10 +57,11 @@ PUBLISH_EVERY_S = 1.0  # metrics export (Ray's agent takes them every few second
 class JobMaster:
     def __init__(
         self, job_id: str, spec: JobSpec, data: DataPlan, policy: Policy, clock: Callable[[], float] = time.monotonic, run_dir: str | None = None,
-        cluster: Cluster | None = None,
+        cluster: Cluster | None = None, failure_policy: FailurePolicy | None = None,
     ) -> None:  # fmt: skip
         """``spec``, ``data`` (the files' index), ``policy``: made once, on the driver;
-        ``cluster``: where the actors run (default: this process's Ray; tests: a fake)."""
+        ``cluster``: where the actors run (default: this process's Ray; tests: a fake);
+        ``failure_policy``: how failures are answered (default: the spec's settings)."""
         self.cluster: Cluster = cluster if cluster is not None else RayCluster()
         self.job_id = job_id
         self.run_dir = run_dir
@@ -81,7 +84,8 @@ class JobMaster:
         self.control: Controller | None = None
         self.chaos: ChaosInjector | None = None
         self.drains: NodeDrains | None = None
-        self.recovery = Recovery(self)
+        r, c = spec.recovery, spec.checkpoint
+        self.recovery = Recovery(self, failure_policy or FailurePolicy(c.on_failure, r.ps, c.max_failures))
         self.checkpointer: Checkpointer | None = None
         self.restarts = 0
         self.telemetry = Telemetry(job_id)
@@ -183,7 +187,7 @@ class JobMaster:
         master = self.cluster.current_actor()
         self.launcher = Launcher(self.cluster, self.job_id, spec, self.data.files, master, lambda: self.books.generation, self.books.worker_reports)
         self.checkpointer = Checkpointer(self, CheckpointStore(self._checkpoint_root(), keep=spec.checkpoint.keep))
-        state = self._load_state()
+        state = load_master_state(self)
         self.control = Controller(self, self.data, self.policy, cluster_cores(self.cluster))
         self.drains = NodeDrains(self)
         self.chaos = ChaosInjector(self, spec.chaos, state.chaos_fired if state else None)
@@ -197,39 +201,10 @@ class JobMaster:
         """Where the run's files go: the driver's run directory, else one under the temp dir."""
         return self.run_dir or os.path.join(tempfile.gettempdir(), "dlrover-runs", self.job_id)
 
-    def _persist(self, crash_at_s: float | None = None) -> None:
-        now = self.clock() - self.t0
-        MasterState(
-            job_id=self.job_id,
-            started_wall=time.time() - now,
-            crash_at_s=crash_at_s if crash_at_s is not None else now,
-            samples_done=self.books.queue.samples_done,
-            train_start_s=None if self.books.train_start is None else self.books.train_start - self.t0,
-            samples_replayed=self.recovery.samples_replayed,
-            failures=list(self.failures),
-            scale_events=[e.to_dict() for e in self.scale_events],
-            chaos_fired=self.chaos.fired if self.chaos else [],
-            chaos_s=self.chaos.chaos_s() if self.chaos else 0.0,
-            restarts=self.restarts,
-        ).save(os.path.join(self.run_directory(), "master_state.json"))
-
-    def _load_state(self) -> MasterState | None:
-        state = MasterState.load(os.path.join(self.run_directory(), "master_state.json"), self.job_id)
-        if state is None:
-            return None
-        self.t0 = self.clock() - (time.time() - state.started_wall)
-        self.failures = list(state.failures)
-        self.scale_events = [ScaleEvent.from_dict(e) for e in state.scale_events]
-        self.restarts = state.restarts + 1
-        if state.train_start_s is not None:
-            self.books.train_start = self.t0 + state.train_start_s
-        self.recovery.samples_replayed = state.samples_replayed
-        return state
-
     def crash(self) -> None:
         """Chaos ``master``: the master process dies here, as on a crash (state persisted
         first, as it is at every checkpoint)."""
-        self._persist(crash_at_s=self.clock() - self.t0)
+        save_master_state(self, crash_at_s=self.clock() - self.t0)
         os._exit(1)
 
     def _train_and_evaluate(self, state: MasterState | None = None) -> dict:
@@ -278,7 +253,7 @@ class JobMaster:
         first = self.checkpointer.take({}, self.clock() - self.t0)  # the state to fall back on before any other
         if first is not None:
             self.checkpointer.write_durable(first, first.at_s)
-            self._persist()
+            save_master_state(self)
         self.runs.add({self.launcher.start(name): name for name in list(self.launcher.workers)})
 
     def evaluate(self) -> None:
@@ -327,14 +302,17 @@ class JobMaster:
             remove_worker(self, name)
         self.runs.pending.clear()
 
-    def watch(self) -> None:
+    def watch(self) -> LostPs:
         pending = self.runs.pending
-        self.recovery.tick(pending)
+        lost = self.recovery.tick()
+        if lost:
+            return lost
         self.chaos.tick()
         if not self.recovery.suspects():  # no pause waits on an actor that may be frozen
             pending.update(self.control.tick(pending))
             self._checkpoint(pending)
         pending.update(self.drains.tick(pending))  # a drain's deadline does not wait for a suspect
+        return lost
 
     def rescaling(self) -> bool:
         return self.control.busy()
@@ -348,15 +326,17 @@ class JobMaster:
         if worker in self.books.draining():  # removed by a scale-in: its work is done
             remove_worker(self, worker)
 
-    def worker_died(self, worker: str, error: Exception) -> None:
-        self.recovery.worker_failed(worker, error, self.runs.pending)
+    def worker_died(self, worker: str, error: Exception) -> Decision:
+        return self.recovery.worker_failed(worker, error, self.runs.pending)
 
     def ps_unreachable(self, worker: str, error: Exception) -> LostPs:
         return self.recovery.dead_ps_now()
 
-    def recover(self, worker: str, error: Exception, lost: LostPs) -> None:
-        cause = str(getattr(error, "cause", error)).strip().splitlines()[0][:120]
-        self.recovery.ps_failed(self.runs.pending, lost, f"{worker}: {cause}")
+    def recover(self, lost: LostPs, how: str) -> Decision:
+        return self.recovery.ps_failed(self.runs.pending, lost, how)
+
+    def restart(self) -> None:
+        self.recovery.restart(self.runs.pending)
 
     def bad_input(self, worker: str, error: DLRoverError) -> None:
         """Bad input (a malformed data line): replacing the worker would only hit it again.
@@ -378,7 +358,7 @@ class JobMaster:
         taken = ck.take(running, now, timeout_s=self.recovery.timeout_s())
         if taken is not None and ck.durable_due(now, len(self.failures)):
             ck.write_durable(taken, now)
-        self._persist()
+        save_master_state(self)
 
     def _publish(self, force: bool = False) -> None:
         """Export the job's metrics (at most every ``PUBLISH_EVERY_S``). A metrics problem

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import asdict, dataclass, field
 
 from dlrover.faults.records import Failure
+from dlrover.master.job import Job
+from dlrover.master.scale_events import ScaleEvent
 
 
 @dataclass
@@ -48,3 +51,36 @@ class MasterState:
             return None
         row["failures"] = [Failure.from_dict(x) for x in row.get("failures", [])]
         return cls(**row)
+
+
+def save_master_state(m: Job, crash_at_s: float | None = None) -> None:
+    """Write what a restarted master takes over (at every checkpoint, and before a crash)."""
+    now = m.clock() - m.t0
+    MasterState(
+        job_id=m.job_id,
+        started_wall=time.time() - now,
+        crash_at_s=crash_at_s if crash_at_s is not None else now,
+        samples_done=m.books.queue.samples_done,
+        train_start_s=None if m.books.train_start is None else m.books.train_start - m.t0,
+        samples_replayed=m.recovery.samples_replayed,
+        failures=list(m.failures),
+        scale_events=[e.to_dict() for e in m.scale_events],
+        chaos_fired=m.chaos.fired if m.chaos else [],
+        chaos_s=m.chaos.chaos_s() if m.chaos else 0.0,
+        restarts=m.restarts,
+    ).save(os.path.join(m.run_directory(), "master_state.json"))
+
+
+def load_master_state(m: Job) -> MasterState | None:
+    """A restarted master takes its predecessor's clock, failures and scale events (None: a first start)."""
+    state = MasterState.load(os.path.join(m.run_directory(), "master_state.json"), m.job_id)
+    if state is None:
+        return None
+    m.t0 = m.clock() - (time.time() - state.started_wall)
+    m.failures = list(state.failures)
+    m.scale_events = [ScaleEvent.from_dict(e) for e in state.scale_events]
+    m.restarts = state.restarts + 1
+    if state.train_start_s is not None:
+        m.books.train_start = m.t0 + state.train_start_s
+    m.recovery.samples_replayed = state.samples_replayed
+    return state

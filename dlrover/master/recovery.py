@@ -35,6 +35,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from dlrover.faults.policy import Decision, FailurePolicy, RecoverPs, RestartAll
 from dlrover.faults.records import Failure, FailureKind, LostPs
 from dlrover.ids import ProcessInfo, Role
 from dlrover.master.cluster import ActorDied, CallTimeout, RayError, TaskFailed
@@ -64,8 +65,11 @@ def cause_of(err: Exception | str | None) -> str:
 
 
 class Recovery:
-    def __init__(self, master: Job) -> None:
+    def __init__(self, master: Job, policy: FailurePolicy) -> None:
+        """``policy``: what each failure costs (replace, recover a PS, restart, fail)."""
         self.m = master
+        self.policy = policy
+        self._restart_for: list[Failure] = []  # failures whose decision was RestartAll, for ``restart``
         self.prober = Prober(master.cluster)
         self.processes: dict[str, ProcessInfo] = {}  # actor -> its process, once a probe answered
         self._last_tick = float("inf")
@@ -97,8 +101,9 @@ class Recovery:
         workers = self.m.launcher.workers
         return [n for n in self.prober.suspects(self.now(), after, up=self.m.books.running()) if n in workers]
 
-    def tick(self, pending: dict[Any, str]) -> None:
-        """Probes, lease expiry and memory limits; handles what they find."""
+    def tick(self) -> LostPs:
+        """Probes, lease expiry and memory limits: kills what they find hung or over its
+        memory, and returns the PS found lost (the Recovering state replaces them)."""
         now = self.now()
         lz = self.m.launcher
         timeout = self.timeout_s()
@@ -124,9 +129,7 @@ class Recovery:
             if name not in found.dead:
                 self.m.events.add("hung", actor=name, silent_s=round(now - since, 1), timeout_s=round(timeout, 1))
             self.kill_hung(name, since)
-        lost = self._lost_ps([*hung, *found.dead])
-        if lost:
-            self.ps_failed(pending, lost, "probe")
+        return self._lost_ps([*hung, *found.dead])
 
     def _lost_ps(self, names: list[str]) -> LostPs:
         """The PS of the job among ``names``: a late answer about one already replaced
@@ -219,11 +222,11 @@ class Recovery:
         self.m.events.add("failure", **{("failure_kind" if k == "kind" else k): v for k, v in failure.to_dict().items()})
         if failure.node:
             self.note_bad(failure.node)
-        limit = self.m.spec.checkpoint.max_failures
-        if len(self.m.failures) > limit:
+        fail = self.policy.after(len(self.m.failures), f"{failure.kind.value} of {failure.actor}: {failure.cause}")
+        if fail is not None:
             self.m.books.stop()
             self.fatal, failure.recovered_s = failure, None  # the job never trains again after it
-            raise JobFailed(f"{len(self.m.failures)} failures (checkpoint.max_failures: {limit}); last: {failure.kind.value} of {failure.actor}: {failure.cause}")
+            raise JobFailed(fail.reason)
 
     def corrected(self, plan: ResourcePlan, new_workers: list[str], t0: float, slow_since: dict[str, float]) -> None:
         """A straggler replaced, or memory raised before an OOM kill (``plan.corrections``,
@@ -267,13 +270,15 @@ class Recovery:
             self.m.launcher.avoid.add(node)
             self.m.events.add("bad_node", node=node, strikes=self.strikes[node])
 
-    def worker_failed(self, name: str, err: Exception, pending: dict[Any, str]) -> None:
-        """A worker died: requeue its shards, start a replacement (or restart the job)."""
+    def worker_failed(self, name: str, err: Exception, pending: dict[Any, str]) -> Decision:
+        """A worker died: requeue its shards and start a replacement, or leave the
+        failure to ``restart``, as the policy decides."""
         detected = self.now()
         failure = self.new_failure(FailureKind.WORKER_DEATH, name, err, detected)
-        if self.m.spec.checkpoint.on_failure == "restart":
-            self.restart_all(pending, failure)
-            return
+        decision = self.policy.worker_lost((name,))
+        if isinstance(decision, RestartAll):
+            self._restart_for.append(failure)
+            return decision
         m, lz = self.m, self.m.launcher
         drained = name in m.books.draining()
         requeued = m.books.retire(name)
@@ -288,16 +293,20 @@ class Recovery:
             pending[lz.start(new)] = new
             resumes = [new]
         self.record(failure, resumes)
+        return decision
 
-    def ps_failed(self, pending: dict[Any, str], lost: LostPs, how: str) -> None:
+    def ps_failed(self, pending: dict[Any, str], lost: LostPs, how: str) -> Decision:
+        """PS lost: replaced as the policy decides (only their vshards back to the
+        checkpoint, a rollback of the whole job, or left to ``restart``)."""
         lz = self.m.launcher
         detected = self.now()
         names = [lz.ps_name(k) for k in lost.ps] + (list(lz.dense_names) if lost.dense else [])
         failures = [self.new_failure(FailureKind.PS_DEATH, n, f"{n} unreachable ({how})", detected) for n in names]
-        if self.m.spec.checkpoint.on_failure == "restart":
-            self.restart_all(pending, failures[0], more=failures[1:])
-            return
-        if self.m.spec.recovery.ps == "partial" and not lost.dense:
+        decision = self.policy.ps_lost(lost)
+        if isinstance(decision, RestartAll):
+            self._restart_for += failures
+            return decision
+        if decision.partial:
             part = recover_partially(self.m, pending, lost)
             if part is not None:
                 self.partial_recoveries += 1
@@ -305,11 +314,12 @@ class Recovery:
                     part.apply_to(f)
                     self._counting.append((f, part.lost))
                     self.record(f, list(pending.values()))
-                return
+                return decision
         back = self.rollback(pending, lost)
         for f in failures:
             back.apply_to(f)
             self.record(f, list(pending.values()))
+        return RecoverPs(lost, partial=False)
 
     def rollback(self, pending: dict[Any, str], lost: LostPs, replace_all: bool = False) -> Rollback:
         """Roll the whole job back to the newest usable checkpoint (see module doc)."""
@@ -318,13 +328,14 @@ class Recovery:
         self.rollbacks += 1
         return back
 
-    def restart_all(self, pending: dict[Any, str], failure: Failure, more: list[Failure] | None = None) -> None:
-        """Baseline handling: every actor restarts from the last durable checkpoint."""
-        m = self.m
-        m.books.retire(failure.actor)  # its late calls must not count
+    def restart(self, pending: dict[Any, str]) -> None:
+        """The policy's RestartAll: every actor restarts from the last durable checkpoint."""
+        m, failures, self._restart_for = self.m, self._restart_for, []
+        for f in failures:
+            m.books.retire(f.actor)  # its late calls must not count
         m.checkpointer.latest = None  # only what is on disk survives a whole-job restart
         back = self.rollback(pending, LostPs(), replace_all=True)
-        for f in [failure, *(more or [])]:
+        for f in failures:
             back.apply_to(f)
             self.record(f, list(pending.values()))
 

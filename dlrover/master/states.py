@@ -6,10 +6,15 @@
                   |  ^  \
          PS lost  v  |   `-(stop asked)-> Stopping
                Recovering                    |
+                  | restart all              |
+                  v                          |
+              Restarting -> Running          |
     Running | Stopping -(every run returned)-> Evaluating -> Succeeded | Stopped
     any state -(bad input, or past checkpoint.max_failures)-> Failed
 
-The loop (:class:`JobLoop`) takes the events a :class:`RunGroup` reports (a worker's
+Which failure leads where is the failure policy's decision (``dlrover.faults.policy``).
+
+The loop (:class:`JobLoop`) takes the events a ``RunGroup`` (``dlrover.master.runs``) reports (a worker's
 ``run`` returned, failed on its own, failed on a PS, hit bad input) plus a tick on the
 clock, and hands each to the current state, which returns the next one. A state decides;
 the master (:class:`JobContext`) carries the decisions out on Ray. Every transition goes
@@ -19,13 +24,13 @@ event). Tests drive the loop with a fake group and a fake context, one event at 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Protocol
+from typing import Protocol
 
-from dlrover.master.cluster import ActorDied, Cluster, TaskFailed
 from dlrover.errors import DLRoverError
+from dlrover.faults.policy import Decision, RestartAll
 from dlrover.faults.records import LostPs
+from dlrover.master.runs import BadInput, Event, PsUnreachable, RunGroup, Tick, WorkerDied, WorkerExited
 
 
 class JobFailed(RuntimeError):
@@ -38,6 +43,7 @@ class JobStatus(str, Enum):
     TRAINING = "training"
     RESCALING = "rescaling"
     RECOVERING = "recovering"
+    RESTARTING = "restarting"  # every actor restarts from the last durable checkpoint
     STOPPING = "stopping"  # asked to stop: the workers get no more shards
     EVALUATING = "evaluating"
     SUCCEEDED = "succeeded"
@@ -46,105 +52,6 @@ class JobStatus(str, Enum):
 
 
 TERMINAL = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED})
-
-
-# -- events ------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Tick:
-    """The clock moved on (at least every tick period, also between worker events)."""
-
-
-@dataclass(frozen=True)
-class WorkerExited:
-    """A worker's ``run`` returned: it ran out of shards or was drained."""
-
-    worker: str
-    stats: dict
-
-
-@dataclass(frozen=True)
-class WorkerAborted:
-    """A worker's ``run`` returned because a rollback aborted it."""
-
-    worker: str
-
-
-@dataclass(frozen=True)
-class WorkerDied:
-    """The worker's process is gone (or its run failed in its own code)."""
-
-    worker: str
-    error: Exception
-
-
-@dataclass(frozen=True)
-class PsUnreachable:
-    """A worker's ``run`` failed on a call to a PS or the dense PS."""
-
-    worker: str
-    error: Exception
-
-
-@dataclass(frozen=True)
-class BadInput:
-    """A worker hit input the user must fix (a malformed data line): no replacement helps."""
-
-    worker: str
-    error: DLRoverError
-
-
-Event = Tick | WorkerExited | WorkerAborted | WorkerDied | PsUnreachable | BadInput
-
-
-class RunGroup:
-    """The ``run`` calls of the training workers: started here, reported as events.
-
-    ``pending`` maps each run's ObjectRef to its worker; the recovery and control code
-    that start or stop runs go through :meth:`start` / :meth:`add` / :meth:`clear`.
-    """
-
-    def __init__(self, cluster: Cluster) -> None:
-        self.cluster = cluster
-        self.pending: dict[Any, str] = {}
-        self._soon_s: float | None = None
-
-    def soon(self, timeout_s: float) -> None:
-        """Make the next poll wait at most ``timeout_s`` (something else is being watched
-        closely: a pre-copy that may end any moment)."""
-        self._soon_s = timeout_s if self._soon_s is None else min(self._soon_s, timeout_s)
-
-    def add(self, runs: dict[Any, str]) -> None:
-        self.pending.update(runs)
-
-    def workers(self) -> list[str]:
-        return list(self.pending.values())
-
-    def poll(self, timeout_s: float) -> list[Event]:
-        """Wait up to ``timeout_s`` for one run to end; its event (if any), then a tick."""
-        if self._soon_s is not None:
-            timeout_s, self._soon_s = min(timeout_s, self._soon_s), None
-        ready, _ = self.cluster.wait(list(self.pending), num_returns=1, timeout=timeout_s)
-        events: list[Event] = []
-        for ref in ready:
-            name = self.pending.pop(ref, None)
-            if name is not None:
-                events.append(self._outcome(ref, name))
-        events.append(Tick())
-        return events
-
-    def _outcome(self, ref: Any, name: str) -> Event:
-        try:
-            stats = self.cluster.get(ref)
-        except TaskFailed as e:
-            cause = getattr(e, "cause", None)
-            if isinstance(cause, DLRoverError):
-                return BadInput(name, cause)
-            if isinstance(cause, ActorDied):
-                return PsUnreachable(name, e)
-            return WorkerDied(name, e)
-        except ActorDied as e:
-            return WorkerDied(name, e)
-        return WorkerAborted(name) if stats.get("aborted") else WorkerExited(name, stats)
 
 
 class JobContext(Protocol):
@@ -174,26 +81,39 @@ class JobContext(Protocol):
     def drop_unstarted(self) -> None:
         """Stop the pending workers that never trained (nothing is left for them)."""
 
-    def watch(self) -> None:
-        """One round of liveness, memory limits, policy and checkpoint work."""
+    def watch(self) -> LostPs:
+        """One round of liveness, memory limits, policy and checkpoint work: the PS the
+        probes found lost (then nothing else is done this round)."""
 
     def rescaling(self) -> bool:
         """A rescale is under way."""
 
     def worker_exited(self, worker: str, stats: dict) -> None: ...
 
-    def worker_died(self, worker: str, error: Exception) -> None: ...
+    def worker_died(self, worker: str, error: Exception) -> Decision:
+        """Record the death and carry out the failure policy's decision, unless it is to
+        restart everything (the Restarting state does that)."""
 
     def ps_unreachable(self, worker: str, error: Exception) -> LostPs:
         """A run failed on a PS: the PS really gone (none: the job need not recover)."""
 
-    def recover(self, worker: str, error: Exception, lost: LostPs) -> None:
-        """Roll back to a checkpoint with the ``lost`` PS replaced; runs restart."""
+    def recover(self, lost: LostPs, how: str) -> Decision:
+        """Replace the ``lost`` PS (``how``: found how) from a checkpoint, as the failure
+        policy decides (unless it is to restart everything); runs restart."""
+
+    def restart(self) -> None:
+        """Restart every actor from the last durable checkpoint (the failures decided it)."""
 
     def bad_input(self, worker: str, error: DLRoverError) -> None: ...
 
     def running(self) -> list[str]:
         """Workers whose ``run`` is pending."""
+
+
+def first_line(error: Exception) -> str:
+    """The first line of what went wrong (a remote error's cause, where it has one)."""
+    lines = str(getattr(error, "cause", error)).strip().splitlines()
+    return lines[0][:120] if lines else type(error).__name__
 
 
 # -- states ------------------------------------------------------------------------------
@@ -233,12 +153,12 @@ class Running(State):
         if isinstance(event, WorkerExited):
             job.worker_exited(event.worker, event.stats)
         elif isinstance(event, WorkerDied):
-            job.worker_died(event.worker, event.error)
+            return Restarting() if isinstance(job.worker_died(event.worker, event.error), RestartAll) else self
         elif isinstance(event, PsUnreachable):
             lost = job.ps_unreachable(event.worker, event.error)
             if lost:
-                return Recovering(event.worker, event.error, lost)
-            job.worker_died(event.worker, event.error)
+                return Recovering(lost, f"{event.worker}: {first_line(event.error)}")
+            return Restarting() if isinstance(job.worker_died(event.worker, event.error), RestartAll) else self
         elif isinstance(event, BadInput):
             job.bad_input(event.worker, event.error)
             return Failed(str(event.error))
@@ -254,7 +174,9 @@ class Running(State):
             return Stopping()
         if job.finished():
             return self
-        job.watch()
+        lost = job.watch()
+        if lost:
+            return Recovering(lost, "probe")
         return Rescaling() if job.rescaling() else self
 
 
@@ -284,17 +206,29 @@ class Stopping(Running):
 
 
 class Recovering(State):
-    """A PS is gone: the whole job goes back to a checkpoint, then trains again. The loop
-    steps it at once (``immediate``): the rollback is one synchronous operation."""
+    """A PS is gone (a run failed on it, or the probes found it): it is replaced from a
+    checkpoint, then the job trains again. The loop steps it at once (``immediate``):
+    the recovery is one synchronous operation."""
 
     status = JobStatus.RECOVERING
     immediate = True
 
-    def __init__(self, worker: str, error: Exception, lost: LostPs) -> None:
-        self.worker, self.error, self.lost = worker, error, lost
+    def __init__(self, lost: LostPs, how: str) -> None:
+        self.lost, self.how = lost, how
 
     def on(self, event: Event, job: JobContext) -> State:
-        job.recover(self.worker, self.error, self.lost)
+        return Restarting() if isinstance(job.recover(self.lost, self.how), RestartAll) else Running()
+
+
+class Restarting(State):
+    """The failure policy restarts every actor from the last durable checkpoint
+    (``checkpoint.on_failure: restart``); stepped at once, then the job trains again."""
+
+    status = JobStatus.RESTARTING
+    immediate = True
+
+    def on(self, event: Event, job: JobContext) -> State:
+        job.restart()
         return Running()
 
 

@@ -1,0 +1,110 @@
+"""The training runs of the job's workers and what their ends mean: each ``run`` call
+that returns (or fails) becomes a typed event for the job's states
+(``dlrover.master.states``), told apart by the failure's type."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from dlrover.errors import DLRoverError
+from dlrover.master.cluster import ActorDied, Cluster, TaskFailed
+
+
+# -- events ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Tick:
+    """The clock moved on (at least every tick period, also between worker events)."""
+
+
+@dataclass(frozen=True)
+class WorkerExited:
+    """A worker's ``run`` returned: it ran out of shards or was drained."""
+
+    worker: str
+    stats: dict
+
+
+@dataclass(frozen=True)
+class WorkerAborted:
+    """A worker's ``run`` returned because a rollback aborted it."""
+
+    worker: str
+
+
+@dataclass(frozen=True)
+class WorkerDied:
+    """The worker's process is gone (or its run failed in its own code)."""
+
+    worker: str
+    error: Exception
+
+
+@dataclass(frozen=True)
+class PsUnreachable:
+    """A worker's ``run`` failed on a call to a PS or the dense PS."""
+
+    worker: str
+    error: Exception
+
+
+@dataclass(frozen=True)
+class BadInput:
+    """A worker hit input the user must fix (a malformed data line): no replacement helps."""
+
+    worker: str
+    error: DLRoverError
+
+
+Event = Tick | WorkerExited | WorkerAborted | WorkerDied | PsUnreachable | BadInput
+
+
+class RunGroup:
+    """The ``run`` calls of the training workers: started here, reported as events.
+
+    ``pending`` maps each run's ObjectRef to its worker; the recovery and control code
+    that start or stop runs go through :meth:`start` / :meth:`add` / :meth:`clear`.
+    """
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.pending: dict[Any, str] = {}
+        self._soon_s: float | None = None
+
+    def soon(self, timeout_s: float) -> None:
+        """Make the next poll wait at most ``timeout_s`` (something else is being watched
+        closely: a pre-copy that may end any moment)."""
+        self._soon_s = timeout_s if self._soon_s is None else min(self._soon_s, timeout_s)
+
+    def add(self, runs: dict[Any, str]) -> None:
+        self.pending.update(runs)
+
+    def workers(self) -> list[str]:
+        return list(self.pending.values())
+
+    def poll(self, timeout_s: float) -> list[Event]:
+        """Wait up to ``timeout_s`` for one run to end; its event (if any), then a tick."""
+        if self._soon_s is not None:
+            timeout_s, self._soon_s = min(timeout_s, self._soon_s), None
+        ready, _ = self.cluster.wait(list(self.pending), num_returns=1, timeout=timeout_s)
+        events: list[Event] = []
+        for ref in ready:
+            name = self.pending.pop(ref, None)
+            if name is not None:
+                events.append(self._outcome(ref, name))
+        events.append(Tick())
+        return events
+
+    def _outcome(self, ref: Any, name: str) -> Event:
+        try:
+            stats = self.cluster.get(ref)
+        except TaskFailed as e:
+            cause = getattr(e, "cause", None)
+            if isinstance(cause, DLRoverError):
+                return BadInput(name, cause)
+            if isinstance(cause, ActorDied):
+                return PsUnreachable(name, e)
+            return WorkerDied(name, e)
+        except ActorDied as e:
+            return WorkerDied(name, e)
+        return WorkerAborted(name) if stats.get("aborted") else WorkerExited(name, stats)
