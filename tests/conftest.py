@@ -195,8 +195,6 @@ def signal_when_training(job_id: str, actor: str, sig: int, out: dict, min_sampl
     import ray
 
     def pid_of(handle) -> int:
-        if actor.startswith("ps-"):
-            return int(ray.get(handle.stats.remote())["pid"])
         return int(ray.get(handle.ping.remote()).pid)
 
     def go() -> None:

@@ -49,6 +49,6 @@ def test_the_dense_server_applies_a_batch_gradient_once():
     once = once.copy()
     _, twice = ps.push_pull(g, BatchId(0, 0))
     assert np.array_equal(once, twice) and np.allclose(once, -1.0)
-    assert ps.stats()["updates"] == 1 and ps.stats()["duplicates"] == 1
+    assert ps.stats().updates == 1 and ps.stats().duplicates == 1
     ps.push_pull(g, BatchId(0, 1))
-    assert ps.stats()["updates"] == 2
+    assert ps.stats().updates == 2

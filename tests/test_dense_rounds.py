@@ -105,14 +105,14 @@ def test_server_steps_once_per_round_with_the_mean_and_serves_each_workers_calls
     for t in (b, leave):
         t.join(timeout=5)
         assert not t.is_alive()
-    assert ps.version == 3 and ps.stats()["rounds"] == 3
+    assert ps.version == 3 and ps.stats().rounds == 3
 
 
 def test_server_skips_a_batch_applied_before_within_a_round():
     ps = DenseParamServer(np.zeros(2, dtype=np.float32), {"name": "sgd", "lr": 1.0}, rule=SYNC)
     ps.push_pull(np.ones(2, dtype=np.float32), (5, 0), Caller("a", "run-1", 0))
     ps.push_pull(np.ones(2, dtype=np.float32), (5, 0), Caller("a", "run-1", 1))  # a replayed batch
-    assert ps.version == 1 and ps.duplicates == 1 and ps.stats()["rounds"] == 1  # a round of replays takes no step
+    assert ps.version == 1 and ps.duplicates == 1 and ps.stats().rounds == 1  # a round of replays takes no step
 
 
 def test_dropping_a_worker_frees_a_round_waiting_for_it():

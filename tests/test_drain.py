@@ -45,7 +45,7 @@ DRAIN_SCRIPT = textwrap.dedent(
     # The node of a PS (else of a worker) that does not host the master: the master's node cannot be drained.
     here = ray.get(master.node_id.remote())
     actor = lambda a: ray.get_actor(job + "/" + a, namespace="dlrover")
-    nodes = [ray.get(actor(a).stats.remote())["node_id"] for a in ("ps-0", "ps-1")]
+    nodes = [ray.get(actor(a).stats.remote()).node_id for a in ("ps-0", "ps-1")]
     nodes += [ray.get(actor(a).ping.remote()).node_id for a in ("worker-0", "worker-1")]
     node = next(n for n in nodes if n != here)
     cluster.add_node(num_cpus=2)  # room for the replacements

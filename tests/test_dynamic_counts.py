@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from dlrover.ps.dynamic import vshard_of
-from dlrover.ps.dynamic_tables import DynamicCounts, DynamicTables, total_counts
+from dlrover.ps.dynamic_tables import DynamicCounts, DynamicTables
+from dlrover.ps.ps_stats import PsStats, total_counts
 from dlrover.ps.vshard import VShardMap
 from dlrover.table_spec import TableSpec, rows_of
 
@@ -44,7 +45,7 @@ def test_counts_carry_over_to_the_next_layout_and_sum_over_ps() -> None:
     _lookup(DynamicTables(vmap, 0, TABLES, seed=0, dim=DIM, counts=counts), [5, 6])
     _lookup(DynamicTables(vmap.with_owner(vmap.owner), 0, TABLES, seed=0, dim=DIM, counts=counts), [7])
     assert counts.lookups == 3 and counts.defaults == 3
-    stats = [{"dynamic": {"lookups": 3, "hits": 1, "defaults": 2, "admitted": 1, "evicted": 0}}, {"dynamic": {"lookups": 4, "hits": 4}}, {}]
+    stats = [PsStats(dynamic=DynamicCounts(3, 1, 2, 1, 0)), PsStats(dynamic=DynamicCounts(lookups=4, hits=4)), PsStats()]
     assert total_counts(stats) == {"lookups": 7, "hits": 5, "defaults": 2, "admitted": 1, "evicted": 0}
 
 

@@ -110,7 +110,7 @@ def test_dynamic_tables_give_the_reference_rows_and_pooled_sums_under_updates(ra
         admitted = np.concatenate([ray_local.get(p.dynamic_ids.remote(t)) for p in ps])
         assert sorted(admitted.tolist()) == sorted(e[0] for e in ref.rows.values()) and len(ref.rows) > 0
     assert local.evictions > 0
-    assert all(s["pending"] == 0 for s in ray_local.get([p.stats.remote() for p in ps]))
+    assert all(s.pending == 0 for s in ray_local.get([p.stats.remote() for p in ps]))
 
 
 def test_a_dynamic_tables_map_moves_with_its_vshard_when_a_ps_joins(ray_local):

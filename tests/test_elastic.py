@@ -258,7 +258,7 @@ def test_a_ps_killed_during_a_move_leaves_every_survivor_on_the_old_map_and_tabl
     from dlrover.master.scaler import MigrationAborted
 
     v1, ps, before, scaler, op = two_to_three_ps(ray_local)
-    pid = ray_local.get(ps[1].stats.remote())["pid"]
+    pid = ray_local.get(ps[1].ping.remote()).pid
     scaler.start_migration(op)
     mig = op.migration
     assert {d for _, s, d in mig.moves if s == 0} == {2} and not any(d == 0 for _, _, d in mig.moves)
@@ -306,7 +306,7 @@ def test_a_ps_killed_between_staging_and_commit_is_lost_under_the_new_map_the_ot
     holding the rows that moved to them, and PS 1 is lost under the new map (its
     replacement restores PS 1's new vshards, as after any PS loss)."""
     v1, ps, before, scaler, op = two_to_three_ps(ray_local)
-    handle, pid = ps[1], ray_local.get(ps[1].stats.remote())["pid"]
+    handle, pid = ps[1], ray_local.get(ps[1].ping.remote()).pid
     scaler.start_migration(op)
     while not scaler.precopied(op):
         time.sleep(0.05)

@@ -10,6 +10,7 @@ import pandas as pd
 
 from conftest import small_spec
 from fake_cluster import FakeCluster
+from dlrover.ps.ps_stats import PsStats
 from dlrover.master.scaler import ScaleOp, ScalePhase, ScalePlan, ScaleResult
 from dlrover.resource.configs import Config
 from dlrover.resource.perf_model import PerfParams, throughput
@@ -64,8 +65,8 @@ class FakePS:
     def __init__(self, launcher: FakeLauncher) -> None:
         self.launcher = launcher
 
-    def stats(self) -> dict:
-        return {"uptime_s": 1.0, "busy_s": 0.0, "rss_mb": NEEDS_MB["ps"] / len(self.launcher.ps) + 512.0}
+    def stats(self) -> PsStats:
+        return PsStats(uptime_s=1.0, rss_mb=NEEDS_MB["ps"] / len(self.launcher.ps) + 512.0)
 
 
 class FakeScaler:

@@ -105,5 +105,5 @@ def test_a_step_through_the_ps_updates_rows_as_a_local_step_does(ray_local):
         w = local.embedding_bags[f"t_{table.name}"].weight
         expected = (w - lr * w.grad).detach().numpy()
         np.testing.assert_allclose(gathered_table(ray_local, ps, t, expected), expected, atol=1e-5)
-    ids = sum(ray_local.get(h.stats.remote())["ids_updated"] for h in ps)
+    ids = sum(ray_local.get(h.stats.remote()).ids_updated for h in ps)
     assert ids == batch.num_ids

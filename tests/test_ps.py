@@ -210,7 +210,7 @@ def test_pushes_carried_by_the_next_pull_train_exactly_as_pushes_sent_alone(ray_
         ray_local.get(ebc.take_push_refs())
         stats = ray_local.get([h.stats.remote() for h in ps])
         tables = [np.concatenate([ray_local.get(h.table_rows.remote(t))[1] for h in ps]) for t in range(26)]
-        runs.append((pooled, tables, [(s["pulls"], s["pushes"], s["pending"]) for s in stats]))
+        runs.append((pooled, tables, [(s.pulls, s.pushes, s.pending) for s in stats]))
     (pooled_a, tables_a, counts_a), (pooled_b, tables_b, counts_b) = runs
     for a, b in zip(pooled_a, pooled_b):
         torch.testing.assert_close(a, b, rtol=0, atol=0)

@@ -1,6 +1,7 @@
-"""The worker's report is a typed record (``dlrover.worker.window.WorkerReport``): its JSON
-form is the ``metrics`` row of ``events.jsonl``, and no code outside its module reads its
-fields back by string key."""
+"""The worker's report and the PS's stats are typed records
+(``dlrover.worker.window.WorkerReport``, ``dlrover.ps.ps_stats.PsStats``): the report's JSON
+form is the ``metrics`` row of ``events.jsonl``, and no code outside a record's module
+reads its fields back by string key."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import psutil
 import pytest
 
 from dlrover.master.events import EventLog
+from dlrover.ps.dynamic_tables import DynamicCounts
+from dlrover.ps.ps_stats import PsStats
 from dlrover.worker.window import MetricsWindow, WorkerReport
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,9 +40,9 @@ KEYS = [
 #   samples, steps, at_s                      - checkpoints, history records, events.
 FORBIDDEN = ("wait_ps_s", "queue_depth", "cpu_percent", "step_median_s", "pull_ahead")
 
-# (file, function, key) reads that are not of a report: the PS's stats dict has its own
-# ``cpu_percent`` (EmbeddingPS.stats), read where the master polls the PS.
-ALLOWED = {("dlrover/master/actor_stats.py", "_poll_ps", "cpu_percent")}
+# (file, function, key) reads that are not of a report (none now: the PS's stats are a
+# record too, with its own ``cpu_percent``).
+ALLOWED: set[tuple[str, str, str]] = set()
 
 
 def a_report(**changes) -> WorkerReport:
@@ -141,3 +144,25 @@ def test_no_string_key_reads_of_the_report_outside_its_module() -> None:
                 bad.append(f"{rel}:{line} ({func or 'module'}) reads {key!r} by string: use WorkerReport's attribute")
     assert not bad, "\n".join(bad)
     assert allowed_seen == ALLOWED, f"exceptions that match nothing any more (take them off): {ALLOWED - allowed_seen}"
+
+
+PS_STATS_MODULE = "dlrover/ps/ps_stats.py"
+# PsStats fields no other dict of the package has as a key (``duplicates``, ``rss_mb``,
+# ``node_id``, ``pid`` and ``ids`` are keys of the dense PS's stats, events or id maps too).
+PS_FORBIDDEN = ("pulls", "pushes", "rows_updated", "ids_updated", "busy_s", "uptime_s", "dynamic_ids", "applied_log", "pending")
+
+
+def test_ps_stats_round_trip_through_their_json() -> None:
+    s = PsStats(pulls=3, pushes=2, ids=40, rows_updated=7, ids_updated=30, busy_s=0.5, dynamic=DynamicCounts(lookups=9, hits=4), pid=12, node_id="n1")
+    assert PsStats.from_json(json.loads(json.dumps(s.to_json()))) == s
+    assert set(PS_FORBIDDEN) <= {f.name for f in dataclasses.fields(PsStats)}
+
+
+def test_no_string_key_reads_of_ps_stats_outside_their_module() -> None:
+    bad = [
+        f"{path.relative_to(ROOT).as_posix()}:{line} ({func or 'module'}) reads {key!r} by string: use PsStats' attribute"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path.relative_to(ROOT).as_posix() != PS_STATS_MODULE
+        for line, func, key in string_key_reads(ast.parse(path.read_text()), set(PS_FORBIDDEN))
+    ]
+    assert not bad, "\n".join(bad)

@@ -41,7 +41,7 @@ def ps(i: int) -> str:
 class PacedWorker(FakeWorker):
     """A fake worker that trains one shard per ``cluster.period_s`` of job time (whatever
     the number of pokes), answers its probes from the node it was placed on, and pauses
-    as ``cluster.pauses`` says (default: yes)."""
+    as ``cluster.pauses`` says (default: yes; None: the call fails)."""
 
     def __init__(self, cluster: "PacedCluster", *args: Any) -> None:
         super().__init__(cluster, *args)
@@ -89,6 +89,8 @@ class PacedWorker(FakeWorker):
         return ProcessInfo(self.pid, self.handle.options["node"])
 
     def pause(self, timeout_s: float) -> bool:
+        if self.cluster.pauses is None:
+            raise RuntimeError("the worker's process is gone")
         return self.cluster.pauses
 
 
@@ -103,7 +105,8 @@ class InProcessPS(EmbeddingPS):
     arguments (a restart's payloads, a switch's deltas) resolved by the fake cluster,
     and its pre-copy over by the time ``prepare`` returns (with ``in_process_fetched``).
     ``cluster.ps_faults[name]``: "prepare" (the call raises), "never" (the pre-copy
-    never ends) or "error" (it ends in error)."""
+    never ends), "error" (it ends in error), "raise" (asking how far it is raises) or
+    "commit" (the next commit of a switch raises)."""
 
     cluster: "PacedCluster"
 
@@ -130,7 +133,18 @@ class InProcessPS(EmbeddingPS):
             return False
         if fault == "error":
             return "RuntimeError: a sender went away"
+        if fault == "raise":
+            raise RuntimeError("out of memory")
         return super().prepared()
+
+    def commit_switch(self, version: int) -> None:
+        if self.cluster.ps_faults.get(self.name) == "commit":
+            del self.cluster.ps_faults[self.name]
+            raise RuntimeError("cannot swap the tables")
+        return super().commit_switch(version)
+
+    def restore(self, vmap, payloads):
+        return super().restore(vmap, None if payloads is None else self._resolved(payloads))
 
 
 def in_process_fetched(asks, sent_at, cancel):
@@ -171,6 +185,7 @@ class PacedCluster(FakeJobCluster):
     def _ps(self, *args: Any) -> InProcessPS:
         obj = InProcessPS(*args)
         obj.cluster, obj.name = self, args[6]
+        obj._node = self.here  # what Ray's runtime context would say (no Ray here: None)
         return obj
 
     def actor(self, cls: type, *args: Any, node: str | None = None, **options: Any) -> FakeHandle:
@@ -269,6 +284,7 @@ def test_a_scripted_scale_out_adds_a_worker_that_trains_while_the_others_go_on(s
     assert new.obj.shards_done, "the new worker trained"
     assert summary["final_config"]["workers"] == 3
     assert [c["config"]["workers"] for c in summary["configurations"]] == [2, 3]
+    assert (tmp_path / "history").is_dir() and summary["history_record"].startswith(str(tmp_path / "history"))
 
 
 def test_a_scripted_scale_in_drains_a_worker_which_leaves_without_a_failure(synth_dir, tmp_path):
@@ -446,7 +462,7 @@ def test_restart_rescaling_stops_checkpoints_relaunches_and_restores_every_row(s
     # everything was relaunched: new PS ids and worker names, the old actors gone
     assert sorted(master.launcher.ps) == [2, 3, 4] and list(master.launcher.workers) == [w(2), w(3), w(4)]
     assert all(h.obj.shards_done for h in cluster.actors if h.name in (w(2), w(3), w(4)))
-    assert {s["pid"] for s in master.control.retired_ps_stats} and len(master.control.retired_ps_stats) == 2
+    assert len(master.control.retired_ps_stats) == 2  # the old PS's counts stay in the summary
     assert same_table(table_of(master.launcher), before)  # every row restored from the files
     assert sorted(set(master.launcher.vmap.owner.tolist())) == [2, 3, 4]
     assert master.failures == []
@@ -488,6 +504,7 @@ def test_a_live_ps_scale_in_retires_a_ps_after_its_vshards_moved_to_the_others(s
     [
         ("prepare", "starting the pre-copy failed"),
         ("error", "preparing the new vshard map failed: RuntimeError: a sender went away"),
+        ("raise", "a PS failed during the pre-copy"),
     ],
 )
 def test_a_ps_scale_out_whose_pre_copy_fails_leaves_every_ps_on_the_old_map(synth_dir, tmp_path, fault, error):
@@ -605,9 +622,11 @@ def test_a_ray_node_drain_moves_every_worker_on_that_node_to_another_node(synth_
     assert master.failures == [] and kinds(master, "drain_evicted") == []
 
 
-def test_a_drained_worker_still_there_near_the_node_s_deadline_is_evicted(synth_dir, tmp_path):
+@pytest.mark.parametrize("parks", [True, None], ids=["parked", "park-failed"])
+def test_a_drained_worker_still_there_near_the_node_s_deadline_is_evicted(synth_dir, tmp_path, parks):
     cluster = PacedCluster(nodes=["node-0", "node-1"])
     cluster.stall[w(0)] = 2
+    cluster.pauses = parks  # a worker that cannot be parked is stopped all the same
     cluster.at(1003.0, lambda: cluster.draining.update({"node-1": time.time() + 40.0}))
     master, _ = paced_master(paced_spec(synth_dir, tmp_path, train__liveness_timeout_s=1000.0), tmp_path, cluster)
     summary = master.run()
@@ -618,6 +637,7 @@ def test_a_drained_worker_still_there_near_the_node_s_deadline_is_evicted(synth_
     assert evicted["actor"] == w(0) and evicted["shards_requeued"] == 2
     assert evicted["at_s"] < order["at_s"] + order["deadline_in_s"]  # before the node goes
     assert w(0) not in master.launcher.workers and master.failures == []
+    assert "pause" in named(cluster, w(0)).names_called()
 
 
 def test_a_failing_drain_poll_is_logged_and_asked_again_on_the_next_tick(synth_dir, tmp_path):
@@ -745,3 +765,97 @@ def test_a_ps_that_does_not_answer_the_stats_poll_in_time_keeps_its_last_metrics
     stale = [(now, at) for now, at in seen if now - at > 0.9]
     assert stale and all(4.5 <= now <= 7.5 for now, _ in stale)  # only while it did not answer
     assert seen[-1][0] - seen[-1][1] < 0.9  # fresh again once it answers
+
+
+# -- more of the control loop -----------------------------------------------------------
+def test_a_plan_that_changes_no_actor_starts_no_rescale(synth_dir, tmp_path):
+    def replace_a_stranger(view: JobView) -> ResourcePlan:
+        return ResourcePlan(view.config, "replace an actor the job does not have", replace=[w(9)])
+
+    master, cluster = paced_master(paced_spec(synth_dir, tmp_path), tmp_path)
+    master.policy = policy = Recording({3.0: replace_a_stranger})
+    summary = master.run()
+    assert every_sample_trained(summary, master)
+    assert not policy.plans  # it was asked for
+    assert master.scale_events == [] and kinds(master, "scale_begin") == []
+    assert list(master.launcher.workers) == [w(0), w(1)]
+
+
+def test_a_rescale_still_under_way_when_training_ends_is_dropped_and_every_ps_stays_on_the_old_map(synth_dir, tmp_path):
+    cluster = PacedCluster()
+    cluster.ps_faults[ps(0)] = "never"  # the pre-copy is still running when the data runs out
+    spec = paced_spec(synth_dir, tmp_path, scripted({"at_s": 4, "ps": 3}))
+    master, _ = paced_master(spec, tmp_path, cluster)
+    summary = master.run()
+    assert every_sample_trained(summary, master)
+    assert len(kinds(master, "scale_begin")) == 1 and master.scale_events == [] and kinds(master, "scale_failed") == []
+    assert sorted(master.launcher.ps) == [0, 1] and sorted(set(master.launcher.vmap.owner.tolist())) == [0, 1]
+    assert "cancel_migration" in named(cluster, ps(1)).names_called()
+    assert summary["final_config"]["ps"] == 2
+
+
+def test_a_rebalance_moves_vshards_off_the_ps_that_is_busiest_per_vshard(synth_dir, tmp_path):
+    cluster = PacedCluster()
+    cluster.lookups = True
+    chaos = [{"at_s": 1, "action": "delay", "target": "ps:0", "ms": 20.0}]  # ps-0 serves each lookup slower
+    spec = paced_spec(synth_dir, tmp_path, scripted({"at_s": 6, "rebalance_ps": True}), chaos=chaos)
+    master, _ = paced_master(spec, tmp_path, cluster)
+    before: dict = {}
+    cluster.at(1005.0, lambda: bump_rows(cluster, lambda: master.launcher, before))
+    summary = master.run()
+    assert every_sample_trained(summary, master)
+    (ev,) = master.scale_events
+    assert ev.kind.value == "rebalance" and ev.ops == ["rebalance"] and ev.old == ev.new
+    owners = master.launcher.vmap.owner.tolist()
+    assert owners.count(0) < owners.count(1) and ev.timings["vshards_moved"] == 32 - owners.count(0)
+    assert same_table(table_of(master.launcher), before)
+
+
+def test_a_history_store_that_cannot_be_written_is_logged_and_the_job_still_succeeds(synth_dir, tmp_path):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    spec = paced_spec(synth_dir, tmp_path, {"history_dir": str(blocker)})
+    master, _ = paced_master(spec, tmp_path)
+    summary = master.run()
+    assert every_sample_trained(summary, master)
+    (row,) = kinds(master, "history_error")
+    assert row["error"].startswith(str(blocker)) and "history_record" not in summary
+
+
+def test_chaos_kill_of_a_ps_is_a_ps_death_whose_vshards_come_back_from_the_checkpoint(synth_dir, tmp_path):
+    spec = paced_spec(synth_dir, tmp_path, chaos=[{"at_s": 3, "action": "kill", "target": "ps:0"}])
+    master, cluster = paced_master(spec, tmp_path)
+    summary = master.run()
+    assert every_sample_trained(summary, master)
+    (fired,) = summary["chaos"]
+    assert fired["action"] == "kill" and fired["actor"] == ps(0)
+    (f,) = master.failures
+    assert f.kind.value == "ps_death" and f.actor == ps(0) and f.replacement == ps(2)
+    assert sorted(master.launcher.ps) == [1, 2] and kinds(master, "partial_recovery")
+
+
+def test_a_ps_that_cannot_commit_a_switch_is_killed_rather_than_left_on_the_old_map(synth_dir, tmp_path):
+    cluster = PacedCluster()
+    cluster.ps_faults[ps(1)] = "commit"
+    spec = paced_spec(synth_dir, tmp_path, scripted({"at_s": 4, "ps": 3}))
+    master, _ = paced_master(spec, tmp_path, cluster)
+    summary = master.run()
+    assert every_sample_trained(summary, master)
+    (ev,) = master.scale_events
+    assert ev.kind.value == "scale_out" and sorted(set(master.launcher.vmap.owner.tolist())) == [0, 2, 3]
+    (f,) = master.failures
+    assert f.kind.value == "ps_death" and f.actor == ps(1) and f.replacement == ps(3)
+
+
+@pytest.mark.xfail(strict=True, reason="replace_now drains the workers before their replacement is known to run: "
+                   "a failed replacement leaves the job a worker short for good, and RETRY_S never retries (see report)")
+def test_a_sigterm_worker_whose_replacement_fails_to_start_is_replaced_on_a_later_try(synth_dir, tmp_path):
+    cluster = PacedCluster()
+    cluster.period_s = 2.0
+    cluster.doomed.add(w(2))
+    master, _ = paced_master(paced_spec(synth_dir, tmp_path), tmp_path, cluster)
+    cluster.at(1003.0, lambda: master.preempted(w(0)))
+    summary = master.run()
+    assert every_sample_trained(summary, master)
+    assert [e.kind.value for e in master.scale_events] == ["failed", "replace"]
+    assert len(master.launcher.workers) == 2

@@ -64,24 +64,24 @@ class ActorStats:
             name = lz.ps_name(k)
             prev = self._ps_prev.get(k)
             busy = us_per_id = 0.0
-            served = st.get("ids", 0)
-            if prev is not None and st["uptime_s"] > prev[0]:
-                busy = (st["busy_s"] - prev[1]) / (st["uptime_s"] - prev[0])
+            served = st.ids
+            if prev is not None and st.uptime_s > prev[0]:
+                busy = (st.busy_s - prev[1]) / (st.uptime_s - prev[0])
                 if served > prev[2]:
-                    us_per_id = 1e6 * (st["busy_s"] - prev[1]) / (served - prev[2])
-            self._ps_prev[k] = (st["uptime_s"], st["busy_s"], served)
-            self._rss(name, now, float(st.get("rss_mb", 0.0)))
+                    us_per_id = 1e6 * (st.busy_s - prev[1]) / (served - prev[2])
+            self._ps_prev[k] = (st.uptime_s, st.busy_s, served)
+            self._rss(name, now, st.rss_mb)
             cpu, mem = lz.resources.get(name, (1.0, 0))
             out[k] = ActorMetrics(
                 name=name,
                 role="ps",
                 cpu=cpu,
                 memory_limit_mb=mem,
-                rss_mb=float(st.get("rss_mb", 0.0)),
-                cpu_util=float(st.get("cpu_percent", 0.0)) / 100.0 / max(cpu, 1e-9),
+                rss_mb=st.rss_mb,
+                cpu_util=st.cpu_percent / 100.0 / max(cpu, 1e-9),
                 busy=max(0.0, busy),
                 us_per_id=max(0.0, us_per_id),
-                queue_depth=int(st.get("pending", 0)),
+                queue_depth=st.pending,
                 at_s=now,
             )
         self._ps = out

@@ -195,8 +195,8 @@ class Checkpointer:
             changed = m.cluster.get(changed, timeout=timeout_s)
             # What each PS had applied at the cut: partial recovery reports a dead one's.
             stats = m.cluster.get([h.stats.remote() for h in ps.values()], timeout=timeout_s)
-            bags = {str(k): int(st["rows_updated"]) for k, st in zip(ps, stats)}
-            ids = {str(k): int(st["ids_updated"]) for k, st in zip(ps, stats)}
+            bags = {str(k): st.rows_updated for k, st in zip(ps, stats)}
+            ids = {str(k): st.ids_updated for k, st in zip(ps, stats)}
             dense = lz.dense.state(timeout_s, get=m.cluster.get)
             cut = m.books.cut(trained)
         except (RayError, CallTimeout) as e:

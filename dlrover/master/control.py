@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from dlrover.master.actor_stats import ActorStats
 from dlrover.master.cluster import ActorDied
 from dlrover.master.scale_events import FirstSteps, ScaleEvent, ScaleKind
+from dlrover.ps.ps_stats import PsStats
 from dlrover.master.scaler import MigrationAborted, ScaleOp, ScalePhase, ScalePlan, Scaler, ScaleResult, scale_plan
 from dlrover.resource.configs import Config, job_budget
 from dlrover.resource.driver import DecisionKind, PolicyDriver, Progress
@@ -71,7 +72,7 @@ class Controller:
             ids_per_sample=data.ids_per_sample(spec.layout()),
         )
         self.model = self.driver.model
-        self.retired_ps_stats: list[dict] = []
+        self.retired_ps_stats: list[PsStats] = []
         self.scaler = Scaler(master.launcher, running=lambda: self._running, clock=lambda: self.now(), soon=master.runs.soon)
         self._running: list[str] = []
         self._lock = threading.Lock()

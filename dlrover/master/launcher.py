@@ -249,7 +249,7 @@ class Launcher:
             ) from None
         except ActorDied as e:
             raise DLRoverError(f"{self.job_id}: an actor failed to start: {str(e).strip().splitlines()[0]}") from None
-        self.nodes.update((n, st["node_id"]) for n, st in zip(ps, replies) if st.get("node_id"))
+        self.nodes.update((n, st.node_id) for n, st in zip(ps, replies) if st.node_id)
 
     def add_worker(self, cpu: float | None = None, memory_mb: int | None = None) -> str:
         """Create one worker actor and return its name; it trains once ``start``-ed.

@@ -111,15 +111,13 @@ class Recovery:
             self.m.books.renew_leases(list(lz.workers))  # the master was busy elsewhere: its blind time counts against nobody
         self._last_tick = now
         self._enforce_memory(now)
-        targets = {lz.ps_name(k): h.stats.remote for k, h in lz.ps.items()}
+        targets = {lz.ps_name(k): h.ping.remote for k, h in lz.ps.items()}
         targets.update({n: h.ping.remote for n, h in lz.workers.items()})
         targets.update({n: h.ping.remote for n, h in lz.dense.by_name().items()})
         found = self.prober.poll(now, timeout, targets, up=self.m.books.running())
-        for name, reply in found.replies.items():
-            info = ProcessInfo(int(reply["pid"]), str(reply["node_id"])) if isinstance(reply, dict) else reply
-            if isinstance(info, ProcessInfo):
-                self.processes[name] = info
-                lz.nodes[name] = info.node_id
+        for name, info in found.replies.items():  # every probe answers a ProcessInfo
+            self.processes[name] = info
+            lz.nodes[name] = info.node_id
         hung = {n: since for n, since in found.silent.items()}
         for name, since in self.m.books.expired_leases(timeout, self.m.t0).items():
             if name in lz.workers and name not in hung:

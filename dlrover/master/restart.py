@@ -20,6 +20,7 @@ import torch
 
 from dlrover.master.cluster import get_alive
 from dlrover.ps.migration import export_blocks
+from dlrover.ps.ps_stats import PsStats
 from dlrover.resource.configs import Config
 
 from dlrover.master.job import Job
@@ -45,7 +46,7 @@ def select(payload: dict, vshards: np.ndarray, rows_per_vshard: list[int]) -> di
 @dataclass
 class RestartResult:
     started: dict[Any, str]  # run ObjectRef -> new worker
-    retired_ps_stats: list[dict]
+    retired_ps_stats: list[PsStats]
     stop_s: float
     checkpoint_s: float
     launch_s: float

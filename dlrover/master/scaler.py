@@ -30,6 +30,7 @@ from typing import Any, Callable
 
 from dlrover.master.cluster import ActorDied, RayError, TaskFailed, get_alive
 from dlrover.master.launcher import Launcher
+from dlrover.ps.ps_stats import PsStats
 from dlrover.resource.plan import ResourcePlan
 
 PAUSE_TIMEOUT_S = 120.0
@@ -96,7 +97,7 @@ class MigrationAborted(RuntimeError):
 class ScaleResult:
     new_workers: list[str]
     drained: list[str]
-    retired_ps_stats: list[dict]
+    retired_ps_stats: list[PsStats]
     launch_s: float = 0.0  # creating actors (training goes on meanwhile)
     pause_s: float = 0.0  # workers parked while vshards moved
     bytes_moved: int = 0  # weights + optimizer state copied to new owners (both rounds)

@@ -17,7 +17,8 @@ from dlrover.master.cluster import Cluster, RayError
 from dlrover.serving.id_map import IdMap
 from dlrover.metrics.reliability import ReliabilityReport, reliability_report
 from dlrover.ps.dense_shards import dense_summary
-from dlrover.ps.dynamic_tables import default_row, total_counts
+from dlrover.ps.dynamic_tables import default_row
+from dlrover.ps.ps_stats import total_counts
 from dlrover.worker.window import WorkerReport
 
 from dlrover.master.job import Job
@@ -149,15 +150,15 @@ def end_summary(m: Job, metrics: dict, failed: str | None) -> dict:
     if failed:
         summary["reason"] = failed
     ps_stats = _answers(m.cluster, [ps.stats.remote() for ps in m.launcher.ps.values()]) + m.control.retired_ps_stats
-    for key, stat in (("ps_bags_updated", "rows_updated"), ("ps_ids_updated", "ids_updated")):  # the updates applied
-        summary[key] = int(sum(s[stat] for s in ps_stats))
+    summary["ps_bags_updated"] = sum(s.rows_updated for s in ps_stats)  # the updates applied
+    summary["ps_ids_updated"] = sum(s.ids_updated for s in ps_stats)
     summary["dynamic_tables"] = total_counts(ps_stats)  # hits, admissions, evictions (dlrover bench embeddings)
     dense = _answers(m.cluster, [h.stats.remote() for h in m.launcher.dense.handles])
     if dense:
         summary.update(dense_summary(dense, m.spec.train.dense_sync))
     # Pushes of a batch a PS had applied before (a replacement redoing a dead worker's
     # unreported batches): skipped, so no update is applied twice.
-    summary["duplicate_updates_skipped"] = int(sum(s.get("duplicates", 0) for s in [*ps_stats, *dense]))
+    summary["duplicate_updates_skipped"] = sum(s.duplicates for s in [*ps_stats, *dense])
     summary.update(m.control.finish(summary), chaos=m.chaos.fired)
     return summary
 

@@ -27,6 +27,7 @@ from dlrover.ids import ProcessInfo
 from dlrover.optimizer_spec import DenseOptimizerSpec
 from dlrover.ps.applied import AppliedLog, BatchId
 from dlrover.ps.dense_rounds import Caller, RoundRule, Rounds
+from dlrover.ps.ps_stats import DenseStats
 from dlrover.ps.shm import Attached
 
 
@@ -199,10 +200,13 @@ class DenseParamServer:
         with self._lock:
             self.applied.forget(shards)
 
-    def stats(self) -> dict:
+    def stats(self) -> DenseStats:
         with self._lock:
-            rounds = {"rounds": self.rounds_closed, "ignored": self._rounds.ignored} if self._rounds is not None else {}
-            return {"updates": self.updates, "duplicates": self.duplicates, "version": self.version, "applied_log": self.applied.entries(), **rounds}
+            rounds = self._rounds is not None
+            return DenseStats(
+                self.updates, self.duplicates, self.version, self.applied.entries(),
+                self.rounds_closed if rounds else None, self._rounds.ignored if rounds else None,
+            )  # fmt: skip
 
     def release(self, name: str) -> None:
         self._segments.release(name)

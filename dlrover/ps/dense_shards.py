@@ -19,6 +19,7 @@ import numpy as np
 import ray
 
 from dlrover.ps.dense_rounds import RoundRule
+from dlrover.ps.ps_stats import DenseStats
 
 
 def shard_bounds(size: int, n: int) -> tuple[int, ...]:
@@ -117,12 +118,12 @@ class DenseShards:
         get([h.set_state.remote(s) for h, s in zip(self.handles, split_state(state, self.bounds))])
 
 
-def dense_summary(stats: list[dict], mode: str) -> dict:
+def dense_summary(stats: list[DenseStats], mode: str) -> dict:
     """The run summary's dense figures from each shard's ``stats()``: updates applied per
     shard (one per batch trained), their minimum, and in round mode shard 0's rounds
     (optimizer steps) and late gradients dropped."""
-    per_shard = [int(d["updates"]) for d in stats]
+    per_shard = [d.updates for d in stats]
     out: dict = {"dense_updates_per_shard": per_shard, "dense_updates": min(per_shard)}
     if mode != "async":
-        out["dense_rounds"] = {"mode": mode, "rounds": int(stats[0]["rounds"]), "ignored": int(stats[0]["ignored"])}
+        out["dense_rounds"] = {"mode": mode, "rounds": stats[0].rounds, "ignored": stats[0].ignored}
     return out

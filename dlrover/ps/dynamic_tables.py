@@ -57,11 +57,6 @@ class DynamicCounts:
         self.evicted += len(got.evicted)
 
 
-def total_counts(stats: list[dict]) -> dict[str, int]:
-    """The :class:`DynamicCounts` of several PS (their ``stats()["dynamic"]``), summed."""
-    return {k: int(sum(s.get("dynamic", {}).get(k, 0) for s in stats)) for k in asdict(DynamicCounts())}
-
-
 class DynamicTables:
     """The id maps of a PS's dynamic tables under one layout (``vmap``); ``clock`` counts
     the PS's training lookups and carries over to the next layout, as ``counts`` does."""

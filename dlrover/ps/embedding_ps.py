@@ -15,7 +15,7 @@ import os
 import threading
 import time
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -27,12 +27,14 @@ from dlrover.faults.injected import ChaosState
 from dlrover.checkpoint.incremental import ChangedRows
 from dlrover.metrics.process import owned_rss_mb
 from dlrover.faults.preemption import on_sigterm
+from dlrover.ids import ProcessInfo
 from dlrover.ps.applied import AppliedLog, BatchId
 from dlrover.ps.checkpoint_rows import CutTracker, report
 from dlrover.ps.dynamic import MAP_STATES
 from dlrover.ps.dynamic_tables import DynamicCounts, DynamicTables, Translated
 from dlrover.ps.migration import DirtyRows
 from dlrover.ps.moves import PreCopy, Staged, VShardMoves
+from dlrover.ps.ps_stats import PsCounters, PsStats
 from dlrover.ps.layout import flat_batch, table_spans
 from dlrover.ps.shm import Attached, ShmSlice
 from dlrover.ps.tables import PSTables, init_rows
@@ -86,7 +88,7 @@ class EmbeddingPS(VShardMoves):
         self._dropped: set[str] = set()  # workers gone: their late pulls keep no graph
         self._lock = threading.Lock()
         # ids: ids looked up by pulls plus ids updated by pushes, the work busy_s was spent on
-        self._stats = {"pulls": 0, "pushes": 0, "ids": 0, "rows_updated": 0, "ids_updated": 0, "duplicates": 0, "busy_s": 0.0}
+        self._stats = PsCounters()
         self.applied = AppliedLog()  # batches applied: a batch pushed again is skipped
         self._started = time.monotonic()
         self._proc = psutil.Process()
@@ -183,10 +185,10 @@ class EmbeddingPS(VShardMoves):
             out = out + self.dyn.defaults(batch.dropped, batch.bag_table)  # the unadmitted ids' default rows, outside the graph
         if bags is None:
             out = out.view(-1, len(self.vmap.table_sizes) * self.dim)
-        self._stats["pulls"] += 1
-        self._stats["ids"] += num_ids
+        self._stats.pulls += 1
+        self._stats.ids += num_ids
         self.chaos.after_step(time.perf_counter() - t1)
-        self._stats["busy_s"] += time.perf_counter() - t0  # the whole call, injected faults included
+        self._stats.busy_s += time.perf_counter() - t0  # the whole call, injected faults included
         return out.numpy() if room is None else self._segments.put(room, out.numpy())
 
     def push(self, key: tuple, grad: np.ndarray | ShmSlice, batch: BatchId | None = None) -> int:
@@ -201,7 +203,7 @@ class EmbeddingPS(VShardMoves):
         with self._lock:
             p = self._pending.pop(key)
             if batch is not None and not self.applied.first_time(BatchId(*batch)):
-                self._stats["duplicates"] += 1
+                self._stats.duplicates += 1
                 self.dyn.unpin(p.pins)
                 return 0
         p.out.backward(torch.as_tensor(grad).view(p.out.shape))
@@ -211,11 +213,11 @@ class EmbeddingPS(VShardMoves):
         if self._cut_tracker is not None:
             self._cut_tracker.mark(self.tbe, p.rows)
         bags = p.out.shape[0]
-        self._stats["pushes"] += 1
-        self._stats["ids"] += p.rows.numel()
-        self._stats["rows_updated"] += bags
-        self._stats["ids_updated"] += p.ids
-        self._stats["busy_s"] += time.perf_counter() - t0
+        self._stats.pushes += 1
+        self._stats.ids += p.rows.numel()
+        self._stats.rows_updated += bags
+        self._stats.ids_updated += p.ids
+        self._stats.busy_s += time.perf_counter() - t0
         return bags
 
     @ray.method(num_returns=2)
@@ -276,18 +278,23 @@ class EmbeddingPS(VShardMoves):
         """Fault injection (the spec's ``chaos:``): serve slower, leak memory, or answer late."""
         self.chaos.set(slowdown, leak_mb_per_s, delay_ms)
 
-    def stats(self) -> dict:
-        s = dict(self._stats)
-        s["pending"] = len(self._pending)
-        s["dynamic_ids"] = sum(len(self.dyn.ids(t)) for t in self.dyn.maps)  # admitted, all dynamic tables
-        s["dynamic"] = asdict(self.dyn_counts)
-        s["applied_log"] = self.applied.entries()
-        s["uptime_s"] = time.monotonic() - self._started
-        s["pid"] = os.getpid()
-        s["node_id"] = self._node
-        s["rss_mb"] = owned_rss_mb(self._proc)
-        s["cpu_percent"] = self._proc.cpu_percent()
-        return s
+    def ping(self) -> ProcessInfo:
+        """The liveness probe: this PS's process (what a kill of a hung PS needs)."""
+        return ProcessInfo(os.getpid(), self._node)
+
+    def stats(self) -> PsStats:
+        return PsStats(
+            **asdict(self._stats),
+            pending=len(self._pending),
+            dynamic_ids=sum(len(self.dyn.ids(t)) for t in self.dyn.maps),  # admitted, all dynamic tables
+            dynamic=replace(self.dyn_counts),
+            applied_log=self.applied.entries(),
+            uptime_s=time.monotonic() - self._started,
+            pid=os.getpid(),
+            node_id=self._node,
+            rss_mb=owned_rss_mb(self._proc),
+            cpu_percent=self._proc.cpu_percent(),
+        )
 
     # -- durable checkpoint deltas --
     def cut_changes(self) -> ChangedRows:

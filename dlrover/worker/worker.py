@@ -137,7 +137,7 @@ class Worker:
         schema = self.spec.layout.schema
         bags = self.spec.batch_size * len(schema.sparse)
         ids = self.spec.batch_size * schema.max_ids_per_sample()
-        local = {k for k, st in zip(ps, nodes) if st["node_id"] == here}
+        local = {k for k, st in zip(ps, nodes) if st.node_id == here}
         # Room for an answer of a whole batch, and for its ids and offsets.
         slots = ring_slots(self.spec.max_staleness)
         return LocalLinks(self.name, local, bags * self.spec.model.embedding_dim, wait=ray.wait, ids_capacity=ids + bags + 1, slots=slots)
