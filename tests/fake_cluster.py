@@ -27,6 +27,7 @@ class FakeRef:
     def __init__(self, value: Any = None, error: BaseException | None = None, ready: bool = True, actor: "FakeHandle | None" = None) -> None:
         self.id = next(self._ids)
         self.value, self.error, self.ready, self.actor = value, error, ready, actor
+        self.method: str | None = None  # the actor method of a call left open
 
     def __hash__(self) -> int:
         return self.id
@@ -82,6 +83,7 @@ class FakeHandle:
             return FakeRef(error=ActorDied(error_msg=f"{self.name} is dead"), actor=self)
         if name in self._cluster.held.get(self.name, ()):
             ref = FakeRef(ready=False, actor=self)
+            ref.method = name
             self.open.append(ref)
             return ref
         try:
@@ -90,6 +92,7 @@ class FakeHandle:
             return FakeRef(error=TaskFailed(name, f"{type(e).__name__}: {e}", e).as_instanceof_cause(), actor=self)
         if value is OPEN:
             ref = FakeRef(ready=False, actor=self)
+            ref.method = name
             self.open.append(ref)
             return ref
         return FakeRef(value, actor=self)

@@ -37,7 +37,8 @@ class FakeWorker:
         self.pid = 10_000 + len(cluster.actors)
         self.shards_done: list[int] = []
         self.leased: list[int] = []  # shards taken and never finished (a stalled worker's)
-        self.aborted = False
+        self.aborted = self.stalled = False
+        self.generation = self.samples = 0
 
     def run(self, generation: int = 0) -> Any:
         """Train what the master gives at once; with nothing to take now the run stays
@@ -75,7 +76,7 @@ class FakeWorker:
         return {"aborted": True, "generation": self.generation} if self.aborted else {"steps": len(self.shards_done), "samples": self.samples}
 
     def open_run(self) -> Any:
-        runs = [r for r in self.handle.open if not r.ready]
+        runs = [r for r in self.handle.open if not r.ready and r.method == "run"]
         return runs[-1] if runs else None
 
     def poke(self) -> None:
