@@ -209,16 +209,17 @@ class Recovery:
             kind = FailureKind.NODE_LOSS
         return Failure(kind, actor, round(min(at, detected), 3), round(detected, 3), cause=cause_of(err), node=node)
 
-    def record(self, failure: Failure, resumes: list[str] | None = None) -> None:
+    def record(self, failure: Failure, resumes: list[str] | None = None, strike: bool = True) -> None:
         """Add a failure. ``resumes``: workers whose first step means training goes on again
-        (``recovered_s``); without, it counts as recovered now."""
+        (``recovered_s``); without, it counts as recovered now. ``strike``: count it against
+        its node (False: the caller did, before placing a replacement)."""
         failure.handled_s = round(self.now(), 3)
         failure.recovered_s = None if resumes else failure.handled_s
         for w in resumes or []:
             self._awaiting.setdefault(w, []).append(failure)
         self.m.failures.append(failure)
         self.m.events.add("failure", **{("failure_kind" if k == "kind" else k): v for k, v in failure.to_dict().items()})
-        if failure.node:
+        if failure.node and strike:
             self.note_bad(failure.node)
         fail = self.policy.after(len(self.m.failures), f"{failure.kind.value} of {failure.actor}: {failure.cause}")
         if fail is not None:
@@ -285,12 +286,15 @@ class Recovery:
         failure.shards_requeued = len(requeued)
         failure.capacity_lost = round(1.0 / max(len(lz.workers) + 1, 1), 4)  # the others train on
         resumes = None
-        if not m.books.queue.finished and not drained:
+        if failure.node:  # struck before the replacement is placed: a bad node gets no replacement
+            self.note_bad(failure.node)
+        past_limit = self.policy.after(len(m.failures) + 1, "") is not None  # the job ends: nothing to replace
+        if not m.books.queue.finished and not drained and not past_limit:
             new = lz.add_worker(*size)
             failure.replacement = new
             pending[lz.start(new)] = new
             resumes = [new]
-        self.record(failure, resumes)
+        self.record(failure, resumes, strike=False)
         return decision
 
     def ps_failed(self, pending: dict[Any, str], lost: LostPs, how: str) -> Decision:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from dlrover.master.cluster import ActorDied, CallTimeout, RayError
+from dlrover.master.cluster import ActorDied, CallTimeout, RayError, TaskFailed
 from dlrover.faults.records import CheckpointRef, Failure, FailureKind, LostPs
 from dlrover.resource.configs import Config
 
@@ -48,10 +48,12 @@ def stop_workers(m: Job, pending: dict[Any, str]) -> list[str]:
     for r in done:
         try:
             m.cluster.get(r)
+        except TaskFailed:
+            pass  # its run raised (a call to the dead PS failed: Ray's error is an ActorDied too): the worker is fine
         except ActorDied:
             lost.append(pending[r])  # the worker itself died
         except RayError:
-            pass  # its run failed on a dead PS: the worker is fine
+            pass
     pending.clear()
     return lost
 
