@@ -249,3 +249,22 @@ def test_simulate_cli_json_table_and_files(tmp_path, capsys):
     bad.write_text("job_id,submit_s\nx,1\n")
     assert main(["simulate", "--trace", str(bad)]) == 2
     assert "missing column(s)" in capsys.readouterr().err
+
+
+def failing_job_under(settings: SimSettings) -> pd.Series:
+    """One long job on nodes that fail about every 20 minutes (every failure survived)."""
+    trace = pd.DataFrame([job("j", 0.0, 2 * 10**9, 2, 2, 4.0, 4.0, max_failures=10**6)])
+    spec = ClusterSpec(nodes=4, perf_sigma=0.0, p_slow=0.0, failure_rate=20.0, repair_s=600.0)
+    return simulate(trace, "static", cluster=spec, seed=1, settings=settings).jobs.iloc[0]
+
+
+def test_the_live_failure_policy_decides_what_a_simulated_failure_costs():
+    """The same FailurePolicy as the live master: a partially recovered PS keeps the trained
+    samples, a rollback replays them, and ``restart`` rolls back on every failure."""
+    partial, rollback, restart = (
+        failing_job_under(SimSettings(ps_recovery="partial")),
+        failing_job_under(SimSettings(ps_recovery="rollback")),
+        failing_job_under(SimSettings(on_failure="restart")),
+    )
+    assert partial["failures"] > 0 and all(r["status"] == "completed" for r in (partial, rollback, restart))
+    assert partial["jct_s"] < rollback["jct_s"] <= restart["jct_s"]  # (here every failure takes a PS with it)

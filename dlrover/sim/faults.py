@@ -1,15 +1,20 @@
 """Failures of simulated jobs: node losses and repairs, slow nodes, OOM kills.
 
-A mixin of :class:`dlrover.sim.engine.Simulator`. Recovery follows the live platform: a
-lost PS rolls the job back to its last checkpoint (the driver's window and actor
-samples start over, as ``Controller.after_rollback``), lost workers are replaced while
-the others train on, an actor over its memory limit comes back with the memory the
+A mixin of :class:`dlrover.sim.engine.Simulator`. Recovery is the live platform's: the
+same failure policy (:class:`dlrover.faults.policy.FailurePolicy`, from ``SimSettings``
+and each job's ``max_failures``) decides. A lost PS rolls the job back to its last
+checkpoint (the driver's window and actor samples start over, as
+``Controller.after_rollback``) unless it is recovered partially (then the trained samples
+stay); ``restart`` rolls everything back for any failure; lost workers are replaced while
+the others train on; an actor over its memory limit comes back with the memory the
 driver gives it (``PolicyDriver.memory_after_oom``); a job fails after more than
 ``max_failures`` failures.
 """
 
 from __future__ import annotations
 
+from dlrover.faults.policy import FailurePolicy, RecoverPs, RestartAll
+from dlrover.faults.records import LostPs
 from dlrover.resource.configs import Config
 from dlrover.sim.job import SimJob, oom_progress
 
@@ -31,14 +36,18 @@ class FaultsMixin:
         j.oom_kills += 1
         field_ = "ps_memory_mb" if role == "ps" else "worker_memory_mb"
         grown = c.replace(**{field_: j.driver.memory_after_oom(getattr(c, field_))})
-        self._failure(j, "oom_kill", role, rollback=role == "ps", new_config=grown)
+        self._failure(j, "oom_kill", role, new_config=grown)
 
-    def _failure(self, j: SimJob, kind: str, role: str, rollback: bool, new_config: Config | None = None, lost_fraction: float = 1.0) -> None:
-        """A failure of ``j``: count it, roll back if a PS was lost, restart what was lost."""
+    def _failure(self, j: SimJob, kind: str, role: str, new_config: Config | None = None, lost_fraction: float = 1.0) -> None:
+        """A failure of ``j``: count it; the failure policy decides whether the job rolls
+        back to its checkpoint; what was lost restarts."""
         self._settle(j)
+        policy = FailurePolicy(self.s.on_failure, self.s.ps_recovery, int(j.row["max_failures"]))  # type: ignore[arg-type]
+        decision = policy.ps_lost(LostPs((0,))) if role == "ps" else policy.worker_lost((role,))
+        rollback = isinstance(decision, RestartAll) or (isinstance(decision, RecoverPs) and not decision.partial)
         j.failures.append({"kind": kind, "role": role, "at_s": self.now})
         self._event(j, kind, f"{role} lost" + (", rollback to the checkpoint" if rollback else ""))
-        if len(j.failures) > int(j.row["max_failures"]):
+        if policy.after(len(j.failures), f"{kind} of a {role}") is not None:
             self._finish(j, "failed")
             return
         if rollback:
@@ -78,7 +87,7 @@ class FaultsMixin:
             lost_w = int((j.worker_nodes == node).sum())
             if lost_ps == lost_w == 0:
                 continue
-            self._failure(j, "node_loss", "ps" if lost_ps else "worker", rollback=lost_ps > 0, lost_fraction=lost_w / len(j.worker_nodes))
+            self._failure(j, "node_loss", "ps" if lost_ps else "worker", lost_fraction=lost_w / len(j.worker_nodes))
 
     def _node_up(self, node: int, _v: int) -> None:
         self.cluster.set_alive(node, True)

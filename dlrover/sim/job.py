@@ -39,6 +39,11 @@ class SimSettings:
     rescale_s: float = 30.0  # reconfiguration: new actors start while the old ones train on
     rescale_pause_s: float = 5.0  # reconfiguration: the switch (PS migration, routing)
     checkpoint_interval_s: float = 1800.0  # durable checkpoints (rollback target after a lost PS)
+    # What a failure costs: the live master's failure policy (dlrover.faults.policy), as
+    # checkpoint.on_failure and recovery.ps set it. The figures assume "rollback": partial
+    # recovery keeps every trained sample, and the simulator does not model updates lost.
+    on_failure: str = "recover"  # recover | restart
+    ps_recovery: str = "rollback"  # partial | rollback
     warmup_s: float = 60.0  # a new configuration's measurement window starts this late
     measure_noise: float = 0.03  # multiplicative noise of a measured window (log-normal sigma)
     rss_report_s: float = 10.0  # actors report RSS this often (a tick feeds the driver the last minute's)
