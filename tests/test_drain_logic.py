@@ -41,7 +41,7 @@ NODES = {"j/worker-0": "A", "j/ps-0": "A", "j/ps-1": "B", "j/dense-ps-0-g0": "A"
 def test_a_draining_node_has_its_workers_and_ps_replaced_but_not_the_dense_ps():
     job, events = fake_job(NODES)
     drains = NodeDrains(job, draining=lambda: {"A": None})
-    drains.tick({})
+    drains.tick()
     assert job.control.asked == [(["j/ps-0", "j/worker-0"], "node A is being drained")]
     (seen,) = [e for e in events if e["kind"] == "node_drain"]
     assert seen["node"] == "A" and seen["deadline_in_s"] is None
@@ -51,18 +51,18 @@ def test_nothing_is_asked_while_a_rescale_is_under_way_and_drained_workers_are_l
     job, _ = fake_job(NODES)
     drains = NodeDrains(job, draining=lambda: {"A": None})
     job.control.op = True
-    drains.tick({})
+    drains.tick()
     assert job.control.asked == []
     job.control.op = False
     job.draining = {"j/worker-0"}  # already on its way out
-    drains.tick({})
+    drains.tick()
     assert job.control.asked == [(["j/ps-0"], "node A is being drained")]
 
 
 def test_the_deadline_is_read_on_the_wall_clock_and_kept_in_job_time():
     job, events = fake_job(NODES)
     drains = NodeDrains(job, draining=lambda: {"B": 1_000_060.0}, wall=lambda: 1_000_000.0)
-    drains.tick({})
+    drains.tick()
     assert drains.orders["B"].deadline_s == 10.0 + 60.0
     assert [e["deadline_in_s"] for e in events if e["kind"] == "node_drain"] == [60.0]
 
@@ -71,7 +71,7 @@ def test_a_sigterm_notice_replaces_that_actor_alone():
     job, _ = fake_job(NODES)
     drains = NodeDrains(job, draining=lambda: {})
     drains.preempted("j/ps-1")
-    drains.tick({})
+    drains.tick()
     assert job.control.asked == [(["j/ps-1"], "j/ps-1 got SIGTERM")]
 
 
@@ -86,7 +86,7 @@ def test_a_failing_poll_is_an_event_and_the_next_tick_asks_again():
         return a
 
     drains = NodeDrains(job, draining=poll)
-    drains.tick({})
+    drains.tick()
     assert [e["kind"] for e in events] == ["drain_poll_error"] and job.control.asked == []
-    drains.tick({})
+    drains.tick()
     assert job.control.asked and "A" in drains.orders

@@ -110,7 +110,7 @@ class FakeMaster:
         self.books = FakeBooks(self.launcher, total)
         self.evaluator = SimpleNamespace(busy=lambda: False)
         self.recovery = SimpleNamespace(corrected=lambda *a: None)
-        self.runs = SimpleNamespace(soon=lambda timeout_s: None)
+        self.runs = SimpleNamespace(soon=lambda timeout_s: None, workers=lambda: [])
 
     def clock(self) -> float:
         return self.now
@@ -175,7 +175,7 @@ def live_decisions(spec, total: float) -> list[tuple[float, dict]]:
             )
             ctl.on_report(w, m.books.metrics[w], m.now, int(samples))
         if m.now % TICK_S == 0:
-            ctl.tick({})
+            ctl.tick()
     ctl.finish({"status": "running"})
     return [(e.at_s, e.new.to_dict()) for e in m.scale_events]
 

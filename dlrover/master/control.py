@@ -80,7 +80,6 @@ class Controller:
         self.stats = ActorStats(master, self._rss)
         self._first_steps = FirstSteps()
         self._op: Rescale | None = None
-        self._pending: dict[Any, str] = {}
         self._initial_plan: ResourcePlan | None = None
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -165,12 +164,10 @@ class Controller:
             self.driver.forget(name)
 
     # -- the loop -----------------------------------------------------------------------
-    def tick(self, pending: dict[Any, str]) -> dict[Any, str]:
-        """One control step; returns ``{run ObjectRef: worker}`` of workers it started.
-        ``pending``: the ``run`` refs of the workers training now."""
+    def tick(self) -> dict[Any, str]:
+        """One control step; returns ``{run ObjectRef: worker}`` of workers it started."""
         now = self.now()
-        self._running = list(pending.values())
-        self._pending = pending
+        self._running = self.m.runs.workers()
         if self._op is not None:
             return self._progress_op(now)
         if now < self._next_tick or self.m.evaluator.busy():
@@ -335,7 +332,7 @@ class Controller:
 
         t0 = self.now()
         self._close()
-        res = stop_checkpoint_restart(self.m, plan.config, self._pending)
+        res = stop_checkpoint_restart(self.m, plan.config)
         self.retired_ps_stats += res.retired_ps_stats
         new = self._config()
         ev = ScaleEvent.of(ScaleKind.of(old, new, plan), plan, old, new, t0, ops=["stop", "checkpoint", "relaunch", "restore"], duration_s=round(self.now() - t0, 3), timings=res.timings())

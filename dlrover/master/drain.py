@@ -53,7 +53,7 @@ class NodeDrains:
         with self._lock:
             self.noticed.setdefault(actor, self.m.clock() - self.m.t0 + NOTICE_GRACE_S)
 
-    def tick(self, pending: dict[Any, str]) -> dict[Any, str]:
+    def tick(self) -> dict[Any, str]:
         """Take note of new drains, start moving actors off drained nodes, stop drained
         workers near the deadline; returns the runs of workers it started."""
         self._take_new()
@@ -73,7 +73,7 @@ class NodeDrains:
             started.update(self.m.control.replace_now(to_move, ", ".join(sorted({why[a] for a in to_move}))))
         late = [a for a, d in moving.items() if a in draining and d is not None and now > d - EVICT_MARGIN_S]
         if late:
-            self._evict(late, pending)
+            self._evict(late)
         return started
 
     def _take_new(self) -> None:
@@ -96,15 +96,14 @@ class NodeDrains:
         lz = self.m.launcher
         return [n for n, nd in list(lz.nodes.items()) if nd == node and lz.handle(n) is not None and n not in lz.dense_names]
 
-    def _evict(self, workers: list[str], pending: dict[Any, str]) -> None:
+    def _evict(self, workers: list[str]) -> None:
         """Park these drained workers (each reports how far it applied its shards), then
         stop them: their shards go back from there."""
         lz = self.m.launcher
         refs = {w: lz.workers[w].pause.remote(PARK_TIMEOUT_S) for w in workers}
         ready, _ = self.m.cluster.wait(list(refs.values()), num_returns=len(refs), timeout=PARK_TIMEOUT_S + 1)
         for w in workers:
-            for ref in [r for r, n in pending.items() if n == w]:
-                del pending[ref]  # its end is not a failure
+            self.m.runs.drop({w})  # its end is not a failure
             try:
                 parked = refs[w] in ready and self.m.cluster.get(refs[w]) is True
             except RayError:

@@ -13,6 +13,7 @@ from dlrover.master.books import ShardBooks
 from dlrover.master.cluster import Cluster
 from dlrover.master.events import EventLog
 from dlrover.master.launcher import Launcher
+from dlrover.master.runs import RunGroup
 from dlrover.master.scale_events import ScaleEvent
 from dlrover.spec import JobSpec
 
@@ -26,7 +27,7 @@ class Job(Protocol):
     t0: float  # clock value at the job's start: job time = clock() - t0
     events: EventLog
     launcher: Launcher
-    runs: Any  # RunGroup: the training runs the loop waits on
+    runs: RunGroup  # the training runs the loop waits on: only it adds or drops them
     books: ShardBooks  # the shard queue and what workers reported, behind its own lock
     failures: list[Failure]
     scale_events: list[ScaleEvent]

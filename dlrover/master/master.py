@@ -300,18 +300,17 @@ class JobMaster:
         for name in self.runs.workers():
             self.events.add("worker_unneeded", actor=name, why="no work left before it started")
             remove_worker(self, name)
-        self.runs.pending.clear()
+        self.runs.drop()
 
     def watch(self) -> LostPs:
-        pending = self.runs.pending
         lost = self.recovery.tick()
         if lost:
             return lost
         self.chaos.tick()
         if not self.recovery.suspects():  # no pause waits on an actor that may be frozen
-            pending.update(self.control.tick(pending))
-            self._checkpoint(pending)
-        pending.update(self.drains.tick(pending))  # a drain's deadline does not wait for a suspect
+            self.runs.add(self.control.tick())
+            self._checkpoint()
+        self.runs.add(self.drains.tick())  # a drain's deadline does not wait for a suspect
         return lost
 
     def rescaling(self) -> bool:
@@ -327,16 +326,16 @@ class JobMaster:
             remove_worker(self, worker)
 
     def worker_died(self, worker: str, error: Exception) -> Decision:
-        return self.recovery.worker_failed(worker, error, self.runs.pending)
+        return self.recovery.worker_failed(worker, error)
 
     def ps_unreachable(self, worker: str, error: Exception) -> LostPs:
         return self.recovery.dead_ps_now()
 
     def recover(self, lost: LostPs, how: str) -> Decision:
-        return self.recovery.ps_failed(self.runs.pending, lost, how)
+        return self.recovery.ps_failed(lost, how)
 
     def restart(self) -> None:
-        self.recovery.restart(self.runs.pending)
+        self.recovery.restart()
 
     def bad_input(self, worker: str, error: DLRoverError) -> None:
         """Bad input (a malformed data line): replacing the worker would only hit it again.
@@ -345,16 +344,17 @@ class JobMaster:
         self.stop()
         self._user_error = error
 
-    def _checkpoint(self, pending: dict) -> None:
+    def _checkpoint(self) -> None:
         """Take an in-memory checkpoint when one is due (not while a rescale is under way),
         and write one to durable storage when that is due."""
         now = self.clock() - self.t0
         ck = self.checkpointer
         if not ck.due(now) or self.control.busy() or self.evaluator.busy() or not self.books.settled():
             return
-        if set(pending.values()) - self.books.running():
+        training = self.runs.workers()
+        if set(training) - self.books.running():
             return  # a replacement still starting: pausing it would stall the others until it runs
-        running = {n: self.launcher.workers[n] for n in pending.values() if n in self.launcher.workers}
+        running = {n: self.launcher.workers[n] for n in training if n in self.launcher.workers}
         taken = ck.take(running, now, timeout_s=self.recovery.timeout_s())
         if taken is not None and ck.durable_due(now, len(self.failures)):
             ck.write_durable(taken, now)

@@ -62,13 +62,13 @@ def count_ids(files: dict[str, FileIndex], ranges: list[tuple[str, int, int]], v
     return total
 
 
-def recover_partially(m: Job, pending: dict[Any, str], lost_ps: LostPs) -> PartialRecovery | None:
+def recover_partially(m: Job, lost_ps: LostPs) -> PartialRecovery | None:
     """Replace the embedding PS ``lost_ps.ps`` from the newest checkpoint (see module
     doc). None, with every run stopped, when the dense PS turns out to be gone too: then
     only a rollback will do."""
     lz = m.launcher
     t0 = m.clock() - m.t0
-    gone, lost_ps = halt(m, pending, lost_ps)
+    gone, lost_ps = halt(m, lost_ps)
     if lost_ps.dense:
         return None
     for name in gone:
@@ -91,8 +91,7 @@ def recover_partially(m: Job, pending: dict[Any, str], lost_ps: LostPs) -> Parti
     ranges = m.books.queue.lines_since(ShardQueue.from_state_dict(ckpt.queue))
     lost = m.cluster.task(count_ids, lz.files, ranges, at_death, list(lost_ps.ps), m.spec.layout())
     m.cluster.get([h.set_routing.remote(dict(lz.ps), vmap, lz.dense) for h in lz.workers.values()])
-    for name in lz.workers:
-        pending[lz.start(name)] = name
+    m.runs.add({lz.start(name): name for name in lz.workers})
     if m.control is not None:
         m.control.after_rollback()
     names = {lz.ps_name(k): lz.ps_name(v) for k, v in replaced.items()}

@@ -269,7 +269,7 @@ class Recovery:
             self.m.launcher.avoid.add(node)
             self.m.events.add("bad_node", node=node, strikes=self.strikes[node])
 
-    def worker_failed(self, name: str, err: Exception, pending: dict[Any, str]) -> Decision:
+    def worker_failed(self, name: str, err: Exception) -> Decision:
         """A worker died: requeue its shards and start a replacement, or leave the
         failure to ``restart``, as the policy decides."""
         detected = self.now()
@@ -292,12 +292,12 @@ class Recovery:
         if not m.books.queue.finished and not drained and not past_limit:
             new = lz.add_worker(*size)
             failure.replacement = new
-            pending[lz.start(new)] = new
+            m.runs.add({lz.start(new): new})
             resumes = [new]
         self.record(failure, resumes, strike=False)
         return decision
 
-    def ps_failed(self, pending: dict[Any, str], lost: LostPs, how: str) -> Decision:
+    def ps_failed(self, lost: LostPs, how: str) -> Decision:
         """PS lost: replaced as the policy decides (only their vshards back to the
         checkpoint, a rollback of the whole job, or left to ``restart``)."""
         lz = self.m.launcher
@@ -309,35 +309,35 @@ class Recovery:
             self._restart_for += failures
             return decision
         if decision.partial:
-            part = recover_partially(self.m, pending, lost)
+            part = recover_partially(self.m, lost)
             if part is not None:
                 self.partial_recoveries += 1
                 for f in failures:
                     part.apply_to(f)
                     self._counting.append((f, part.lost))
-                    self.record(f, list(pending.values()))
+                    self.record(f, self.m.runs.workers())
                 return decision
-        back = self.rollback(pending, lost)
+        back = self.rollback(lost)
         for f in failures:
             back.apply_to(f)
-            self.record(f, list(pending.values()))
+            self.record(f, self.m.runs.workers())
         return RecoverPs(lost, partial=False)
 
-    def rollback(self, pending: dict[Any, str], lost: LostPs, replace_all: bool = False) -> Rollback:
+    def rollback(self, lost: LostPs, replace_all: bool = False) -> Rollback:
         """Roll the whole job back to the newest usable checkpoint (see module doc)."""
-        back = roll_back(self.m, pending, lost, replace_all)
+        back = roll_back(self.m, lost, replace_all)
         self.samples_replayed += back.samples_replayed
         self.rollbacks += 1
         return back
 
-    def restart(self, pending: dict[Any, str]) -> None:
+    def restart(self) -> None:
         """The policy's RestartAll: every actor restarts from the last durable checkpoint."""
         m, failures, self._restart_for = self.m, self._restart_for, []
         for f in failures:
             m.books.retire(f.actor)  # its late calls must not count
         m.checkpointer.latest = None  # only what is on disk survives a whole-job restart
-        back = self.rollback(pending, LostPs(), replace_all=True)
+        back = self.rollback(LostPs(), replace_all=True)
         for f in failures:
             back.apply_to(f)
-            self.record(f, list(pending.values()))
+            self.record(f, self.m.runs.workers())
 

@@ -60,16 +60,14 @@ class RestartResult:
         return {k: v for k, v in vars(self).items() if k not in ("started", "retired_ps_stats")}
 
 
-def stop_checkpoint_restart(master: Job, config: Config, pending: dict[Any, str]) -> RestartResult:
+def stop_checkpoint_restart(master: Job, config: Config) -> RestartResult:
     lz = master.launcher
     t0 = master.clock()
     # 1. Stop: no more shards for anyone; each worker finishes what it holds and exits.
     names = list(lz.workers)
     master.books.drain(names)
-    refs = [r for r, n in pending.items() if n in names]
-    get_alive(master.cluster, refs)  # a worker dying now: its shards were requeued when it died
-    for r in refs:
-        pending.pop(r)
+    get_alive(master.cluster, master.runs.refs(set(names)))  # a worker dying now: its shards were requeued when it died
+    master.runs.drop(set(names))
     t_stopped = master.clock()
     # 2. Checkpoint every PS to disk.
     ckpt = Path(tempfile.mkdtemp(prefix=f"dlrover-restart-{master.job_id.replace('/', '_')}-"))

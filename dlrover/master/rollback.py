@@ -9,7 +9,7 @@ checkpoint's cut, and the shards completed since are trained again (``samples_re
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from dlrover.master.cluster import ActorDied, CallTimeout, RayError, TaskFailed
 from dlrover.faults.records import CheckpointRef, Failure, FailureKind, LostPs
@@ -37,35 +37,35 @@ class Rollback:
 
 
 
-def stop_workers(m: Job, pending: dict[Any, str]) -> list[str]:
+def stop_workers(m: Job) -> list[str]:
     """Abort every worker's run and wait for it; returns workers that are gone or hung."""
-    lz = m.launcher
+    lz, runs = m.launcher, m.runs
     for h in lz.workers.values():
         h.abort.remote()
-    refs = list(pending)
+    refs = runs.refs()
     done, hung = m.cluster.wait(refs, num_returns=len(refs), timeout=ABORT_TIMEOUT_S)
-    lost = [pending[r] for r in hung]
+    lost = [runs.worker_of(r) for r in hung]
     for r in done:
         try:
             m.cluster.get(r)
         except TaskFailed:
             pass  # its run raised (a call to the dead PS failed: Ray's error is an ActorDied too): the worker is fine
         except ActorDied:
-            lost.append(pending[r])  # the worker itself died
+            lost.append(runs.worker_of(r))  # the worker itself died
         except RayError:
             pass
-    pending.clear()
+    runs.drop()
     return lost
 
 
-def halt(m: Job, pending: dict[Any, str], lost_ps: LostPs) -> tuple[list[str], LostPs]:
+def halt(m: Job, lost_ps: LostPs) -> tuple[list[str], LostPs]:
     """Stop what moves (a rescale under way, every worker's run) and take stock: the
     workers found gone or hung, then or by a ping after, and every PS found dead
     (``lost_ps`` and any other that died meanwhile)."""
     lz = m.launcher
     if m.control is not None:
         m.control.abort_pending()
-    lost = stop_workers(m, pending)
+    lost = stop_workers(m)
     survivors = [n for n in lz.workers if n not in lost]
     answers = {n: lz.workers[n].ping.remote() for n in survivors}
     ready, _ = m.cluster.wait(list(answers.values()), num_returns=len(answers), timeout=10.0)
@@ -79,11 +79,11 @@ def halt(m: Job, pending: dict[Any, str], lost_ps: LostPs) -> tuple[list[str], L
     return lost, lost_ps | m.recovery.dead_ps_now()
 
 
-def roll_back(m: Job, pending: dict[Any, str], lost_ps: LostPs, replace_all: bool = False) -> Rollback:
+def roll_back(m: Job, lost_ps: LostPs, replace_all: bool = False) -> Rollback:
     """Roll the whole job back to the newest usable checkpoint (see module doc)."""
     lz = m.launcher
     t0 = m.clock() - m.t0
-    lost, lost_ps = halt(m, pending, lost_ps)  # anything else gone is replaced in the same rollback
+    lost, lost_ps = halt(m, lost_ps)  # anything else gone is replaced in the same rollback
     if replace_all:
         lost = list(lz.workers)
         lost_ps = LostPs(tuple(lz.ps), True)
@@ -101,8 +101,7 @@ def roll_back(m: Job, pending: dict[Any, str], lost_ps: LostPs, replace_all: boo
     lz.vmap = vmap
     replayed = m.books.restore(ckpt.cut(), new_generation=True)
     m.cluster.get([h.set_routing.remote(dict(lz.ps), vmap, lz.dense) for h in lz.workers.values()])
-    for name in lz.workers:
-        pending[lz.start(name)] = name
+    m.runs.add({lz.start(name): name for name in lz.workers})
     if m.control is not None:
         m.control.after_rollback()
     back = Rollback(CheckpointRef(ckpt.seq, round(ckpt.at_s, 3), source), int(replayed), round((m.clock() - m.t0) - t0, 3))

@@ -62,13 +62,13 @@ Event = Tick | WorkerExited | WorkerAborted | WorkerDied | PsUnreachable | BadIn
 class RunGroup:
     """The ``run`` calls of the training workers: started here, reported as events.
 
-    ``pending`` maps each run's ObjectRef to its worker; the recovery and control code
-    that start or stop runs go through :meth:`start` / :meth:`add` / :meth:`clear`.
+    It alone holds the runs (each run's ref -> its worker): recovery, rollbacks, drains
+    and rescales add, drop and read them through its methods.
     """
 
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
-        self.pending: dict[Any, str] = {}
+        self._pending: dict[Any, str] = {}
         self._soon_s: float | None = None
 
     def soon(self, timeout_s: float) -> None:
@@ -77,19 +77,33 @@ class RunGroup:
         self._soon_s = timeout_s if self._soon_s is None else min(self._soon_s, timeout_s)
 
     def add(self, runs: dict[Any, str]) -> None:
-        self.pending.update(runs)
+        """Runs just started (``{its ref: worker}``)."""
+        self._pending.update(runs)
 
     def workers(self) -> list[str]:
-        return list(self.pending.values())
+        """The workers whose run is pending."""
+        return list(self._pending.values())
+
+    def refs(self, workers: set[str] | None = None) -> list[Any]:
+        """The pending runs' refs (of ``workers`` only, if given)."""
+        return [r for r, n in self._pending.items() if workers is None or n in workers]
+
+    def worker_of(self, ref: Any) -> str:
+        return self._pending[ref]
+
+    def drop(self, workers: set[str] | None = None) -> None:
+        """Stop watching the runs of ``workers`` (default: all): their ends are no event."""
+        for ref in self.refs(workers):
+            del self._pending[ref]
 
     def poll(self, timeout_s: float) -> list[Event]:
         """Wait up to ``timeout_s`` for one run to end; its event (if any), then a tick."""
         if self._soon_s is not None:
             timeout_s, self._soon_s = min(timeout_s, self._soon_s), None
-        ready, _ = self.cluster.wait(list(self.pending), num_returns=1, timeout=timeout_s)
+        ready, _ = self.cluster.wait(list(self._pending), num_returns=1, timeout=timeout_s)
         events: list[Event] = []
         for ref in ready:
-            name = self.pending.pop(ref, None)
+            name = self._pending.pop(ref, None)
             if name is not None:
                 events.append(self._outcome(ref, name))
         events.append(Tick())
