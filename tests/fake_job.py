@@ -10,6 +10,7 @@ Nothing here starts Ray: the tests that use it run under ``pytest -m "not ray"``
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,8 @@ import numpy as np
 from fake_cluster import OPEN, FakeCluster, FakeHandle
 from dlrover.ids import ProcessInfo
 from dlrover.ps.dense_ps import DenseParamServer
+from dlrover.ps.embedding_ps import EmbeddingPS
+from dlrover.ps.ps_stats import PsStats
 from dlrover.worker.window import WorkerReport
 from dlrover.worker.worker import Worker
 
@@ -114,6 +117,17 @@ class FakeWorker:
         return {"labels": labels, "logits": np.where(labels > 0, 1.0, -1.0).astype(np.float32), "oracle": None}
 
 
+class InProcessEmbeddingPS(EmbeddingPS):
+    """The real embedding PS, reporting a memory of its own: measured, its process's RSS
+    would be the whole test process's (which grows over a test session past any PS's
+    limit, and the master would kill the PS for it)."""
+
+    rss_mb = 64.0
+
+    def stats(self) -> PsStats:
+        return replace(super().stats(), rss_mb=self.rss_mb)
+
+
 class FakeDensePS(DenseParamServer):
     """The real dense PS, answering its probes without a Ray runtime."""
 
@@ -145,7 +159,7 @@ class FakeJobCluster(FakeCluster):
 
 def fake_cluster() -> FakeJobCluster:
     cluster = FakeJobCluster()
-    cluster.make = {Worker: lambda *args: FakeWorker(cluster, *args), DenseParamServer: FakeDensePS}
+    cluster.make = {Worker: lambda *args: FakeWorker(cluster, *args), DenseParamServer: FakeDensePS, EmbeddingPS: InProcessEmbeddingPS}
     return cluster
 
 

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from conftest import small_spec
-from fake_job import FakeDensePS, FakeJobCluster, FakeWorker, fake_master
+from fake_job import FakeDensePS, FakeJobCluster, FakeWorker, InProcessEmbeddingPS, fake_master
 from dlrover.checkpoint.store import CheckpointError
 from dlrover.faults.records import CheckpointRef
 from dlrover.master.checkpoint import write_parts
@@ -52,7 +52,7 @@ def no_ray(monkeypatch):
 
 
 # -- the fakes ------------------------------------------------------------------------------
-class SnapshotPS(EmbeddingPS):
+class SnapshotPS(InProcessEmbeddingPS):
     """The real embedding PS, whose snapshot is copied as Ray copies it into the object
     store: rows written after a cut do not change the checkpoint."""
 

@@ -17,7 +17,7 @@ import pytest
 
 from conftest import small_spec
 from fake_cluster import FakeHandle, FakeRef
-from fake_job import FakeDensePS, FakeJobCluster, FakeWorker, fake_master, report
+from fake_job import FakeDensePS, FakeJobCluster, FakeWorker, InProcessEmbeddingPS, fake_master, report
 from dlrover.ids import ProcessInfo
 from dlrover.master.drain import EVICT_MARGIN_S, NOTICE_GRACE_S, RETRY_S
 from dlrover.master.scaler import LAUNCH_TIMEOUT_S, PAUSE_TIMEOUT_S
@@ -92,7 +92,7 @@ class PacedWorker(FakeWorker):
         return self.cluster.pauses
 
 
-class InProcessPS(EmbeddingPS):
+class InProcessPS(InProcessEmbeddingPS):
     """The real embedding PS, with what Ray does for it done here: the refs nested in its
     arguments (a restart's payloads, a switch's deltas) resolved by the fake cluster,
     and its pre-copy over by the time ``prepare`` returns (with ``in_process_fetched``).
