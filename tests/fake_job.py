@@ -57,9 +57,8 @@ class FakeWorker:
         shards, then trains no more)."""
         books, stall = self.master.obj.books, self.cluster.stall.get(self.name)
         while not self.aborted:
-            q = books.queue
-            if q.todo_count == 0 and not (q.finished or books.stop_requested or self.generation != books.generation):
-                return None  # asking now would block the master's thread in the long poll
+            if self.idle(books):
+                return None
             shard = self.master.sync("next_shard", self.name, self.generation)
             if shard is None:
                 return None
@@ -71,12 +70,25 @@ class FakeWorker:
                     self.stalled = True
                     return None
                 continue
+            self.took(shard)
             rows = shard.stop - shard.start
             self.samples += rows
-            self.master.sync("report", self.name, report(self.samples))
+            self.master.sync("report", self.name, report(self.samples, self.reported_rss_mb()))
             self.master.sync("shard_done", self.name, shard.shard_id, rows, 0, self.generation)
             self.shards_done.append(shard.shard_id)
         return {"aborted": True, "generation": self.generation} if self.aborted else {"steps": len(self.shards_done), "samples": self.samples}
+
+    def idle(self, books: Any) -> bool:
+        """Nothing to take now: asking would block the master's thread in the long poll."""
+        q = books.queue
+        stop = q.finished or books.stop_requested or self.generation != books.generation or self.name in books.draining()
+        return q.todo_count == 0 and not stop
+
+    def took(self, shard: Any) -> None:
+        """A shard taken, about to be trained (a subclass's hook)."""
+
+    def reported_rss_mb(self) -> float:
+        return 100.0
 
     def open_run(self) -> Any:
         runs = [r for r in self.handle.open if not r.ready and r.method == "run"]

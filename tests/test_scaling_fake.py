@@ -48,40 +48,19 @@ class PacedWorker(FakeWorker):
         self.next_at = 0.0
         self.stalled = False
 
-    def open_run(self) -> Any:
-        runs = [r for r in self.handle.open if not r.ready and getattr(r, "method", None) == "run"]
-        return runs[-1] if runs else None
+    def idle(self, books: Any) -> bool:
+        if super().idle(books):
+            return True
+        return self.cluster.clock.now < self.next_at and self.name not in books.draining()  # the next shard is for later
 
-    def train(self) -> dict | None:
-        books, stall = self.master.obj.books, self.cluster.stall.get(self.name)
-        while not self.aborted:
-            q = books.queue
-            if q.todo_count == 0 and not (q.finished or books.stop_requested or self.generation != books.generation or self.name in books.draining()):
-                return None
-            now = self.cluster.clock.now
-            if now < self.next_at and self.name not in books.draining():
-                return None  # the next shard is for later
-            shard = self.master.sync("next_shard", self.name, self.generation)
-            if shard is None:
-                return None
-            if shard == "stop":
-                break
-            if stall is not None:
-                self.leased.append(shard.shard_id)
-                if len(self.leased) >= stall:
-                    self.stalled = True
-                    return None
-                continue
-            self.next_at = now + self.cluster.period_s
-            if self.cluster.lookups:  # one small inference pull from every PS
-                for h in list(self.master.obj.launcher.ps.values()):
-                    h.sync("pull", (self.name, shard.shard_id), np.zeros(26 * 8, dtype=np.int64), None, False)
-            rows = shard.stop - shard.start
-            self.samples += rows
-            self.master.sync("report", self.name, report(self.samples, self.cluster.rss.get(self.name, 100.0)))
-            self.master.sync("shard_done", self.name, shard.shard_id, rows, 0, self.generation)
-            self.shards_done.append(shard.shard_id)
-        return {"aborted": True, "generation": self.generation} if self.aborted else {"steps": len(self.shards_done), "samples": self.samples}
+    def took(self, shard: Any) -> None:
+        self.next_at = self.cluster.clock.now + self.cluster.period_s
+        if self.cluster.lookups:  # one small inference pull from every PS
+            for h in list(self.master.obj.launcher.ps.values()):
+                h.sync("pull", (self.name, shard.shard_id), np.zeros(26 * 8, dtype=np.int64), None, False)
+
+    def reported_rss_mb(self) -> float:
+        return self.cluster.rss.get(self.name, 100.0)
 
     def ping(self) -> ProcessInfo:
         return ProcessInfo(self.pid, self.handle.options["node"])
