@@ -130,14 +130,19 @@ class FakeWorker:
 
 
 class InProcessEmbeddingPS(EmbeddingPS):
-    """The real embedding PS, reporting a memory of its own: measured, its process's RSS
-    would be the whole test process's (which grows over a test session past any PS's
-    limit, and the master would kill the PS for it)."""
+    """The real embedding PS, on the fake cluster's node with a memory of its own. Measured
+    here, both would be the test process's: a Ray node id when an earlier test of the
+    process started Ray (a node the fake does not have: the PS's loss would read as a
+    node loss), and an RSS that grows over a session past any PS's limit."""
 
     rss_mb = 64.0
+    node = "node-0"
+
+    def ping(self) -> ProcessInfo:
+        return ProcessInfo(os.getpid(), self.node)
 
     def stats(self) -> PsStats:
-        return replace(super().stats(), rss_mb=self.rss_mb)
+        return replace(super().stats(), rss_mb=self.rss_mb, node_id=self.node)
 
 
 class FakeDensePS(DenseParamServer):

@@ -156,7 +156,7 @@ class PacedCluster(FakeJobCluster):
     def _ps(self, *args: Any) -> InProcessPS:
         obj = InProcessPS(*args)
         obj.cluster, obj.name = self, args[6]
-        obj._node = self.here  # what Ray's runtime context would say (no Ray here: None)
+        obj.node = self.here  # the node it reports (InProcessEmbeddingPS)
         return obj
 
     def actor(self, cls: type, *args: Any, node: str | None = None, **options: Any) -> FakeHandle:
