@@ -1,10 +1,12 @@
 """dlrover-ray: elastic DLRM training on Ray.
 
-The public API, importable from the package top (each name is its module's own, loaded
+The public API (docs/API.md), importable from the package top (each name is its module's own, loaded
 on first use: ``import dlrover`` stays as light as the CLI needs)::
 
-    spec = dlrover.load_spec("jobs/quickstart.yaml")   # a validated JobSpec
-    model = dlrover.ServedModel.load("runs/<job_id>/model")
+    spec = dlrover.JobSpec.from_yaml("jobs/quickstart.yaml").with_overrides({"data.epochs": 1})
+    result = dlrover.run(spec)                    # a JobResult: result.auc, result.events
+    job = dlrover.submit(spec, address="http://127.0.0.1:8265")   # job.wait(), job.result()
+    dlrover.export_run(result.run_dir, "models/quickstart")   # then dlrover.predict(...)
 """
 
 from __future__ import annotations
@@ -15,12 +17,17 @@ from typing import Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
+    "run": "dlrover.api.running",
+    "submit": "dlrover.api.jobs",
+    "JobResult": "dlrover.api.result",
+    "SubmittedJob": "dlrover.api.jobs",
+    "Observer": "dlrover.driver.observers",
     "JobSpec": "dlrover.spec",
-    "load_spec": "dlrover.spec",
     "spec_from_dict": "dlrover.spec",
     "DLRoverError": "dlrover.errors",
+    "export_run": "dlrover.serving.export",
+    "predict": "dlrover.serving.predict",
     "ServedModel": "dlrover.serving.model",
-    "FailurePolicy": "dlrover.faults.policy",
 }
 
 __all__ = sorted(_EXPORTS)

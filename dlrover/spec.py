@@ -8,75 +8,21 @@ multi-line report into one line: ``<file>: <dotted.field>: <problem>``.
 from __future__ import annotations
 
 import math
-import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Mapping
 
 import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, model_validator
 
-from dlrover.data.remote import unknown_protocol
+from dlrover.data.data_spec import DataSpec
 from dlrover.data.layout import DataLayout, check_layout
 from dlrover.data.schema import FeaturesSpec, Schema
 from dlrover.model.spec import ModelSpec
 from dlrover.errors import SpecError, format_validation_error
 from dlrover.optimizer_spec import DenseSync, OptimizerSpec
-from dlrover.paths import is_url
-from dlrover.spec_base import SpecSection
+from dlrover.spec_base import SpecSection, set_dotted
 from dlrover.table_spec import check_capacities
-
-
-class SynthSpec(SpecSection):
-    """Synthetic data generated on first use when ``data.paths`` match nothing: Criteo's
-    layout, or with ``features:`` the job's own (``dlrover.data.synth_schema``)."""
-
-    out: str
-    rows: int = Field(300_000, ge=100)
-    files: int = Field(4, ge=1)
-    seed: int = 0
-    bags: Literal["variable", "fixed"] = Field("variable", description="with features: a multi-valued column's 0..max_len ids a row, or always max_len (MLPerf's multi-hot)")
-
-
-class DataSpec(SpecSection):
-    """Where the rows are and how they are cut into shards.
-
-    ``paths``: local files, directories or globs, or fsspec URLs (``s3://bucket/day_*.tsv``,
-    ``gs://...``, ``file://...``). A store's endpoint and credentials come from the
-    environment, as fsspec and its drivers read them (``FSSPEC_S3_ENDPOINT_URL``,
-    ``AWS_ACCESS_KEY_ID``, ...), never from the spec, which is saved with the run.
-    """
-
-    paths: list[str] = Field(min_length=1)
-    # auto: by file extension. Without ``features:`` tsv (and auto) mean Criteo's layout.
-    format: Literal["auto", "criteo", "csv", "tsv", "parquet", "torchrec_npy"] = "auto"
-    header: bool = Field(True, description="csv/tsv with features: the first line names the columns")
-    delimiter: str | None = Field(None, min_length=1, max_length=1, description="csv/tsv: default ',' for csv, tab for tsv")
-    columns: list[str] | None = Field(None, min_length=1, description="csv/tsv without a header: the columns' names, in order")
-    on_long_bag: Literal["truncate", "fail"] = Field("truncate", description="a row with more than max_len ids: keep the first max_len (counted), or fail")
-    synth: SynthSpec | None = None
-    epochs: int = Field(1, ge=1)
-    batch_size: int = Field(2048, ge=1)
-    eval_fraction: float = Field(0.1, ge=0.0, lt=1.0)
-    eval_every_steps: int = Field(0, ge=0)
-    shard_rows: int = Field(32_768, ge=1)
-    on_bad_line: Literal["fail", "skip"] = "fail"
-    shuffle: bool = True
-
-    @field_validator("paths", mode="before")
-    @classmethod
-    def _one_path(cls, v: Any) -> Any:
-        return [v] if isinstance(v, str) else v
-
-    @field_validator("paths")
-    @classmethod
-    def _known_schemes(cls, v: list[str]) -> list[str]:
-        for path in v:
-            if not path.strip():
-                raise ValueError("empty path")
-            bad = unknown_protocol(path) if is_url(path) else None
-            if bad is not None:
-                raise ValueError(f"{path}: unknown storage scheme {bad!r} (fsspec knows s3, gs, az, http, ...)")
-        return v
+from dlrover.tracking.spec import TrackingSpec
 
 
 class ResourceSpec(SpecSection):
@@ -279,6 +225,18 @@ class JobSpec(SpecSection):
     recovery: RecoverySpec = Field(default_factory=RecoverySpec)
     train: TrainSpec = Field(default_factory=TrainSpec)
     chaos: list[ChaosEvent] = Field(default_factory=list)
+    tracking: TrackingSpec = Field(default_factory=TrackingSpec)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, overrides: Mapping[str, Any] | None = None) -> "JobSpec":
+        """The spec in a YAML file, validated; ``overrides`` (``{"data.epochs": 1}``) are set
+        before validation, as ``dlrover run --set`` does."""
+        return load_spec(path, overrides)
+
+    def with_overrides(self, overrides: Mapping[str, Any]) -> "JobSpec":
+        """A copy with dotted fields changed (``{"data.epochs": 1, "resources.ps": 2}``),
+        validated again as a whole: the same checks as the YAML's."""
+        return spec_from_dict(self.model_dump(mode="json", exclude_unset=True), f"{self.name} with overrides", overrides)
 
     def max_actors(self, role: Literal["worker", "ps"]) -> int:
         """The most workers (or PS) the job can ever run at once: the request under the
@@ -325,36 +283,37 @@ class JobSpec(SpecSection):
                 raise ValueError(f"chaos.{i}.target: {ev.target} never exists: this job runs at most {most} {noun} ({why})")
         return self
 
-
-def _set_dotted(doc: dict, key: str, raw: str) -> None:
-    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", key):
-        raise SpecError(f"--set {key}={raw}: bad key (expected dotted.name)")
-    try:
-        value = yaml.safe_load(raw) if raw != "" else ""
-    except yaml.YAMLError:
-        value = raw
-    node = doc
-    parts = key.split(".")
-    for p in parts[:-1]:
-        child = node[p] = {} if node.get(p) is None else node[p]
-        if not isinstance(child, dict):
-            raise SpecError(f"--set {key}={raw}: {p} is not a section")
-        node = child
-    node[parts[-1]] = value
+    @model_validator(mode="after")
+    def _stream_never_restarts(self) -> "JobSpec":  # a ray_data job's trained blocks are released, and its master owns the rest
+        if self.data.source == "ray_data":
+            restarts = {"checkpoint.on_failure: restart": self.checkpoint.on_failure == "restart", "policy.rescale: restart": self.policy.rescale == "restart"}
+            if bad := [k for k, v in restarts.items() if v]:
+                raise ValueError(f"{bad[0]}: replays rows from a checkpoint, which a ray_data job cannot (its trained blocks are released)")
+            if any(ev.target == "master" for ev in self.chaos):
+                raise ValueError("chaos: master: a ray_data job's master owns its blocks; it is not restarted")
+        return self
 
 
-def parse_overrides(items: list[str] | None) -> list[tuple[str, str]]:
-    """``--set key=value`` items as (key, value) pairs."""
+def parse_overrides(items: list[str] | None) -> dict[str, Any]:
+    """``--set key=value`` items as ``{key: value}``, each value read as YAML (``3``,
+    ``[64, 16]``, ``null``; what YAML cannot read stays a string)."""
     if bad := [item for item in items or [] if "=" not in item]:
         raise SpecError(f"--set {bad[0]}: expected key=value")
-    return [(k.strip(), v) for k, v in (item.split("=", 1) for item in items or [])]
+    out: dict[str, Any] = {}
+    for key, raw in (item.split("=", 1) for item in items or []):
+        try:
+            out[key.strip()] = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError:
+            out[key.strip()] = raw
+    return out
 
 
-def spec_from_dict(doc: Any, source: str = "<spec>", overrides: list[tuple[str, str]] | None = None) -> JobSpec:
+def spec_from_dict(doc: Any, source: str = "<spec>", overrides: Mapping[str, Any] | None = None) -> JobSpec:
+    """Validate a spec's document (``overrides`` set in it first, see ``with_overrides``);
+    a problem is a one-line :class:`SpecError`: ``<source>: <dotted.field>: <problem>``."""
     if not isinstance(doc, dict):
         raise SpecError(f"{source}: expected a YAML mapping at the top level")
-    for k, v in overrides or []:
-        _set_dotted(doc, k, v)
+    set_dotted(doc, overrides or {})
     try:
         return JobSpec.model_validate(doc)
     except ValidationError as e:
@@ -377,6 +336,7 @@ def read_yaml(path: str | Path, what: str = "spec") -> Any:
         raise SpecError(f"{where}: {problem}") from None
 
 
-def load_spec(path: str | Path, overrides: list[tuple[str, str]] | None = None) -> JobSpec:
-    """Read and validate a job spec; raises :class:`SpecError` with a one-line message."""
+def load_spec(path: str | Path, overrides: Mapping[str, Any] | None = None) -> JobSpec:
+    """Read and validate a job spec (``JobSpec.from_yaml``); raises :class:`SpecError`
+    with a one-line message."""
     return spec_from_dict(read_yaml(path, "spec"), str(path), overrides)

@@ -32,7 +32,7 @@ pipi "$TORCH" "$FBGEMM"
 pipi --no-deps "$TORCHREC"
 pipi tensordict==0.15.3 torchmetrics==1.0.3 tqdm==4.67.1 pyre-extensions==0.0.32 iopath==0.1.10
 echo "[install] project + runtime dependencies"
-pipi -e ".[test]"
+pipi -e ".[test,tracking]"
 if [[ "${DLROVER_GPU:-0}" != "1" ]] && $VENV/bin/python -m pip show fbgemm-gpu >/dev/null 2>&1; then
   echo "[install] removing CUDA fbgemm-gpu (breaks CPU import)"
   $PIP uninstall -y -q fbgemm-gpu
@@ -42,6 +42,17 @@ import torch, fbgemm_gpu, torchrec, ray  # noqa: F401
 from fbgemm_gpu.split_table_batched_embeddings_ops_training import SplitTableBatchedEmbeddingBagsCodegen  # noqa: F401
 print(f"[install] ok: torch {torch.__version__}, torchrec {torchrec.__version__ if hasattr(torchrec,'__version__') else '?'}, ray {ray.__version__}")
 PY
+# The MLflow tracking server that tests/test_tracking.py starts, in a venv of its own: the
+# full `mlflow` package pins pyarrow<26, which .venv cannot have (ray's pyarrow); .venv has
+# only the client, mlflow-skinny, of the same version (docs/decisions/experiment-tracking.md).
+# DLROVER_MLFLOW_SERVER=0 leaves it out (the image: jobs need only the client).
+MLFLOW=mlflow==3.17.2
+MLFLOW_VENV=${MLFLOW_VENV:-.venv-mlflow}
+if [[ "${DLROVER_MLFLOW_SERVER:-1}" != "0" ]] && ! "$MLFLOW_VENV/bin/python" -m pip show mlflow 2>/dev/null | grep -qx "Version: ${MLFLOW#mlflow==}"; then
+  echo "[install] $MLFLOW (the tracking server of the tests) in $MLFLOW_VENV"
+  [[ -x "$MLFLOW_VENV/bin/python" ]] || "$PY" -m venv "$MLFLOW_VENV"
+  "$MLFLOW_VENV/bin/python" -m pip install -q --progress-bar off "$MLFLOW" 2>&1 | sed -e '/is ignored: it is neither/d'
+fi
 # Optional system tools, Debian packages installed only where apt-get runs as root:
 # headless Chromium renders `dlrover report` pages in a test, Prometheus scrapes a real
 # job for the dashboard test (`make dashboards-check`). Tests that need them skip without.

@@ -101,7 +101,7 @@ def events_of(summary_path) -> list[dict]:
     """The rows of a run's ``events.jsonl``, given the path of its ``summary.json``."""
     from dlrover.runlogs.event_file import read_events
 
-    return [row for _, row in read_events(summary_path.parent / "events.jsonl")]
+    return [e.to_json() for _, e in read_events(summary_path.parent / "events.jsonl")]
 
 
 def small_spec(data_dir, **over):
@@ -122,6 +122,13 @@ def small_spec(data_dir, **over):
             node = node.setdefault(p, {})
         node[parts[-1]] = value
     return spec_from_dict(doc)
+
+
+def sleepy(factor: float = 3.0, workers: int = 2) -> list[dict]:
+    """Chaos that has the first ``workers`` workers sleep ``factor - 1`` times each step's
+    time after it (``slow``): a job whose run must outlast a rescale or a recovery lasts as
+    long as ``factor`` times its epochs, at their CPU; what it learns is unchanged."""
+    return [{"at_s": 0, "action": "slow", "target": f"worker:{i}", "factor": factor} for i in range(workers)]
 
 
 def fault_spec(synth_dir, tmp_path, chaos, **over):
@@ -148,15 +155,37 @@ def auc_spec(synth_dir, tmp_path, chaos, **over):
     return fault_spec(synth_dir, tmp_path, chaos, data__epochs=1, **over)
 
 
+def once_per_run(tmp_path_factory, name: str, make):
+    """``make()``'s JSON value, made once per test run: pytest-xdist workers share it (the
+    first to ask makes it, under a lock, the others read it; the workers' base temp
+    directories have one parent per run)."""
+    import fcntl
+    import json
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent
+    done = root / f"{name}.json"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            done.write_text(json.dumps(make(), default=float))
+    return json.loads(done.read_text())
+
+
 @pytest.fixture(scope="session")
 def fault_free(ray_local, synth_dir_auc, tmp_path_factory):
-    """The summary of ``auc_spec``'s job without faults: what a recovered job compares to."""
+    """The summary of ``auc_spec``'s job without faults: what a recovered job compares to.
+    One job per test run (its data is generated alike on every pytest-xdist worker)."""
     from dlrover.driver.runner import run_job
 
-    tmp = tmp_path_factory.mktemp("fault_free")
-    s, _ = run_job(auc_spec(synth_dir_auc, tmp, []), runs_dir=str(tmp / "runs"), progress="none")
-    assert s["status"] == "succeeded" and s["failures"] == []
-    return s
+    def make() -> dict:
+        tmp = tmp_path_factory.mktemp("fault_free")
+        s, _ = run_job(auc_spec(synth_dir_auc, tmp, []), runs_dir=str(tmp / "runs"), progress="none")
+        assert s["status"] == "succeeded" and s["failures"] == []
+        return s
+
+    return once_per_run(tmp_path_factory, "fault_free", make)
 
 
 def gathered_table(ray, ps, table: int, like):

@@ -21,7 +21,7 @@ from dlrover.ids import ProcessInfo
 from dlrover.ps.dense_ps import DenseParamServer
 from dlrover.ps.embedding_ps import EmbeddingPS
 from dlrover.ps.ps_stats import PsStats
-from dlrover.worker.window import WorkerReport
+from dlrover.worker.window import RunResult, WorkerReport
 from dlrover.worker.worker import Worker
 
 
@@ -76,7 +76,7 @@ class FakeWorker:
             self.master.sync("report", self.name, report(self.samples, self.reported_rss_mb()))
             self.master.sync("shard_done", self.name, shard.shard_id, rows, 0, self.generation)
             self.shards_done.append(shard.shard_id)
-        return {"aborted": True, "generation": self.generation} if self.aborted else {"steps": len(self.shards_done), "samples": self.samples}
+        return RunResult(self.generation, aborted=True) if self.aborted else RunResult(self.generation, steps=len(self.shards_done), samples=self.samples)
 
     def idle(self, books: Any) -> bool:
         """Nothing to take now: asking would block the master's thread in the long poll."""
@@ -106,7 +106,7 @@ class FakeWorker:
         self.aborted = True
         ref = self.open_run()
         if ref is not None:
-            ref.resolve({"aborted": True, "generation": self.generation})
+            ref.resolve(RunResult(self.generation, aborted=True))
 
     def ping(self) -> ProcessInfo:
         return ProcessInfo(self.pid, "node-0")
@@ -193,6 +193,11 @@ def fake_master(spec: Any, run_dir: Path, cluster: FakeJobCluster | None = None)
     cluster.master = FakeHandle(cluster, master, {"name": "fake-job/master"})
     cluster.clock = clock
     return master, cluster
+
+
+def event_rows(master: Any) -> list[dict]:
+    """The master's event log as its ``events.jsonl`` rows."""
+    return [e.to_json() for e in master.events.rows()]
 
 
 class FakeClock:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import events_of, small_spec
+from conftest import events_of, sleepy, small_spec
 from dlrover.errors import SpecError
 from dlrover.spec import spec_from_dict
 
@@ -49,6 +49,16 @@ def fault_free_auc(spec, tmp_path) -> float:
     return s["auc"]
 
 
+# One epoch over ``synth_dir_auc``: the straggler and slow-PS jobs below score 0.7571-0.7581
+# without their fault (measured, batch 256 and 512), the generator's best possible being
+# 0.7805. A run that lost, doubled or misplaced updates scores below ``best_auc - NEAR_BEST``.
+NEAR_BEST = 0.03
+
+
+def as_good_as_fault_free(s: dict) -> None:
+    assert s["best_auc"] - s["auc"] < NEAR_BEST, (s["auc"], s["best_auc"])
+
+
 def corrections_only(tmp_path, **knobs) -> dict:
     """``dlrover_rm`` with its runtime correction only (no model-driven change), asked
     twice a second, with its own history dir."""
@@ -75,7 +85,7 @@ def test_straggler_is_replaced_by_dlrover_rm(ray_local, synth_dir_auc, tmp_path)
     )
     s, path = run_job(spec, runs_dir=str(tmp_path / "runs"), progress="none")
     assert s["status"] == "succeeded" and s["samples_lost"] == 0
-    assert abs(s["auc"] - fault_free_auc(spec, tmp_path)) < 0.01
+    as_good_as_fault_free(s)
     assert s["samples_trained"] == s["samples_expected"]
     assert s["ps_bags_updated"] == 26 * s["samples_expected"]
     (fired,) = s["chaos"]
@@ -87,8 +97,10 @@ def test_straggler_is_replaced_by_dlrover_rm(ray_local, synth_dir_auc, tmp_path)
     assert all(e["kind"] == "replace" for e in s["scale_events"]), s["scale_events"]
     assert s["final_config"]["workers"] == 3
     if s["scale_events"]:  # the replacement ran: it is in the failures, with its timings
-        (f,) = [f for f in s["failures"] if f["kind"] == "straggler"]
-        assert f["actor"] == fired["actor"] and f["cause_class"] == "infrastructure"
+        # (On a busy host another worker may run slow long enough to be replaced too: one CI
+        # run's worker-1 at 1.9x the median for 4 s.)
+        (f,) = [f for f in s["failures"] if f["kind"] == "straggler" and f["actor"] == fired["actor"]]
+        assert f["cause_class"] == "infrastructure"
         assert f["at_s"] <= f["detected_s"] <= f["recovered_s"]
 
 
@@ -129,7 +141,7 @@ def test_slow_ps_is_detected_by_its_call_time_and_replaced_without_losing_an_upd
     assert s["final_config"]["ps"] == 2 + kinds.count("scale_out")
     (f,) = [f for f in s["failures"] if f["kind"] == "straggler"]
     assert f["actor"] == fired["actor"] and f["at_s"] <= f["detected_s"] <= f["recovered_s"]
-    assert abs(s["auc"] - fault_free_auc(spec, tmp_path)) < 0.01
+    as_good_as_fault_free(s)
 
 
 def test_a_slow_link_sends_pulls_further_ahead_without_losing_an_update(ray_local, synth_dir, tmp_path):
@@ -170,9 +182,11 @@ def test_memory_trend_acts_before_the_limit(ray_local, synth_dir_large, tmp_path
     spec = small_spec(
         synth_dir_large,
         # Long enough for a trend: an actor's RSS counts after 15 s of warm-up and over
-        # 10 s more (TrendParams), so no plan comes before ~32 s of job time (15 epochs
-        # train for about 60 s on the 2-core machine).
-        data__epochs=15,
+        # 10 s more (TrendParams), so no plan comes before ~32 s of job time. Both workers
+        # sleep twice each step's time after it (``slow``, factor 3: no straggler, as
+        # neither is slower than the other): 6 epochs last as long as 18 would, at the
+        # CPU of 6 (15 unslowed epochs trained for about 60 s on a quiet 2-core machine).
+        data__epochs=6,
         data__batch_size=512,
         resources__workers=2,
         resources__ps=1,
@@ -186,7 +200,10 @@ def test_memory_trend_acts_before_the_limit(ray_local, synth_dir_large, tmp_path
         # start-up on a busy 2-core host takes 7-25 s, and the leaking worker drains its
         # leased shards meanwhile (at 15 MB/s and a 60 s horizon a slow CI host saw it
         # reach the limit while draining).
-        chaos=[{"at_s": 0, "action": "leak", "target": "worker:0", "mb_per_s": 10}],
+        chaos=[
+            {"at_s": 0, "action": "leak", "target": "worker:0", "mb_per_s": 10},
+            *sleepy(3),
+        ],
     )
     s, path = run_job(spec, runs_dir=str(tmp_path / "runs"), progress="none")
     assert s["status"] == "succeeded" and s["samples_lost"] == 0
@@ -195,7 +212,7 @@ def test_memory_trend_acts_before_the_limit(ray_local, synth_dir_large, tmp_path
     # Every bag update exactly once: the leak (memory only) cannot change what is learnt,
     # so no fault-free run is compared (the straggler test above compares one).
     assert s["ps_bags_updated"] == 26 * s["samples_expected"]
-    (fired,) = s["chaos"]
+    (fired,) = [c for c in s["chaos"] if c["action"] == "leak"]
     # The decision, taken on the trend while the leaking worker was under its limit. (On a
     # fast machine the job may end before the bigger workers are running: then the plan is
     # in the event log, given up with "job finished first", and not in scale_events.)

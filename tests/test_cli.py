@@ -9,6 +9,7 @@ import re
 import secrets
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -52,7 +53,7 @@ def test_bad_spec_is_one_line_error(tmp_path, body, needle):
 @pytest.mark.parametrize(
     "args,needle",
     [
-        (["run"], "the following arguments are required: spec"),
+        (["run"], "run: a job spec (YAML path) is required"),
         (["run", "missing.yaml"], "missing.yaml: spec file not found"),
         (["run", "jobs/quickstart.yaml", "--set", "data.epochs"], "expected key=value"),
         (["run", "jobs/quickstart.yaml", "--set", "data.epochs=-1"], "data.epochs"),
@@ -66,7 +67,7 @@ def test_bad_cli_arguments_are_one_line_errors(args, needle):
     assert_one_line_error(dlrover(*args), needle)
 
 
-def test_bad_data_line_names_file_and_line(tmp_path, synth_dir):
+def test_bad_data_line_names_file_and_line(ray_head, tmp_path, synth_dir):
     data = tmp_path / "data"
     data.mkdir()
     src = sorted(Path(synth_dir).glob("*.tsv"))[0]
@@ -79,11 +80,12 @@ def test_bad_data_line_names_file_and_line(tmp_path, synth_dir):
         "model: {embedding_dim: 8, num_embeddings: 1000, dense_arch: [16, 8], over_arch: [16, 1]}\n"
         "resources: {workers: 1, ps: 1}\n",
     )
-    proc = dlrover("run", spec, "--runs-dir", tmp_path / "runs", "--quiet")
+    # Both runs join the module's head (``--address``): no Ray of their own to start and stop.
+    proc = dlrover("run", spec, "--runs-dir", tmp_path / "runs", "--quiet", "--address", ray_head.gcs)
     assert_one_line_error(proc, f"{data / 'bad.tsv'}:1235")
     # on_bad_line: skip trains the rest and reports the skipped line. Without --quiet, but
     # into a pipe, progress comes as lines on stdout, not as a bar's redraws on stderr.
-    proc = dlrover("run", spec, "--runs-dir", tmp_path / "runs", "--set", "data.on_bad_line=skip")
+    proc = dlrover("run", spec, "--runs-dir", tmp_path / "runs", "--set", "data.on_bad_line=skip", "--address", ray_head.gcs)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "\r" not in proc.stderr, proc.stderr[-500:]
     assert any(ln.startswith("[dlrover]") and "status=succeeded" in ln for ln in proc.stdout.splitlines()), proc.stdout[-2000:]
@@ -92,26 +94,56 @@ def test_bad_data_line_names_file_and_line(tmp_path, synth_dir):
     assert summary["samples_lost"] == 0
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def ray_head():
-    """A Ray head with the dashboard (Ray Jobs) on loopback, stopped when the test ends."""
+    """A Ray head with the dashboard (Ray Jobs) on loopback, stopped when the module's tests end."""
     from dlrover.driver.localhead import LocalHead
 
     with LocalHead(num_cpus=5) as head:  # the job's 4 CPUs + its dense PS's 0.25
-        yield head.address
+        yield head
 
 
-def test_submit_through_ray_jobs(ray_head, tmp_path, synth_dir):
-    runs = tmp_path / "runs"
+def test_submit_through_ray_jobs_from_the_cli_and_from_python(ray_head, tmp_path, synth_dir):
+    """``dlrover submit --wait`` follows a job to its end and ``dlrover status`` lists it; a
+    ``SubmittedJob`` on it gives Ray Jobs' status and logs and the run directory's result;
+    ``dlrover.submit`` of a spec built in Python runs on Ray Jobs until ``stop``."""
+    import io
+
+    import dlrover as api
+
+    runs, address = tmp_path / "runs", ray_head.address
     args = ["--set", f"data.paths=['{synth_dir}/*.tsv']", "--set", "data.synth=null", "--set", "model.num_embeddings=5000",
             "--set", "model.dense_arch=[32,16]", "--set", "model.over_arch=[32,1]", "--set", "data.epochs=1"]
-    proc = dlrover("submit", "jobs/quickstart.yaml", "--address", ray_head, "--wait", "--runs-dir", runs, *args)
+    proc = dlrover("submit", "jobs/quickstart.yaml", "--address", address, "--wait", "--runs-dir", runs, *args)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     job_id = re.search(r"submitted (\S+)", proc.stdout).group(1)
     summary = json.loads((runs / job_id / "summary.json").read_text())
     assert summary["status"] == "succeeded" and summary["samples_lost"] == 0
-    status = dlrover("status", "--address", ray_head)
+    status = dlrover("status", "--address", address)
     assert status.returncode == 0 and job_id in status.stdout and "SUCCEEDED" in status.stdout
+
+    job = api.SubmittedJob(job_id, address, runs.resolve())
+    log = io.StringIO()
+    assert job.wait(timeout_s=60, out=log) == "SUCCEEDED" == job.status()
+    assert f"[dlrover] {job_id} result" in log.getvalue() and log.getvalue() in job.logs()
+    result = job.result()
+    assert result.status == "succeeded" and result.samples_trained == result.samples_expected and result.config.workers == 2
+
+    spec = api.JobSpec.from_yaml(ROOT / "jobs" / "quickstart.yaml").with_overrides(
+        {"name": "py", "data.paths": [f"{synth_dir}/*.tsv"], "data.synth": None, "data.epochs": 1000, "model.num_embeddings": 5000,
+         "model.dense_arch": [32, 16], "model.over_arch": [32, 1], "resources.workers": 1, "resources.ps": 1}
+    )  # fmt: skip
+    forever = api.submit(spec, address, runs_dir=runs)
+    assert forever.job_id.startswith("py-")
+    with pytest.raises(TimeoutError, match="still"):
+        forever.wait(timeout_s=1)  # the job goes on
+    for _ in range(300):
+        if "progress=" in forever.logs():
+            break  # training: its first progress line
+        time.sleep(1)
+    assert forever.status() == "RUNNING" and forever.stop()
+    assert forever.wait(timeout_s=120) == "STOPPED"
+    assert "[dlrover] py-" in forever.logs()
 
 
 def test_run_joins_a_token_auth_head_by_address_without_ray_auth_mode(tmp_path, synth_dir, monkeypatch):

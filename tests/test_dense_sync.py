@@ -4,7 +4,7 @@ pauses, and a slow worker holds back a sync job but not a coded one."""
 
 from __future__ import annotations
 
-from conftest import batches_expected, small_spec
+from conftest import batches_expected, sleepy, small_spec
 
 
 def _run(spec, tmp_path):
@@ -23,8 +23,10 @@ def test_sync_rounds_apply_every_batch_once_through_a_scale_out_and_in(ray_local
     steps = [{"at_progress": 0.2, "workers": 3}, {"at_progress": 0.5, "workers": 2}]
     spec = small_spec(
         synth_dir,
-        # Many small steps: the job outlasts starting the scale-out's worker on 2 busy cores.
-        data__epochs=5,
+        # Many small steps, slept once more after each: the job outlasts starting the
+        # scale-out's worker on 2 busy cores.
+        data__epochs=3,
+        chaos=sleepy(2),
         data__batch_size=128,
         resources__budget_cpu=8,
         train__log_every_s=0.2,
@@ -65,7 +67,9 @@ def test_a_killed_worker_does_not_hold_a_sync_round_and_no_gradient_is_applied_t
     dense gradient is applied exactly once."""
     from conftest import check_exactly_once, fault_spec
 
-    spec = fault_spec(synth_dir, tmp_path, [{"at_s": 2, "action": "kill", "target": "worker:0"}], train__dense_sync="sync")
+    # worker 1 sleeps twice its step's time after each (the rounds wait for it): 1 epoch lasts as long as 3
+    chaos = [{"at_s": 2, "action": "kill", "target": "worker:0"}, {"at_s": 0, "action": "slow", "target": "worker:1", "factor": 3}]
+    spec = fault_spec(synth_dir, tmp_path, chaos, train__dense_sync="sync", data__epochs=1)
     s = _run(spec, tmp_path)
     assert [f["kind"] for f in s["failures"]] == ["worker_death"], s["failures"]
     check_exactly_once(s, spec)

@@ -283,7 +283,8 @@ def test_dockerfile_runs_install_sh_as_a_non_root_user_into_a_venv_on_path():
     assert any(e.startswith(f"PATH={venv_dir()}/bin:") for e in instructions("ENV"))
     text = INSTALL_SH.read_text()
     assert "VENV=${VENV:-" in text and "PY=${PYTHON:-" in text and '"$(id -u)" == 0' in text
-    assert (ROOT / "pyproject.toml").is_file() and '-e ".[test]"' in text
+    assert (ROOT / "pyproject.toml").is_file() and '-e ".[test,tracking]"' in text
+    assert "DLROVER_MLFLOW_SERVER=0" in dockerfile()[install][1]  # the tests' MLflow server stays out of the image
 
 
 def pins(text: str) -> dict[str, str]:

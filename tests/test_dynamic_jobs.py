@@ -23,7 +23,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import batches_expected, check_exactly_once, events_of, fault_spec, signal_when_training, small_spec
+from conftest import batches_expected, check_exactly_once, events_of, fault_spec, signal_when_training, sleepy, small_spec
 
 TABLES = {
     0: {"kind": "dynamic", "capacity_rows": 600, "admit_after": 1, "eviction": "lfu"},  # 877 ids in synth_dir
@@ -59,8 +59,9 @@ def test_a_dynamic_table_job_scaled_2_3_2_ps_applies_every_bag_update_once(ray_l
         synth_dir,
         model__tables=TABLES,
         train__vshards=8,  # few blocks per PS: the maps' per-block work stays small
-        data__batch_size=128,  # many small steps (and 8 epochs): the job outlasts two rescales
-        data__epochs=8,
+        data__batch_size=128,  # many small steps, slept 2x after (and 3 epochs): the job outlasts two rescales
+        data__epochs=3,
+        chaos=sleepy(3),
         train__log_every_s=0.2,
         resources__budget_cpu=8,
         policy={"name": "scripted", "knobs": {"steps": steps}, "interval_s": 0.2, "warmup_s": 0.2, "history_dir": str(tmp_path / "h")},
@@ -88,10 +89,11 @@ def test_a_dynamic_table_ps_killed_is_recovered_from_a_durable_delta_with_its_lo
     from dlrover.driver.runner import run_job
 
     # The kill lands after the second cut's durable write (3 s here, more under load) and
-    # before the third cut, mid-training: the job trains for about four of them.
+    # before the third cut, mid-training: the job trains for about four of them (6 epochs,
+    # the workers sleeping twice each step's time after it, last as long as 18).
     cut = 8.0
     spec = fault_spec(
-        synth_dir, tmp_path, [], model__tables=TABLES, train__vshards=8, data__epochs=16, checkpoint__keep_in_memory=False, checkpoint__full_every=100,
+        synth_dir, tmp_path, sleepy(3), model__tables=TABLES, train__vshards=8, data__epochs=6, checkpoint__keep_in_memory=False, checkpoint__full_every=100,
         checkpoint__memory_interval_s=cut, checkpoint__interval_s=cut, checkpoint__min_interval_s=cut,
     )  # fmt: skip
     assert spec.recovery.ps == "partial"

@@ -263,7 +263,7 @@ def test_export_of_a_truncated_final_pt_is_one_short_line_naming_the_file(tmp_pa
     assert line.startswith(f"error: {final}: not a readable torch file") and len(line) - len(str(final)) < 150 and "miniz" not in line, line
     import hashlib
 
-    (run / "events.jsonl").write_text(json.dumps({"kind": "model_saved", "path": str(final), "sha256": hashlib.sha256(whole).hexdigest()}) + "\n")
+    (run / "events.jsonl").write_text(json.dumps({"at_s": 9.5, "kind": "model_saved", "path": str(final), "sha256": hashlib.sha256(whole).hexdigest()}) + "\n")
     final.write_bytes(whole[:-10])  # the job recorded what it wrote: the checksum names the damage
     assert main(["export", str(run), "--out", str(tmp_path / "m")]) == 2
     assert f"{final}: its sha256 is not the one the job wrote" in one_error_line(capsys)

@@ -1,7 +1,8 @@
 """Fault tolerance with real actors: one test per fault kind (the spec's ``chaos:``).
 
 Each job must finish with nothing lost, an AUC within 0.01 of the same job without faults,
-and the failure in its summary with injection, detection and recovery times.
+and the failure in its summary with injection, detection and recovery times. A kill's job
+is then replayed on the fake cluster (``event_sequence``): both tell the same recovery story.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import auc_spec, check_exactly_once, fault_spec, small_spec
+from event_sequence import check_same_story
 
 AUC_TOLERANCE = 0.01
 
@@ -39,10 +41,11 @@ def test_worker_kill(fault_free, synth_dir_auc, tmp_path):
     from dlrover.driver.runner import run_job
 
     spec = auc_spec(synth_dir_auc, tmp_path, [{"at_s": 2, "action": "kill", "target": "worker:0"}])
-    s, _ = run_job(spec, runs_dir=str(tmp_path / "runs"), progress="none")
+    s, path = run_job(spec, runs_dir=str(tmp_path / "runs"), progress="none")
     f = check_recovered(s, fault_free, "worker_death")
     assert f["actor"].endswith("worker-0") and f["replacement"] and f["node"]
     check_exactly_once(s, spec)  # PS state survived: no rollback, and no batch applied twice
+    check_same_story(path, spec, tmp_path)  # the same job on the fake cluster: the same events
 
 
 def test_ps_kill_under_rollback_rolls_back_to_in_memory_checkpoint(fault_free, synth_dir_auc, tmp_path):
@@ -57,6 +60,7 @@ def test_ps_kill_under_rollback_rolls_back_to_in_memory_checkpoint(fault_free, s
     events = [json.loads(line) for line in (path.parent / "events.jsonl").read_text().splitlines()]
     assert any(e["kind"] == "rollback" for e in events)
     assert s["checkpoints"]["in_memory_taken"] >= 2
+    check_same_story(path, spec, tmp_path)  # the same job on the fake cluster: the same events
 
 
 def test_master_kill_resumes_from_durable_checkpoint(fault_free, synth_dir_auc, tmp_path):
@@ -86,10 +90,11 @@ def test_memory_limit_is_enforced(fault_free, synth_dir_auc, tmp_path):
 NODE_SCRIPT = textwrap.dedent(
     """
     import json, sys, threading, time
+    from pathlib import Path
     sys.path.insert(0, {tests!r})
     import ray
     from ray.cluster_utils import Cluster
-    from conftest import small_spec
+    from conftest import auc_spec
     from dlrover.driver.runner import run_job
 
     cluster = Cluster(initialize_head=True, head_node_args={{
@@ -98,9 +103,9 @@ NODE_SCRIPT = textwrap.dedent(
     cluster.add_node(num_cpus=2)
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, namespace="dlrover", logging_level="ERROR")
-    # The head has no CPUs: the dense PS reserves none, so it stays there with the master.
-    spec = small_spec({data!r}, data__epochs=2, train__log_every_s=0.5, checkpoint__memory_interval_s=2.0, resources__dense_ps_cpu=0,
-                      checkpoint__interval_s=5.0, checkpoint__min_interval_s=5.0)
+    # The session's fault-free job (``auc_spec``); the head has no CPUs: the dense PS
+    # reserves none, so it stays there with the master.
+    spec = auc_spec({data!r}, Path({tmp!r}), [], resources__dense_ps_cpu=0)
     out = {{}}
     t = threading.Thread(target=lambda: out.update(s=run_job(spec, runs_dir={runs!r}, progress="none")[0]))
     t.start()
@@ -117,17 +122,19 @@ NODE_SCRIPT = textwrap.dedent(
     cluster.remove_node(doomed, allow_graceful=False)
     t.join()
     print("SUMMARY " + json.dumps(out["s"], default=float))
-    ref = run_job(spec, runs_dir={runs!r}, progress="none")[0]  # the same job, no fault
-    print("REFERENCE " + json.dumps(ref, default=float))
     """
 )
 
 
 @pytest.mark.timeout(600)
-def test_node_removal(synth_dir_large, tmp_path):
+def test_node_removal(fault_free, synth_dir_auc, tmp_path):
     """A worker node of a multi-node cluster (``ray.cluster_utils.Cluster``) dies with the
-    job's actors on it: they are rescheduled on the remaining nodes, nothing is lost."""
-    script = NODE_SCRIPT.format(tests=str(Path(__file__).parent), data=str(synth_dir_large), runs=str(tmp_path / "runs"), delay=2)
+    job's actors on it: they are rescheduled on the remaining nodes, nothing is lost, and
+    the model is as good as the session's run of the same job (``auc_spec``) without the
+    fault: one epoch over 360k rows, whose AUC does not depend on where the actors ran or
+    the order their updates landed in (a job of its own on this cluster, as a reference,
+    cost as much again)."""
+    script = NODE_SCRIPT.format(tests=str(Path(__file__).parent), data=str(synth_dir_auc), tmp=str(tmp_path), runs=str(tmp_path / "runs"), delay=2)
     env = dict(os.environ, RAY_AUTH_MODE="disabled")
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=540, env=env)
     line = next((x for x in r.stdout.splitlines() if x.startswith("SUMMARY ")), None)
@@ -137,9 +144,8 @@ def test_node_removal(synth_dir_large, tmp_path):
     lost = [f for f in s["failures"] if f["kind"] in ("node_loss", "ps_death", "worker_death")]
     assert lost, s["failures"]
     assert all(f["at_s"] <= f["detected_s"] <= f["recovered_s"] for f in lost)
-    ref = json.loads(next(x for x in r.stdout.splitlines() if x.startswith("REFERENCE "))[len("REFERENCE ") :])
-    assert ref["status"] == "succeeded" and not ref["failures"]
-    assert abs(s["auc"] - ref["auc"]) < AUC_TOLERANCE, (s["auc"], ref["auc"])
+    assert s["samples_expected"] == fault_free["samples_expected"]  # the same job as the reference
+    assert abs(s["auc"] - fault_free["auc"]) < AUC_TOLERANCE, (s["auc"], fault_free["auc"])
 
 
 def test_corrupt_and_missing_durable_checkpoints(tmp_path):
@@ -167,8 +173,8 @@ def test_corrupt_and_missing_durable_checkpoints(tmp_path):
     got, payloads, source = ck.load_durable()
     assert source == "durable" and got.seq == 1 and got.samples == 100
     assert float(payloads[0]["tables"][0][0][0, 0]) == 1.0
-    (ev,) = [e for e in Master.events.rows() if e["kind"] == "checkpoint_corrupt"]
-    assert "ps_0.pt" in ev["message"] and "checksum" in ev["message"]
+    (ev,) = [e for e in Master.events.rows() if e.kind == "checkpoint_corrupt"]
+    assert "ps_0.pt" in ev.fields["message"] and "checksum" in ev.fields["message"]
 
     missing = Checkpointer(Master(), CheckpointStore(str(tmp_path / "nowhere")))
     with pytest.raises(CheckpointError, match="nowhere: checkpoint directory does not exist"):

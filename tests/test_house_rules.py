@@ -316,3 +316,36 @@ def test_inside_the_master_package_only_its_cluster_module_imports_ray() -> None
         if i.module == "ray" or i.module.startswith("ray.")
     ]
     assert not bad, f"only {RAY_BOUNDARY} may import ray inside dlrover/master:\n" + "\n".join(bad)
+
+
+VMAP_OWNER = "dlrover.master.launcher"
+
+
+def map_switches(source: str) -> list[tuple[int, str]]:
+    """``(line, what)`` of each assignment to an attribute ``vmap`` and each
+    ``<x>.set_routing.remote(...)`` call in ``source``."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+        out += [(node.lineno, ".vmap =") for t in targets for a in ast.walk(t) if isinstance(a, ast.Attribute) and a.attr == "vmap"]
+        f = node.func if isinstance(node, ast.Call) else None
+        if isinstance(f, ast.Attribute) and f.attr == "remote" and isinstance(f.value, ast.Attribute) and f.value.attr == "set_routing":
+            out.append((node.lineno, "set_routing.remote"))
+    return sorted(out)
+
+
+def test_map_switches_are_found_in_assignments_tuples_and_calls() -> None:
+    source = "lz.vmap = v\na, lz.vmap = 1, v\nh.set_routing.remote(ps, v)\nself.vmap: X = v\nh.set_routing(ps, v)\nx = lz.vmap\n"
+    assert map_switches(source) == [(1, ".vmap ="), (2, ".vmap ="), (3, "set_routing.remote"), (4, ".vmap =")]
+
+
+def test_only_the_launcher_changes_a_running_jobs_vshard_map_and_tells_the_workers() -> None:
+    """``Launcher.switch_map`` is the one place: the master's map and the workers' routing
+    change together, or a worker would route by a map the master no longer holds."""
+    bad = [
+        f"{where(m)}:{line} {what}"
+        for m, path in modules().items()
+        if m.startswith("dlrover.master.") and m != VMAP_OWNER
+        for line, what in map_switches(path.read_text())
+    ]
+    assert not bad, f"only {where(VMAP_OWNER)} may set the job's vshard map or call set_routing (use Launcher.switch_map):\n" + "\n".join(bad)

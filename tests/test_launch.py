@@ -66,9 +66,9 @@ while time.monotonic() < deadline:  # the master's notable events, as the driver
     if not masters:
         continue
     p = ray.get(ray.get_actor(masters[0], namespace="dlrover").progress.remote(since=0))
-    waits = [e for e in p["events"] if e["kind"] == "waiting_for_nodes"]
+    waits = [e for e in p["events"] if e.kind == "waiting_for_nodes"]
     if waits:
-        print("WAITING " + waits[0]["why"] + " STATUS " + p["status"], flush=True)
+        print("WAITING " + waits[0].fields["why"] + " STATUS " + p["status"], flush=True)
         os._exit(0)
 print("NO EVENT", flush=True)
 os._exit(1)
@@ -106,7 +106,9 @@ def test_on_an_autoscaling_cluster_a_job_that_does_not_fit_yet_waits_for_nodes_s
         script = AUTOSCALED_JOB.format(tests=str(Path(__file__).parent), gcs=f"127.0.0.1:{port}", data=str(synth_dir), runs=str(tmp_path / "runs"))
         r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=400, env=env)
     finally:
-        os.killpg(head.pid, signal.SIGTERM)  # `ray start --block` stops its cluster
+        # `ray start --block` stops its cluster in order on SIGTERM (2-3 s). Not the whole
+        # group at once: a GCS told to stop with its raylet lingers ~30 s.
+        head.terminate()
         try:
             head.wait(timeout=40)
         except subprocess.TimeoutExpired:

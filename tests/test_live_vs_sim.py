@@ -176,7 +176,7 @@ def live_decisions(spec, total: float) -> list[tuple[float, dict]]:
             ctl.on_report(w, m.books.metrics[w], m.now, int(samples))
         if m.now % TICK_S == 0:
             ctl.tick()
-    ctl.finish({"status": "running"})
+    ctl.finish("running", 0, 0.0)
     return [(e.at_s, e.new.to_dict()) for e in m.scale_events]
 
 

@@ -12,11 +12,14 @@ import signal
 
 import pytest
 
-from conftest import check_exactly_once, fault_spec, signal_when_training
+from conftest import check_exactly_once, fault_spec, signal_when_training, sleepy
 
 
-def liveness_spec(data_dir, tmp_path, **over):
-    return fault_spec(data_dir, tmp_path, [], **over)
+def liveness_spec(data_dir, tmp_path, epochs: int = 1, **over):
+    """``fault_spec`` for ``epochs``, both first workers sleeping twice each step's time after
+    it (``slow``, factor 3: no update changes): the job lasts as long as 3x the epochs
+    (detection and recovery within it), at their CPU."""
+    return fault_spec(data_dir, tmp_path, sleepy(3), data__epochs=epochs, **over)
 
 
 def run_with_signal(spec, tmp_path, actor: str, sig: int) -> tuple[dict, dict]:
@@ -88,6 +91,6 @@ def test_a_sigkilled_ps_process_is_recovered_from_a_checkpoint(ray_local, synth_
 
 @pytest.mark.timeout(600)
 def test_a_sigkilled_master_process_resumes_from_its_durable_checkpoint(ray_local, synth_dir_large, tmp_path):
-    s, out = run_with_signal(liveness_spec(synth_dir_large, tmp_path, data__epochs=4), tmp_path, "master", signal.SIGKILL)
+    s, out = run_with_signal(liveness_spec(synth_dir_large, tmp_path, epochs=2), tmp_path, "master", signal.SIGKILL)
     f = check_survived(s, "master_death")
     assert f["checkpoint"]["source"] == "durable" and f["restarts"] == 1

@@ -6,16 +6,16 @@ from __future__ import annotations
 import json
 
 from conftest import small_spec
-from fake_job import fake_cluster, fake_master
+from fake_job import event_rows, fake_cluster, fake_master
 
 
 def states_of(master) -> list[str]:
-    return [e["state"] for e in master.events.rows() if e["kind"] == "state"]
+    return [e["state"] for e in event_rows(master) if e["kind"] == "state"]
 
 
 def test_a_job_whose_workers_train_every_shard_succeeds_with_every_sample_counted(synth_dir, tmp_path):
     master, cluster = fake_master(small_spec(synth_dir), tmp_path)
-    summary = master.run()
+    summary = master.run().to_json()
     assert summary["status"] == "succeeded"
     assert states_of(master) == ["Launching", "Running", "Evaluating", "Succeeded"]
     assert summary["samples_trained"] == master.books.queue.samples_expected > 0
@@ -27,7 +27,7 @@ def test_a_killed_worker_s_shards_are_trained_by_its_replacement_and_the_failure
     cluster.stall["fake-job/worker-0"] = 2  # takes two shards, then trains no more
     cluster.at(1005.0, lambda: cluster.kill(cluster.by_name("fake-job/worker-0")))
     master, _ = fake_master(small_spec(synth_dir), tmp_path, cluster)
-    summary = master.run()
+    summary = master.run().to_json()
     assert summary["status"] == "succeeded"
     assert summary["samples_trained"] == master.books.queue.samples_expected
     (failure,) = master.failures
@@ -41,7 +41,7 @@ def test_under_on_failure_restart_a_worker_death_restarts_every_actor_through_th
     cluster.stall["fake-job/worker-0"] = 2
     cluster.at(1005.0, lambda: cluster.kill(cluster.by_name("fake-job/worker-0")))
     master, _ = fake_master(small_spec(synth_dir, checkpoint__on_failure="restart"), tmp_path, cluster)
-    summary = master.run()
+    summary = master.run().to_json()
     assert summary["status"] == "succeeded"
     assert states_of(master) == ["Launching", "Running", "Restarting", "Running", "Evaluating", "Succeeded"]
     assert summary["samples_trained"] == master.books.queue.samples_expected

@@ -10,6 +10,7 @@ line parsing, dashboard consistency) are tested without Ray.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -23,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from dlrover.driver.dashboards import (
+    CHECK_JOB,
     DASHBOARD,
     check_dashboard,
     dashboard_queries,
@@ -33,9 +35,14 @@ from dlrover.driver.dashboards import (
     render,
     variable_query,
 )
+from dlrover.faults.records import Failure, FailureKind
 from dlrover.runlogs.event_file import describe_event
+from dlrover.runlogs.records import Event
+from dlrover.runlogs.scale_record import ScaleEvent, ScaleKind
 from dlrover.metrics.telemetry import METRICS, Telemetry
 from dlrover.runlogs.driver_log import event_line, parse_log, progress_line, result_line
+
+from summaries import CONFIG, a_summary
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONWARNINGS": "ignore", "TORCH_CPP_LOG_LEVEL": "ERROR"}
@@ -76,8 +83,9 @@ def test_telemetry_sets_tagged_gauges_and_counts_each_event_once():
     t = Telemetry("job-a", sink=FakeSink)
     w0 = {"name": "job-a/worker-0", "role": "worker", "cpus": 1.0, "memory_limit_mb": 2048, "rss_mb": 900.0, "cpu_util": 0.8, "step_time_s": 0.05, "pull_s": 0.01, "push_s": 0.002}
     ps0 = {"name": "job-a/ps-0", "role": "ps", "cpus": 2.0, "memory_limit_mb": 1024, "rss_mb": 300.0, "cpu_util": 0.4}
-    fail = {"kind": "worker_death", "cause_class": "system", "at_s": 10.0, "detected_s": 10.5, "recovered_s": None}
-    t.publish(_snapshot([w0, ps0], [{"kind": "scale_out"}], [fail]))
+    fail = Failure(FailureKind.WORKER_DEATH, "job-a/worker-0", at_s=10.0, detected_s=10.5)
+    out = ScaleEvent(ScaleKind.SCALE_OUT, 5.0, "model", "more", CONFIG, dataclasses.replace(CONFIG, workers=3))
+    t.publish(_snapshot([w0, ps0], [out], [fail]))
     v = FakeSink.values
     assert v[("dlrover_throughput_samples_per_s", (("job_id", "job-a"),))] == 1200.0
     assert v[("dlrover_actors", (("job_id", "job-a"), ("role", "worker")))] == 1
@@ -88,8 +96,8 @@ def test_telemetry_sets_tagged_gauges_and_counts_each_event_once():
     assert not any(k[0] == "dlrover_recovery_time_s" for k in v)  # not recovered yet
     # Next snapshot: the same events plus one more; worker-0 gone, its replacement trains.
     w1 = dict(w0, name="job-a/worker-1")
-    recovered = dict(fail, recovered_s=16.0)
-    t.publish(_snapshot([w1, ps0], [{"kind": "scale_out"}, {"kind": "scale_out"}], [recovered]))
+    recovered = dataclasses.replace(fail, recovered_s=16.0)
+    t.publish(_snapshot([w1, ps0], [out, out], [recovered]))
     assert v[("dlrover_scale_events", (("job_id", "job-a"), ("kind", "scale_out")))] == 2  # counted once each
     assert v[("dlrover_failures", (("cause_class", "system"), ("job_id", "job-a"), ("kind", "worker_death")))] == 1
     assert v[("dlrover_recovery_time_s", (("job_id", "job-a"), ("kind", "worker_death")))] == pytest.approx(6.0)
@@ -115,9 +123,9 @@ def test_dashboard_queries_only_declared_metrics_and_shows_every_one():
 def test_log_lines_round_trip_through_status_parsing():
     p = {"progress": 0.412, "samples_done": 41_200, "samples_expected": 100_000, "samples_per_s": 12345.6, "loss": 0.4567, "auc": None,
          "ettr": 0.93, "status": "training", "config": "3w x 1cpu + 2ps x 1.5cpu"}
-    ev = {"at_s": 12.3, "kind": "scale", "scale_kind": "scale_out", "summary": "+1 worker", "duration_s": 2.0, "reason": "model says so"}
-    summary = {"status": "succeeded", "auc": 0.77, "throughput_samples_per_s": 4000.0, "samples_trained": 10, "samples_expected": 10,
-               "samples_lost": 0, "ettr": 1.0, "wall_time_s": 9.5, "final_config": {"workers": 3, "worker_cpu": 1.0, "ps": 2, "ps_cpu": 1.5}}
+    ev = Event(12.3, "scale", {"scale_kind": "scale_out", "summary": "+1 worker", "duration_s": 2.0, "reason": "model says so"})
+    summary = a_summary(status="succeeded", auc=0.77, throughput_samples_per_s=4000.0, samples_trained=10, samples_expected=10, samples_lost=0,
+                        ettr=1.0, wall_time_s=9.5, final_config={"workers": 3, "worker_cpu": 1.0, "ps": 2, "ps_cpu": 1.5})
     text = "\n".join(["noise", progress_line("j-1", p), event_line("j-1", ev), progress_line("other", dict(p, status="x")), result_line("j-1", summary)])
     log = parse_log(text, "j-1")
     assert log.progress == {"progress": "41.2%", "samples": "41,200/100,000", "throughput": "12,346/s", "loss": "0.4567", "auc": "-",
@@ -125,7 +133,7 @@ def test_log_lines_round_trip_through_status_parsing():
     assert log.events == ["event t=12.3s scale: scale_out +1 worker in 2.0s (model says so)".split(" ", 1)[1]]
     assert log.result["config"] == "3w x 1cpu + 2ps x 1.5cpu" and log.result["auc"] == "0.7700"
     # an event kind without a template still reads as its fields
-    assert describe_event({"at_s": 1, "kind": "worker_unneeded", "actor": "w-3"}) == "worker_unneeded: actor=w-3"
+    assert describe_event(Event(1.0, "worker_unneeded", {"actor": "w-3"})) == "worker_unneeded: actor=w-3"
 
 
 def test_status_of_unreachable_address_is_one_line_error():
@@ -164,8 +172,13 @@ def test_a_server_that_exits_or_never_gets_ready_is_a_one_line_error(tmp_path, m
 def observed(tmp_path_factory):
     if shutil.which("prometheus") is None:
         pytest.skip("prometheus not installed (scripts/install.sh installs the Debian package as root)")
+    from dlrover.spec import JobSpec
+
     runs = tmp_path_factory.mktemp("runs")
-    with observed_job(runs_dir=str(runs), quiet=True) as job:
+    # The check's own job, 2 epochs of its 5: its scale-out's worker and its killed worker's
+    # replacement still start long before the end, at 40% of the training.
+    spec = JobSpec.from_yaml(CHECK_JOB).with_overrides({"data.epochs": 2})
+    with observed_job(spec, runs_dir=str(runs), quiet=True) as job:
         assert job.rc == 0, f"check job {job.job_id} failed"
         yield job, runs
 

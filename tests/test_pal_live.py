@@ -119,13 +119,15 @@ PAL_SCRIPT = textwrap.dedent(
     # Two nodes of 4 CPUs; PAL's probe finds the slow one slow before anything runs, so the
     # PS, the first worker, the scale-out's worker and the first worker's replacement (it
     # is killed) all go to the fast node (2.5 CPUs at most), though the slow one has room.
-    # 6 epochs: the replacement (a start-up of 10 s or more here) must still find work.
+    # 4 epochs: the replacement (a start-up of 10 s or more here) must still find work. The
+    # scale-out's worker and the replacement both ran by 13% of 6 epochs' samples (the
+    # first seconds train on one worker, then none while the two start).
     slow = cluster.add_node(num_cpus=4, labels={{SLOWDOWN_LABEL: "4"}})
     fast = cluster.add_node(num_cpus=4)
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, namespace="dlrover", logging_level="ERROR")
     steps = [{{"after_window_s": 1.5, "workers": 2}}]
-    spec = small_spec({data!r}, data__epochs=6, chaos=[{{"at_s": 6, "action": "kill", "target": "worker:0"}}],
+    spec = small_spec({data!r}, data__epochs=4, chaos=[{{"at_s": 6, "action": "kill", "target": "worker:0"}}],
                       data__batch_size=256, train__log_every_s=0.3,
                       resources__workers=1, resources__ps=1, resources__ps_cpu=0.5, resources__dense_ps_cpu=0,
                       resources__budget_cpu=2.5,

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import signal
 
-from conftest import auc_spec, batches_expected, events_of, fault_spec, signal_when_training
+from conftest import auc_spec, batches_expected, events_of, fault_spec, signal_when_training, sleepy
 
 AUC_TOLERANCE = 0.005
 TABLES = 26
 
 
 def test_a_killed_ps_is_restored_alone_and_its_lost_updates_are_counted_exactly(fault_free, synth_dir_auc, tmp_path):
+    from event_sequence import check_same_story
     from dlrover.driver.runner import run_job
 
     spec = auc_spec(synth_dir_auc, tmp_path, [{"at_s": 4, "action": "kill", "target": "ps:1"}])
@@ -41,12 +42,13 @@ def test_a_killed_ps_is_restored_alone_and_its_lost_updates_are_counted_exactly(
     # At most 0.005 below: what is lost is a few seconds of one PS's row updates (one run:
     # 0.7565 against 0.7579, with 1.26M of 8.42M bag updates lost).
     assert s["auc"] >= fault_free["auc"] - AUC_TOLERANCE, (s["auc"], fault_free["auc"])
+    check_same_story(path, spec, tmp_path)  # the same job on the fake cluster: the same events
 
 
 def test_partial_recovery_falls_back_to_a_rollback_when_the_dense_ps_dies(ray_local, synth_dir_large, tmp_path):
     from dlrover.driver.runner import run_job
 
-    spec = fault_spec(synth_dir_large, tmp_path, [])
+    spec = fault_spec(synth_dir_large, tmp_path, sleepy(3), data__epochs=1)  # lasts as long as 3 epochs
     out: dict = {}
     t = signal_when_training("partial-dense", "dense-ps-0-g0", signal.SIGKILL, out)
     s, path = run_job(spec, runs_dir=str(tmp_path / "runs"), progress="none", job_id="partial-dense")
@@ -66,7 +68,7 @@ def test_with_keep_in_memory_false_a_written_checkpoint_is_recovered_from_disk(r
     from dlrover.driver.runner import run_job
 
     # One cut, at the start; ps-1 is SIGKILLed once it is on disk (its manifest written).
-    spec = fault_spec(synth_dir_large, tmp_path, [], checkpoint__keep_in_memory=False, checkpoint__memory_interval_s=0.0, data__epochs=5)
+    spec = fault_spec(synth_dir_large, tmp_path, sleepy(3), checkpoint__keep_in_memory=False, checkpoint__memory_interval_s=0.0, data__epochs=2)
     manifest = tmp_path / "ckpt" / "keep-false" / "ckpt-00000001" / "manifest.json"
     out: dict = {}
     t = signal_when_training("keep-false", "ps-1", signal.SIGKILL, out, ready=manifest.exists)

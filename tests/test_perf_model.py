@@ -276,20 +276,21 @@ def test_the_noise_floor_is_the_spread_of_a_windows_binned_samples_per_s():
     """The perf-model bench reports each configuration's own spread next to the model's
     error: steady reports give none, reports alternating 2x give a large one."""
     from dlrover.bench.perf_model import NOISE_BIN_S, noise_floor
+    from dlrover.runlogs.records import Event
 
-    def reports(ends: list[float], rate: float) -> list[dict]:  # one worker at a constant rate
-        return [{"kind": "metrics", "at_s": b, "samples": rate * (b - a), "samples_per_s": rate} for a, b in zip(ends, ends[1:])]
+    def reports(ends: list[float], rate: float) -> list[Event]:  # one worker at a constant rate
+        return [Event(b, "metrics", {"samples": rate * (b - a), "samples_per_s": rate}) for a, b in zip(ends, ends[1:])]
 
     steady = reports([10.0 + 0.5 * i for i in range(25)], 2000.0)
     assert noise_floor(steady, 10.0, 22.0) == pytest.approx(0.0, abs=1e-9)
     # Reports every 0.52-0.6 s at a constant rate: bins hold 3 or 4 of them, and still no spread.
     jittered = reports(list(np.cumsum([10.0] + [0.52, 0.6, 0.55, 0.58] * 6)), 2000.0)
     assert noise_floor(jittered, 10.0, 22.0) == pytest.approx(0.0, abs=1e-9)
-    alternating = [{"kind": "metrics", "at_s": 10.0 + NOISE_BIN_S * (i + 1), "samples": 1000.0 * (1 + i % 2),
-                    "samples_per_s": 500.0 * (1 + i % 2)} for i in range(6)]  # fmt: skip
+    alternating = [Event(10.0 + NOISE_BIN_S * (i + 1), "metrics", {"samples": 1000.0 * (1 + i % 2), "samples_per_s": 500.0 * (1 + i % 2)})
+                   for i in range(6)]  # fmt: skip
     assert noise_floor(alternating, 10.0, 22.0) == pytest.approx(1 / 3)  # 500 and 1000/s: std 250 over mean 750
     assert noise_floor(steady, 10.0, 14.0) is None  # fewer than 3 bins: no spread to speak of
-    assert noise_floor([{"kind": "ps_metrics", "at_s": 11.0}] + steady, 10.0, 22.0) == pytest.approx(0.0, abs=1e-9)
+    assert noise_floor([Event(11.0, "ps_metrics")] + steady, 10.0, 22.0) == pytest.approx(0.0, abs=1e-9)
 
 
 def test_the_bench_scores_a_configuration_measured_twice_as_one_prediction_left_out_whole():

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from conftest import small_spec
-from fake_job import FakeDensePS, FakeJobCluster, FakeWorker, InProcessEmbeddingPS, fake_master
+from fake_job import FakeDensePS, FakeJobCluster, FakeWorker, InProcessEmbeddingPS, event_rows, fake_master
 from dlrover.checkpoint.store import CheckpointError
 from dlrover.faults.records import CheckpointRef
 from dlrover.master.checkpoint import write_parts
@@ -140,11 +140,11 @@ def table0(cluster: PsJobCluster, ps: str) -> np.ndarray:
 
 
 def kinds(master: Any) -> list[str]:
-    return [e["kind"] for e in master.events.rows()]
+    return [e["kind"] for e in event_rows(master)]
 
 
 def rows_of(master: Any, kind: str) -> list[dict]:
-    return [e for e in master.events.rows() if e["kind"] == kind]
+    return [e for e in event_rows(master) if e["kind"] == kind]
 
 
 def states_of(master: Any) -> list[str]:
@@ -177,7 +177,7 @@ def test_a_killed_embedding_ps_is_replaced_from_the_newest_in_memory_checkpoint_
     master, cluster = job(synth_dir, tmp_path, checkpoint__memory_interval_s=3.0)
     markers_around_second_checkpoint(cluster)
     cluster.at(1005.5, lambda: kill(cluster, "fake-job/ps-0"))
-    summary = master.run()
+    summary = master.run().to_json()
 
     assert summary["status"] == "succeeded"
     assert summary["samples_trained"] == master.books.queue.samples_expected
@@ -197,11 +197,26 @@ def test_a_killed_embedding_ps_is_replaced_from_the_newest_in_memory_checkpoint_
     assert "worker-0" in failure.cause  # found through the stalled worker's failed run
 
 
+def test_a_ps_failure_is_recovered_by_a_first_step_that_came_before_it_was_recorded(synth_dir, tmp_path):
+    """The recovery starts the workers' runs, then records the failure: a fake worker
+    steps at once, so its first step always comes in between."""
+    master, cluster = job(synth_dir, tmp_path, checkpoint__memory_interval_s=3.0)
+    markers_around_second_checkpoint(cluster)
+    cluster.at(1005.5, lambda: kill(cluster, "fake-job/ps-0"))
+    master.run()
+    (failure,) = master.failures
+    stepped = [e["at_s"] for e in rows_of(master, "first_step") if e["at_s"] >= failure.detected_s]
+    assert failure.recovered_s == pytest.approx(min(stepped), abs=2e-3)  # not the handled time it falls back to
+    (back,) = rows_of(master, "recovered")
+    assert back["failure_kind"] == "ps_death" and back["actor"] == "fake-job/ps-0"
+    assert kinds(master).index("recovered") > kinds(master).index("failure")
+
+
 def test_a_partial_recovery_counts_the_lost_lines_and_the_dead_ps_s_updates_in_them(synth_dir, tmp_path):
     master, cluster = job(synth_dir, tmp_path)  # one cut, at launch: every line since is lost to ps-0
     done_at_kill: list[int] = []
     cluster.at(1005.0, lambda: (done_at_kill.append(master.books.queue.samples_done), kill(cluster, "fake-job/ps-0")))
-    summary = master.run()
+    summary = master.run().to_json()
 
     assert summary["status"] == "succeeded"
     (event,) = rows_of(master, "partial_recovery")
@@ -218,7 +233,7 @@ def test_a_ps_found_dead_by_the_liveness_probe_alone_is_recovered_in_place(synth
     master, cluster = job(synth_dir, tmp_path)
     cluster.runs_fail = False  # no run fails on it: only the probes find it gone
     cluster.at(1005.0, lambda: kill(cluster, "fake-job/ps-1"))
-    summary = master.run()
+    summary = master.run().to_json()
 
     assert summary["status"] == "succeeded"
     assert summary["samples_trained"] == master.books.queue.samples_expected
@@ -234,7 +249,7 @@ def test_a_partial_recovery_whose_count_of_lost_updates_fails_leaves_them_unknow
     master, cluster = job(synth_dir, tmp_path)
     cluster.fail_tasks.add(count_ids)
     cluster.at(1005.0, lambda: kill(cluster, "fake-job/ps-0"))
-    summary = master.run()
+    summary = master.run().to_json()
 
     assert summary["status"] == "succeeded"
     assert summary["samples_trained"] == master.books.queue.samples_expected
@@ -246,7 +261,7 @@ def test_two_runs_failing_on_the_same_dead_ps_make_one_recovery_and_neither_work
     master, cluster = job(synth_dir, tmp_path)
     cluster.stall["fake-job/worker-1"] = 2  # both lease and stall: both runs are open on the PS
     cluster.at(1005.0, lambda: (cluster.stall.clear(), kill(cluster, "fake-job/ps-0")))
-    summary = master.run()
+    summary = master.run().to_json()
 
     assert summary["status"] == "succeeded"
     assert summary["samples_trained"] == master.books.queue.samples_expected
@@ -261,7 +276,7 @@ def test_a_checkpoint_due_while_a_ps_is_dead_is_skipped_and_the_recovery_uses_th
     cluster.runs_fail = False  # the probes find the PS a tick after the cut that fails on it
     taken: list[int] = []
     cluster.at(1005.5, lambda: (taken.append(master.checkpointer.latest.seq), kill(cluster, "fake-job/ps-0")))
-    summary = master.run()
+    summary = master.run().to_json()
 
     assert summary["status"] == "succeeded"
     (skipped, *_) = rows_of(master, "checkpoint_skipped")
@@ -273,7 +288,7 @@ def test_a_checkpoint_due_while_a_ps_is_dead_is_skipped_and_the_recovery_uses_th
 def test_a_worker_that_dies_with_the_ps_is_replaced_in_the_same_partial_recovery(synth_dir, tmp_path):
     master, cluster = job(synth_dir, tmp_path)
     cluster.at(1005.0, lambda: (cluster.kill(cluster.by_name("fake-job/worker-1")), kill(cluster, "fake-job/ps-0")))
-    summary = master.run()
+    summary = master.run().to_json()
 
     assert summary["status"] == "succeeded"
     assert summary["samples_trained"] == master.books.queue.samples_expected
@@ -287,7 +302,7 @@ def test_a_worker_that_dies_with_the_ps_is_replaced_in_the_same_partial_recovery
 def test_a_worker_that_does_not_stop_or_does_not_answer_while_a_partial_recovery_halts_the_job_is_replaced(synth_dir, tmp_path, silent):
     master, cluster = job(synth_dir, tmp_path)
     cluster.at(1005.0, lambda: (cluster.hold("fake-job/worker-1", silent), kill(cluster, "fake-job/ps-0")))
-    summary = master.run()
+    summary = master.run().to_json()
 
     assert summary["status"] == "succeeded"
     assert summary["samples_trained"] == master.books.queue.samples_expected
@@ -304,7 +319,7 @@ def test_a_dense_ps_that_dies_while_a_partial_recovery_halts_the_job_turns_it_in
         kill(cluster, "fake-job/ps-0")
 
     cluster.at(1005.0, go)
-    summary = master.run()
+    summary = master.run().to_json()
 
     assert summary["status"] == "succeeded"
     assert summary["samples_trained"] == master.books.queue.samples_expected
@@ -325,7 +340,7 @@ def test_a_second_ps_that_dies_while_a_recovery_halts_the_job_is_replaced_in_the
         kill(cluster, "fake-job/ps-0")
 
     cluster.at(1005.0, go)
-    summary = master.run()
+    summary = master.run().to_json()
 
     assert summary["status"] == "succeeded"
     assert summary["samples_trained"] == master.books.queue.samples_expected
@@ -353,7 +368,7 @@ def dies_during_halt(cluster: PsJobCluster, name: str) -> None:
 def test_every_actor_found_dead_while_a_ps_recovery_halts_the_job_is_recorded_as_a_failure(synth_dir, tmp_path, mode, also):
     master, cluster = job(synth_dir, tmp_path, recovery__ps=mode)
     cluster.at(1005.0, lambda: dies_during_halt(cluster, also))
-    summary = master.run()
+    summary = master.run().to_json()
     assert summary["status"] == "succeeded"
     assert sorted(f.actor for f in master.failures) == sorted(["fake-job/ps-0", also])
 
@@ -364,7 +379,7 @@ def test_under_recovery_ps_rollback_a_killed_embedding_ps_rolls_every_ps_back_an
     cluster.at(1002.0, lambda: (mark(cluster, "fake-job/ps-0", AFTER), mark(cluster, "fake-job/ps-1", SURVIVOR_AFTER)))
     done_at_kill: list[int] = []
     cluster.at(1005.0, lambda: (done_at_kill.append(master.books.queue.samples_done), kill(cluster, "fake-job/ps-0")))
-    summary = master.run()
+    summary = master.run().to_json()
 
     assert summary["status"] == "succeeded"
     assert summary["samples_trained"] == master.books.queue.samples_expected
@@ -387,7 +402,7 @@ def test_under_recovery_ps_rollback_the_survivor_goes_back_to_the_newest_checkpo
     master, cluster = job(synth_dir, tmp_path, recovery__ps="rollback", checkpoint__memory_interval_s=3.0)
     markers_around_second_checkpoint(cluster)
     cluster.at(1005.5, lambda: kill(cluster, "fake-job/ps-0"))
-    summary = master.run()
+    summary = master.run().to_json()
 
     assert summary["status"] == "succeeded"
     (event,) = rows_of(master, "rollback")
@@ -399,7 +414,7 @@ def test_under_recovery_ps_rollback_the_survivor_goes_back_to_the_newest_checkpo
 def test_a_killed_dense_ps_rolls_the_job_back_with_a_new_dense_ps_of_a_higher_generation(synth_dir, tmp_path):
     master, cluster = job(synth_dir, tmp_path)  # recovery.ps: partial, which cannot help here
     cluster.at(1005.0, lambda: kill(cluster, "fake-job/dense-ps-0-g0"))
-    summary = master.run()
+    summary = master.run().to_json()
 
     assert summary["status"] == "succeeded"
     assert summary["samples_trained"] == master.books.queue.samples_expected
@@ -426,7 +441,7 @@ def test_a_lost_in_memory_checkpoint_falls_back_to_the_durable_one(synth_dir, tm
     lost: list[int] = []
     cluster.at(1005.0, lambda: lost.append(lose_in_memory_payloads(master)))
     cluster.at(1005.5, lambda: kill(cluster, "fake-job/ps-0"))
-    summary = master.run()
+    summary = master.run().to_json()
 
     assert summary["status"] == "succeeded"
     assert lost == [2]
@@ -443,7 +458,7 @@ def test_with_keep_in_memory_false_a_ps_recovery_reads_its_checkpoint_from_disk(
     master, cluster = job(synth_dir, tmp_path, checkpoint__keep_in_memory=False)
     cluster.at(1004.0, lambda: master.checkpointer.flush())  # the launch cut is on disk
     cluster.at(1005.0, lambda: kill(cluster, "fake-job/ps-0"))
-    summary = master.run()
+    summary = master.run().to_json()
 
     assert summary["status"] == "succeeded"
     (failure,) = master.failures
@@ -463,7 +478,7 @@ def test_a_second_ps_loss_reuses_the_checkpoint_an_earlier_recovery_read_from_di
     cluster.at(1004.0, lose_and_count_reads)
     cluster.at(1005.0, lambda: kill(cluster, "fake-job/ps-0", unstall=False))  # stalls again on its next lease
     cluster.at(1010.0, lambda: kill(cluster, "fake-job/ps-1"))
-    summary = master.run()
+    summary = master.run().to_json()
 
     assert summary["status"] == "succeeded"
     assert summary["samples_trained"] == master.books.queue.samples_expected
@@ -482,7 +497,7 @@ def test_with_no_durable_checkpoint_a_lost_in_memory_one_sends_the_replacement_b
     markers_around_second_checkpoint(cluster)
     cluster.at(1005.0, lambda: lose_in_memory_payloads(master))
     cluster.at(1005.5, lambda: kill(cluster, "fake-job/ps-0"))
-    summary = master.run()
+    summary = master.run().to_json()
 
     assert summary["status"] == "succeeded"
     assert rows_of(master, "checkpoint_write_failed") and not master.checkpointer.written
@@ -510,7 +525,7 @@ def test_a_corrupt_newest_durable_checkpoint_is_skipped_for_the_one_before(synth
         kill(cluster, "fake-job/ps-0")
 
     cluster.at(1005.5, corrupt_newest_then_kill)
-    summary = master.run()
+    summary = master.run().to_json()
 
     assert summary["status"] == "succeeded"
     assert [w["seq"] for w in master.checkpointer.written][:2] == [1, 2]
@@ -543,7 +558,7 @@ def test_a_ps_lost_when_no_checkpoint_can_be_read_ends_the_run_with_a_checkpoint
 def test_under_on_failure_restart_a_killed_ps_restarts_every_actor_from_the_durable_checkpoint(synth_dir, tmp_path):
     master, cluster = job(synth_dir, tmp_path, checkpoint__on_failure="restart", checkpoint__memory_interval_s=3.0)
     cluster.at(1005.0, lambda: kill(cluster, "fake-job/ps-0"))
-    summary = master.run()
+    summary = master.run().to_json()
 
     assert summary["status"] == "succeeded"
     assert summary["samples_trained"] == master.books.queue.samples_expected
@@ -575,7 +590,7 @@ def test_a_restarted_master_resumes_from_the_durable_checkpoint_and_records_its_
 
     second, cluster = job(synth_dir, tmp_path, **over)
     cluster.stall.clear()
-    summary = second.run()
+    summary = second.run().to_json()
 
     assert summary["status"] == "succeeded"
     assert summary["samples_trained"] == second.books.queue.samples_expected

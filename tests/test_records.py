@@ -13,10 +13,14 @@ from pathlib import Path
 import psutil
 import pytest
 
+from dlrover.errors import DataError
 from dlrover.master.events import EventLog
 from dlrover.ps.dynamic_tables import DynamicCounts
 from dlrover.ps.ps_stats import PsStats
+from dlrover.runlogs.records import Event, JobSummary, read_summary
 from dlrover.worker.window import MetricsWindow, WorkerReport
+
+from summaries import a_summary
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "dlrover"
@@ -77,7 +81,7 @@ def test_metrics_row_of_the_event_log_keeps_its_shape() -> None:
     place), kind, actor, then the report's keys; it reads back as the record."""
     log = EventLog(clock=lambda: 13.0)
     r = a_report(at_s=12.75)
-    row = log.add("metrics", actor="j/worker-0", **r.to_json())
+    row = log.add("metrics", actor="j/worker-0", **r.to_json()).to_json()
     assert list(row) == ["at_s", "kind", "actor", *KEYS] and row["at_s"] == 12.75
     assert WorkerReport.from_json(json.loads(json.dumps(row))) == r
 
@@ -166,3 +170,107 @@ def test_no_string_key_reads_of_ps_stats_outside_their_module() -> None:
         for line, func, key in string_key_reads(ast.parse(path.read_text()), set(PS_FORBIDDEN))
     ]
     assert not bad, "\n".join(bad)
+
+
+# The run's files: ``events.jsonl`` rows are ``Event`` records, ``summary.json`` a
+# ``JobSummary`` (``dlrover.runlogs.records``). Keys only a summary has; and an event's
+# header (``kind``, ``at_s``), which the records of faults, scale events, reports and the
+# history read in their own modules, and a few other documents have too (listed below).
+RUN_RECORD_MODULES = {
+    "dlrover/runlogs/records.py", "dlrover/runlogs/scale_record.py", "dlrover/faults/records.py", "dlrover/worker/window.py",
+    "dlrover/resource/history.py",
+}  # fmt: skip
+SUMMARY_KEYS = {
+    "samples_trained", "samples_lost", "bad_lines_skipped", "ids_expected", "long_bags_truncated", "eval_rows",
+    "throughput_samples_per_s", "train_time_s", "wall_time_s", "ps_bags_updated", "ps_ids_updated", "dynamic_tables",
+    "dense_updates_per_shard", "dense_updates", "dense_rounds", "duplicate_updates_skipped", "initial_plan", "configurations",
+    "final_config", "history_record", "reliability", "samples_replayed", "updates_lost", "oom_kills", "bad_nodes",
+    "node_speeds_probed", "checkpoints",
+}  # fmt: skip
+EVENT_KEYS = {"kind", "at_s"}
+# (file, function, key) reads of documents that are neither an event nor a summary, and
+# the one reader that must take summaries of any version apart field by field.
+RUN_ALLOWED: set[tuple[str, str, str]] = {
+    ("dlrover/master/checkpoint.py", "load_durable", "at_s"),  # a durable checkpoint's manifest
+    ("dlrover/sim/report.py", "metrics", "oom_kills"),  # the simulator's per-job table
+    ("dlrover/sim/report.py", "table", "oom_kills"),
+    # Profiles are built from run directories of older versions too (no ids_per_sample, a
+    # partial summary): the reader checks each field it needs and names the one missing.
+    ("dlrover/sim/profile.py", "_run_points", "configurations"),
+    ("dlrover/bench/checkpoint.py", "written", "kind"),  # a durable checkpoint's manifest: its meta's link
+    ("dlrover/bench/perf_model.py", "run_perf_model_bench", "at_s"),  # a measured window (a summary's configurations row)
+    # A bench's own result (what its --json prints), read back by its printer.
+    ("dlrover/bench/bigtable.py", "print_bigtable", "ps_bags_updated"),
+    ("dlrover/bench/bigtable.py", "print_bigtable", "kind"),
+    ("dlrover/bench/bigtable.py", "print_bigtable", "checkpoints"),
+    ("dlrover/bench/bigtable.py", "print_bigtable", "at_s"),
+    ("dlrover/bench/checkpoint.py", "print_checkpoint", "kind"),
+    ("dlrover/bench/recovery.py", "print_recovery", "at_s"),
+    ("dlrover/bench/recovery.py", "print_recovery", "samples_replayed"),
+    ("dlrover/bench/recovery.py", "print_recovery", "updates_lost"),
+    ("dlrover/bench/recovery.py", "print_recovery", "wall_time_s"),
+    ("dlrover/bench/recovery.py", "print_recovery", "samples_trained"),
+    ("dlrover/bench/recovery.py", "print_recovery", "train_time_s"),
+    ("dlrover/bench/slow_link.py", "print_slow_link", "at_s"),
+    ("dlrover/bench/slow_ps.py", "print_slow_ps", "samples_lost"),
+}
+
+
+def test_an_event_round_trips_through_its_row() -> None:
+    row = {"at_s": 3.5, "kind": "failure", "failure_kind": "worker_death", "actor": "j/worker-1"}
+    e = Event.from_json(json.loads(json.dumps(row)))
+    assert (e.at_s, e.kind, e.actor, e.job_s) == (3.5, "failure", "j/worker-1", 3.5)
+    assert list(e.to_json().items()) == list(row.items())
+    assert Event(0.5, "chaos", {"job_s": 9.5, "action": "kill"}).job_s == 9.5  # fired at 9.5 s of the job
+
+
+def test_the_event_log_makes_records_whose_rows_keep_their_shape() -> None:
+    log = EventLog(clock=lambda: 13.0)
+    e = log.add("scale_begin", reason="r", ops=["launch"])
+    assert e == Event(13.0, "scale_begin", {"reason": "r", "ops": ["launch"]}) and log.rows() == [e]
+    stamped = log.add("failure", at_s=11.5, actor="j/ps-0")  # a failure's own time stands for the log's
+    assert stamped.to_json() == {"at_s": 11.5, "kind": "failure", "actor": "j/ps-0"}
+
+
+def test_a_summary_round_trips_through_its_json_in_the_files_order() -> None:
+    s = a_summary()
+    doc = json.loads(json.dumps(s.to_json(), default=float))
+    assert list(doc)[:3] == ["job_id", "status", "samples_expected"] and list(doc)[-1] == "checkpoints"
+    assert "events" not in doc and "reason" not in doc and "dense_updates" not in doc  # unset optional fields are left out
+    assert JobSummary.from_json(doc) == dataclasses.replace(s, events=[])
+    failed = dataclasses.replace(s, reason="2 failures (checkpoint.max_failures: 1)", dense_updates=4, dense_updates_per_shard=[4, 5])
+    doc = failed.to_json()
+    assert list(doc).index("reason") == list(doc).index("failures") + 1 and JobSummary.from_json(doc) == dataclasses.replace(failed, events=[])
+
+
+def test_a_summary_missing_a_field_is_one_line_naming_it(tmp_path) -> None:
+    doc = a_summary().to_json()
+    del doc["samples_trained"], doc["wall_time_s"]
+    path = tmp_path / "summary.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(DataError) as e:
+        read_summary(path)
+    assert str(e.value) == f"{path}: missing fields samples_trained, wall_time_s"
+    path.write_text(json.dumps({**a_summary().to_json(), "config": {"workers": 2}}))
+    with pytest.raises(DataError, match=r"summary.json: malformed: TypeError: .*missing"):
+        read_summary(path)
+
+
+def test_summary_keys_are_fields_of_the_summary() -> None:
+    assert SUMMARY_KEYS <= {f.name for f in dataclasses.fields(JobSummary)}
+
+
+def test_no_string_key_reads_of_an_event_or_a_summary_outside_their_records() -> None:
+    bad, allowed_seen = [], set()
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel in RUN_RECORD_MODULES:
+            continue
+        for line, func, key in string_key_reads(ast.parse(path.read_text()), SUMMARY_KEYS | EVENT_KEYS):
+            if (rel, func, key) in RUN_ALLOWED:
+                allowed_seen.add((rel, func, key))
+            else:
+                what = "JobSummary" if key in SUMMARY_KEYS else "Event (or the record the document has)"
+                bad.append(f"{rel}:{line} ({func or 'module'}) reads {key!r} by string: use {what}'s attribute")
+    assert not bad, "\n".join(bad)
+    assert allowed_seen == RUN_ALLOWED, f"exceptions that match nothing any more (take them off): {RUN_ALLOWED - allowed_seen}"

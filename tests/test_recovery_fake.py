@@ -14,7 +14,7 @@ import pytest
 
 from conftest import small_spec
 from fake_cluster import OPEN, FakeHandle
-from fake_job import FakeJobCluster, FakeWorker, fake_cluster, fake_master, report
+from fake_job import FakeJobCluster, FakeWorker, event_rows, fake_cluster, fake_master, report
 from dlrover.ids import ProcessInfo
 from dlrover.master.cluster import ActorDied, TaskFailed
 from dlrover.master.states import TERMINAL
@@ -26,11 +26,11 @@ W0, W1, W2, W3 = (f"fake-job/worker-{i}" for i in range(4))
 
 # -- helpers ---------------------------------------------------------------------------
 def states_of(master) -> list[str]:
-    return [e["state"] for e in master.events.rows() if e["kind"] == "state"]
+    return [e["state"] for e in event_rows(master) if e["kind"] == "state"]
 
 
 def events_of(master, kind: str) -> list[dict]:
-    return [e for e in master.events.rows() if e["kind"] == kind]
+    return [e for e in event_rows(master) if e["kind"] == kind]
 
 
 def handle_named(cluster: FakeJobCluster, name: str) -> FakeHandle:
@@ -180,7 +180,7 @@ def test_a_worker_death_past_max_failures_ends_the_job_failed_with_the_limit_as_
     cluster.stall[W0] = 2  # takes two shards, then trains no more: its run stays open
     cluster.at(1005.0, lambda: cluster.kill(cluster.by_name(W0)))
     master, _ = fake_master(small_spec(synth_dir, checkpoint__max_failures=0), tmp_path, cluster)
-    summary = master.run()
+    summary = master.run().to_json()
     assert summary["status"] == "failed"
     assert "checkpoint.max_failures: 0" in summary["reason"] and f"worker_death of {W0}" in summary["reason"]
     assert states_of(master)[-1] == "Failed" and "Evaluating" not in states_of(master)
@@ -199,7 +199,7 @@ def test_failures_up_to_max_failures_are_recovered_and_the_next_one_fails_the_jo
     cluster.at(1005.0, lambda: cluster.kill(cluster.by_name(W0)))
     cluster.at(1010.0, lambda: cluster.kill(cluster.by_name(W2)))
     master, _ = fake_master(small_spec(synth_dir, checkpoint__max_failures=1), tmp_path, cluster)
-    summary = master.run()
+    summary = master.run().to_json()
     assert summary["status"] == "failed"
     assert summary["reason"].startswith("2 failures (checkpoint.max_failures: 1)") and W2 in summary["reason"]
     first, second = master.failures
@@ -214,7 +214,7 @@ def test_a_stalled_worker_whose_leases_expire_is_declared_hung_killed_and_its_sh
     killed = record_kills(cluster)
     cluster.stall[W0] = 2
     master, _ = fake_master(small_spec(synth_dir, train__liveness_timeout_s=5), tmp_path, cluster)
-    summary = master.run()
+    summary = master.run().to_json()
     check_every_sample_trained(summary)
     hung = handle_named(cluster, W0)
     assert killed == [W0] and len(hung.obj.leased) == 2
@@ -237,7 +237,7 @@ def test_a_worker_whose_probe_goes_unanswered_is_declared_hung_though_its_report
     cluster.stall[W0] = 2
     cluster.at(1003.0, lambda: cluster.hold(W0, "ping"))  # answered before; from now on its probes stay open
     master, _ = fake_master(small_spec(synth_dir, train__liveness_timeout_s=5), tmp_path, cluster)
-    summary = master.run()
+    summary = master.run().to_json()
     check_every_sample_trained(summary)
     assert events_of(master, "lease_expired") == []
     (declared,) = events_of(master, "hung")
@@ -253,7 +253,7 @@ def test_a_probe_that_fails_in_the_worker_s_code_is_asked_again_and_is_no_failur
     killed = record_kills(cluster)
     use_workers(cluster, {W0: FailingProbe, W1: Plodding})
     master, _ = fake_master(small_spec(synth_dir, train__liveness_timeout_s=5), tmp_path, cluster)
-    summary = master.run()
+    summary = master.run().to_json()
     check_every_sample_trained(summary)
     assert master.failures == [] and events_of(master, "hung") == [] and killed == []
     assert handle_named(cluster, W0).obj.pings >= 3  # probed again after each failed probe
@@ -269,7 +269,7 @@ def test_a_gap_in_the_master_s_own_ticks_renews_every_lease_instead_of_expiring_
 
     cluster.at(1002.0, master_blocked_for_a_minute)
     master, _ = fake_master(small_spec(synth_dir, train__liveness_timeout_s=5), tmp_path, cluster)
-    summary = master.run()
+    summary = master.run().to_json()
     check_every_sample_trained(summary)
     (failure,) = master.failures  # the stalled worker is still caught, but only 5 s after the gap
     assert failure.kind.value == "worker_hang" and failure.actor == W0
@@ -282,7 +282,7 @@ def test_a_worker_over_its_memory_limit_is_oom_killed_and_its_replacement_gets_m
     killed = record_kills(cluster)
     use_workers(cluster, {W0: Bloated, W1: Plodding})
     master, _ = fake_master(small_spec(synth_dir, resources__enforce_memory=True), tmp_path, cluster)
-    summary = master.run()
+    summary = master.run().to_json()
     check_every_sample_trained(summary)
     (kill,) = events_of(master, "oom_kill")
     assert (kill["actor"], kill["rss_mb"], kill["limit_mb"]) == (W0, 4096.0, 2048)
@@ -301,7 +301,7 @@ def test_without_memory_enforcement_a_worker_over_its_limit_trains_on(synth_dir,
     killed = record_kills(cluster)
     use_workers(cluster, {W0: Bloated, W1: Plodding})
     master, _ = fake_master(small_spec(synth_dir, resources__enforce_memory=False), tmp_path, cluster)
-    summary = master.run()
+    summary = master.run().to_json()
     check_every_sample_trained(summary)
     assert events_of(master, "oom_kill") == [] and master.failures == [] and killed == []
     assert master.books.worker_reports().get(W0) is None or master.books.worker_reports()[W0].rss_mb == 4096.0
@@ -315,7 +315,7 @@ def test_a_chaos_kill_of_worker_0_is_recorded_as_failed_when_injected_not_when_d
     cluster.stall[W0] = 2
     chaos = [{"at_s": 3, "action": "kill", "target": "worker:0"}, {"at_s": 2, "action": "slow", "target": "worker:1", "factor": 2.0}]
     master, _ = fake_master(small_spec(synth_dir, chaos=chaos), tmp_path, cluster)
-    summary = master.run()
+    summary = master.run().to_json()
     check_every_sample_trained(summary)
     slow, kill = events_of(master, "chaos")
     assert (kill["action"], kill["actor"], slow["action"], slow["actor"]) == ("kill", W0, "slow", W1)
@@ -338,7 +338,7 @@ def test_a_worker_whose_node_is_gone_is_recorded_as_a_node_loss(synth_dir, tmp_p
 
     cluster.at(1005.0, lose_node_1)
     master, _ = fake_master(small_spec(synth_dir), tmp_path, cluster)
-    summary = master.run()
+    summary = master.run().to_json()
     check_every_sample_trained(summary)
     (failure,) = master.failures
     assert (failure.kind.value, failure.actor, failure.node) == ("node_loss", W0, "node-1")
@@ -351,7 +351,7 @@ def test_a_chaos_node_kill_records_its_victims_as_node_losses_while_the_node_liv
     use_workers(cluster, {W0: OnNode})
     cluster.stall[W0] = 2
     master, _ = fake_master(small_spec(synth_dir, chaos=[{"at_s": 3, "action": "kill", "target": "node:1"}]), tmp_path, cluster)
-    summary = master.run()
+    summary = master.run().to_json()
     check_every_sample_trained(summary)
     (chaos,) = events_of(master, "chaos")
     assert chaos["actors"] == killed == [W0]  # the actors on node-0 are spared
@@ -366,7 +366,7 @@ def test_a_run_failing_in_the_worker_s_own_code_is_a_worker_death_with_that_exce
     cluster.stall[W0] = 2
     cluster.at(1005.0, lambda: fail_run(cluster, W0, RuntimeError("disk on fire\nmore lines")))
     master, _ = fake_master(small_spec(synth_dir), tmp_path, cluster)
-    summary = master.run()
+    summary = master.run().to_json()
     check_every_sample_trained(summary)
     (failure,) = master.failures
     assert failure.kind.value == "worker_death" and failure.cause == "RuntimeError: disk on fire"
@@ -380,7 +380,7 @@ def test_a_run_failing_on_a_remote_call_while_every_ps_answers_is_a_worker_death
     cluster.stall[W0] = 2
     cluster.at(1005.0, lambda: fail_run(cluster, W0, ActorDied(error_msg="a peer went away")))
     master, _ = fake_master(small_spec(synth_dir), tmp_path, cluster)
-    summary = master.run()
+    summary = master.run().to_json()
     check_every_sample_trained(summary)
     assert "Recovering" not in states_of(master)
     assert events_of(master, "rollback") == [] and events_of(master, "partial_recovery") == []
@@ -395,7 +395,7 @@ def test_a_failure_counts_as_recovered_when_the_replacement_trains_its_first_ste
     cluster.stall[W0] = 2
     cluster.at(1005.0, lambda: cluster.kill(cluster.by_name(W0)))
     master, _ = fake_master(small_spec(synth_dir), tmp_path, cluster)
-    summary = master.run()
+    summary = master.run().to_json()
     check_every_sample_trained(summary)
     (failure,) = master.failures
     assert failure.replacement == W2 and failure.recovered_s > failure.handled_s
@@ -413,7 +413,7 @@ def test_a_node_whose_actors_fail_twice_is_avoided_by_the_actors_started_after(s
     cluster.at(1010.0, lambda: cluster.kill(cluster.by_name(W2)))
     cluster.at(1015.0, lambda: cluster.kill(cluster.by_name(W3)))
     master, _ = fake_master(small_spec(synth_dir), tmp_path, cluster)
-    summary = master.run()
+    summary = master.run().to_json()
     check_every_sample_trained(summary)
     assert [f.node for f in master.failures] == ["node-0", "node-0", "node-0"]
     (bad,) = events_of(master, "bad_node")
@@ -431,7 +431,7 @@ def test_the_replacement_for_the_failure_that_makes_a_node_bad_avoids_that_node(
     cluster.at(1005.0, lambda: cluster.kill(cluster.by_name(W0)))
     cluster.at(1010.0, lambda: cluster.kill(cluster.by_name(W2)))
     master, _ = fake_master(small_spec(synth_dir), tmp_path, cluster)
-    summary = master.run()
+    summary = master.run().to_json()
     check_every_sample_trained(summary)
     (bad,) = events_of(master, "bad_node")
     assert bad["node"] == "node-0"
@@ -447,7 +447,7 @@ def test_a_rollback_replaces_the_workers_that_do_not_stop_or_do_not_answer(synth
     cluster.hold(W0, "abort")  # its run never ends when the rollback aborts it
     cluster.at(1002.5, lambda: cluster.hold(W1, "ping"))  # its run ends, but it answers no ping
     master, _ = fake_master(small_spec(synth_dir, recovery__ps="rollback", chaos=[{"at_s": 3, "action": "kill", "target": "ps:0"}]), tmp_path, cluster)
-    summary = master.run()
+    summary = master.run().to_json()
     check_every_sample_trained(summary)
     (back,) = events_of(master, "rollback")
     assert back["dead_ps"] == [0] and back["samples_replayed"] == summary["samples_replayed"] > 0
@@ -464,7 +464,7 @@ def test_a_rollback_replaces_a_worker_that_dies_as_it_is_stopped(synth_dir, tmp_
     use_workers(cluster, {W0: DiesOnAbort})
     cluster.stall[W0] = 2
     master, _ = fake_master(small_spec(synth_dir, recovery__ps="rollback", chaos=[{"at_s": 3, "action": "kill", "target": "ps:0"}]), tmp_path, cluster)
-    summary = master.run()
+    summary = master.run().to_json()
     check_every_sample_trained(summary)
     assert len(events_of(master, "rollback")) == 1
     assert killed == ["fake-job/ps-0", W0]
@@ -479,7 +479,7 @@ def test_a_rollback_keeps_a_worker_whose_run_failed_on_the_lost_ps(synth_dir, tm
     use_workers(cluster, {W1: RunFailsOnAbort})
     cluster.stall[W0] = 2
     master, _ = fake_master(small_spec(synth_dir, recovery__ps="rollback", chaos=[{"at_s": 3, "action": "kill", "target": "ps:0"}]), tmp_path, cluster)
-    summary = master.run()
+    summary = master.run().to_json()
     check_every_sample_trained(summary)
     assert len(events_of(master, "rollback")) == 1
     assert W1 not in killed
@@ -492,7 +492,7 @@ def test_with_on_failure_restart_a_worker_death_restarts_every_actor_from_the_du
     cluster.stall[W0] = 2
     cluster.at(1005.0, lambda: cluster.kill(cluster.by_name(W0)))
     master, _ = fake_master(small_spec(synth_dir, checkpoint__on_failure="restart"), tmp_path, cluster)
-    summary = master.run()
+    summary = master.run().to_json()
     check_every_sample_trained(summary)
     assert "Restarting" in states_of(master) and "Recovering" not in states_of(master)
     (back,) = events_of(master, "rollback")

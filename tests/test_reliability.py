@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 
+from dlrover.faults.records import Failure, FailureKind
 from dlrover.metrics.reliability import (
     ReliabilityReport,
     expected_ettr,
@@ -105,9 +106,9 @@ def test_young_daly_close_to_grid_optimum_of_expected_ettr() -> None:
 
 def test_reliability_report_overlapping_failures() -> None:
     failures = [
-        {"kind": "worker_death", "at_s": 100.0, "detected_s": 105.0, "recovered_s": 160.0},
-        {"kind": "node_loss", "at_s": 140.0, "detected_s": 150.0, "recovered_s": 200.0},  # overlaps
-        {"kind": "worker_death", "at_s": 500.0, "detected_s": 503.0, "recovered_s": 530.0},
+        Failure(FailureKind.WORKER_DEATH, "j/worker-0", at_s=100.0, detected_s=105.0, recovered_s=160.0),
+        Failure(FailureKind.NODE_LOSS, "j/worker-1", at_s=140.0, detected_s=150.0, recovered_s=200.0),  # overlaps
+        Failure(FailureKind.WORKER_DEATH, "j/worker-2", at_s=500.0, detected_s=503.0, recovered_s=530.0),
     ]
     rep = reliability_report(failures, wall_s=1000.0, train_s=950.0, samples_replayed=20_000, throughput=1000.0)
     assert isinstance(rep, ReliabilityReport)
@@ -128,7 +129,7 @@ def test_reliability_report_overlapping_failures() -> None:
 
 
 def test_reliability_report_unrecovered_and_edge_cases() -> None:
-    failures = [{"kind": "node_loss", "at_s": 900.0, "detected_s": 910.0, "recovered_s": None}]
+    failures = [Failure(FailureKind.NODE_LOSS, "j/worker-0", at_s=900.0, detected_s=910.0, recovered_s=None)]
     rep = reliability_report(failures, wall_s=1000.0, train_s=1000.0, samples_replayed=500, throughput=0.0)
     assert rep.downtime_s == pytest.approx(100.0)  # runs to the end of the wall clock
     assert rep.replay_s == 0.0  # no throughput -> no replay estimate

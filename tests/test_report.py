@@ -7,6 +7,8 @@ import re
 from dlrover.cli.main import main
 from dlrover.runlogs.report import render
 
+from summaries import a_summary
+
 CONFIG = {"workers": 2, "ps": 1, "worker_cpu": 1.0, "ps_cpu": 1.0, "worker_memory_mb": 1536, "ps_memory_mb": 2048}
 
 
@@ -23,14 +25,7 @@ def run_dir(tmp_path):
         {"at_s": 20.0, "kind": "scale", "to": grown, "from": CONFIG},
     ]
     (d / "events.jsonl").write_text("\n".join(json.dumps(e) for e in events) + "\n")
-    summary = {
-        "job_id": "j", "status": "succeeded", "policy": "dlrover_rm", "auc": 0.77, "throughput_samples_per_s": 2000.0,
-        "wall_time_s": 40.0, "samples_trained": 10, "samples_expected": 10, "samples_lost": 0, "final_config": grown,
-        "scale_events": [{"at_s": 20.0, "kind": "resize", "summary": "worker memory 1536 -> 2304 MB", "pause_s": 0.0, "duration_s": 5.0}],
-        "failures": [{"kind": "memory_pressure", "actor": "j/worker-0", "at_s": 20.0, "detected_s": 20.0, "recovered_s": 25.0, "cause_class": "system"}],
-        "configurations": [{"summary": "2w x 1cpu + 1ps x 1cpu", "measured_throughput": 2000.0, "predicted_throughput": 2100.0}],
-    }  # fmt: skip
-    (d / "summary.json").write_text(json.dumps(summary))
+    (d / "summary.json").write_text(json.dumps(a_summary(final_config=grown).to_json()))
     return d
 
 
@@ -41,7 +36,7 @@ def test_report_has_every_plot_and_the_event_tables(tmp_path, capsys):
     images = re.findall(r'<figure id="(\w+)"><img alt="\w+" src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
     assert [k for k, _ in images] == ["throughput", "allocation", "memory", "model"]
     assert all(base64.b64decode(b)[:8] == b"\x89PNG\r\n\x1a\n" for _, b in images)
-    assert "memory_pressure" in page and "worker memory 1536 -&gt; 2304 MB" in page and "worker-0" in page
+    assert "memory_pressure" in page and "(worker 1536 MB, PS 2048 MB) -&gt; 2w x 1cpu + 1ps x 1cpu (worker 2304 MB" in page and "worker-0" in page
     assert main(["report", str(d)]) == 0
     assert (d / "report.html").read_text() == page and "report.html" in capsys.readouterr().out
 

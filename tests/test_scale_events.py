@@ -3,7 +3,8 @@ the event of the change that started it whichever comes first."""
 
 from __future__ import annotations
 
-from dlrover.master.scale_events import FirstSteps, ScaleEvent, ScaleKind
+from dlrover.master.scale_events import FirstSteps
+from dlrover.runlogs.scale_record import ScaleEvent, ScaleKind
 from dlrover.resource.configs import Config
 from dlrover.resource.plan import ResourcePlan
 

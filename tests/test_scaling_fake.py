@@ -17,8 +17,9 @@ import pytest
 
 from conftest import small_spec
 from fake_cluster import FakeHandle, FakeRef
-from fake_job import FakeDensePS, FakeJobCluster, FakeWorker, InProcessEmbeddingPS, fake_master, report
+from fake_job import FakeDensePS, FakeJobCluster, FakeWorker, InProcessEmbeddingPS, event_rows, fake_master, report
 from dlrover.ids import ProcessInfo
+from dlrover.master import control
 from dlrover.master.drain import EVICT_MARGIN_S, NOTICE_GRACE_S, RETRY_S
 from dlrover.master.scaler import LAUNCH_TIMEOUT_S, PAUSE_TIMEOUT_S
 from dlrover.ps.dense_ps import DenseParamServer
@@ -235,7 +236,7 @@ def named(cluster: PacedCluster, name: str) -> FakeHandle:
 
 
 def kinds(master, kind: str) -> list[dict]:
-    return [e for e in master.events.rows() if e["kind"] == kind]
+    return [e for e in event_rows(master) if e["kind"] == kind]
 
 
 def every_sample_trained(summary: dict, master) -> bool:
@@ -291,7 +292,7 @@ def same_table(a: dict[int, np.ndarray], b: dict[int, np.ndarray]) -> bool:
 def test_a_scripted_scale_out_adds_a_worker_that_trains_while_the_others_go_on(synth_dir, tmp_path):
     spec = paced_spec(synth_dir, tmp_path, scripted({"at_s": 3, "workers": 3}))
     master, cluster = paced_master(spec, tmp_path)
-    summary = master.run()
+    summary = master.run().to_json()
     assert every_sample_trained(summary, master)
     (ev,) = master.scale_events
     assert ev.kind.value == "scale_out" and (ev.old.workers, ev.new.workers) == (2, 3)
@@ -307,7 +308,7 @@ def test_a_scripted_scale_out_adds_a_worker_that_trains_while_the_others_go_on(s
 def test_a_scripted_scale_in_drains_a_worker_which_leaves_without_a_failure(synth_dir, tmp_path):
     spec = paced_spec(synth_dir, tmp_path, scripted({"at_s": 3, "workers": 2}), resources__workers=3)
     master, cluster = paced_master(spec, tmp_path)
-    summary = master.run()
+    summary = master.run().to_json()
     assert every_sample_trained(summary, master)
     (ev,) = master.scale_events
     assert ev.kind.value == "scale_in" and (ev.old.workers, ev.new.workers) == (3, 2)
@@ -336,7 +337,7 @@ def test_a_plan_beyond_the_budget_is_refused_logged_and_given_back_to_the_policy
 
     master, cluster = paced_master(paced_spec(synth_dir, tmp_path), tmp_path)
     master.policy = policy = Greedy()
-    summary = master.run()
+    summary = master.run().to_json()
     assert every_sample_trained(summary, master)
     (row,) = kinds(master, "plan_rejected")
     assert row["config"]["workers"] == 50 and row["reason"] == "more is better"
@@ -350,7 +351,7 @@ def test_a_plan_that_changes_no_actor_starts_no_rescale(synth_dir, tmp_path):
 
     master, cluster = paced_master(paced_spec(synth_dir, tmp_path), tmp_path)
     master.policy = policy = Recording({3.0: replace_a_stranger})
-    summary = master.run()
+    summary = master.run().to_json()
     assert every_sample_trained(summary, master)
     assert not policy.plans  # it was asked for
     assert master.scale_events == [] and kinds(master, "scale_begin") == []
@@ -369,7 +370,7 @@ def test_an_initial_plan_other_than_the_request_is_launched_and_recorded_as_a_wa
 
     master, cluster = paced_master(paced_spec(synth_dir, tmp_path), tmp_path)
     master.policy = Warm()
-    summary = master.run()
+    summary = master.run().to_json()
     assert every_sample_trained(summary, master)
     (ev,) = master.scale_events
     assert ev.kind.value == "warm_start" and (ev.old.workers, ev.new.workers) == (2, 3)
@@ -382,7 +383,7 @@ def test_a_history_store_that_cannot_be_written_is_logged_and_the_job_still_succ
     blocker.write_text("")
     spec = paced_spec(synth_dir, tmp_path, {"history_dir": str(blocker)})
     master, _ = paced_master(spec, tmp_path)
-    summary = master.run()
+    summary = master.run().to_json()
     assert every_sample_trained(summary, master)
     (row,) = kinds(master, "history_error")
     assert row["error"].startswith(str(blocker)) and "history_record" not in summary
@@ -391,7 +392,7 @@ def test_a_history_store_that_cannot_be_written_is_logged_and_the_job_still_succ
 def test_a_scale_out_takes_a_pre_started_spare_and_starts_a_new_spare_in_its_place(synth_dir, tmp_path):
     spec = paced_spec(synth_dir, tmp_path, scripted({"at_s": 3, "workers": 3}, standby=1))
     master, cluster = paced_master(spec, tmp_path)
-    summary = master.run()
+    summary = master.run().to_json()
     assert every_sample_trained(summary, master)
     (ev,) = master.scale_events
     assert ev.kind.value == "scale_out" and ev.spares_used == 1
@@ -406,7 +407,7 @@ def test_a_scale_out_whose_new_worker_dies_as_it_starts_fails_and_the_job_goes_o
     cluster.doomed.add(w(2))
     spec = paced_spec(synth_dir, tmp_path, scripted({"at_s": 3, "workers": 3}))
     master, _ = paced_master(spec, tmp_path, cluster)
-    summary = master.run()
+    summary = master.run().to_json()
     assert every_sample_trained(summary, master)
     (ev,) = master.scale_events
     assert ev.kind.value == "failed" and ev.error.startswith("a new actor failed to start")
@@ -423,7 +424,7 @@ def test_a_scale_out_whose_new_worker_never_answers_is_given_up_after_the_launch
     cluster.hold(w(2), "ping")
     spec = paced_spec(synth_dir, tmp_path, scripted({"at_s": 3, "workers": 3}))
     master, _ = paced_master(spec, tmp_path, cluster)
-    summary = master.run()
+    summary = master.run().to_json()
     assert every_sample_trained(summary, master)
     (ev,) = master.scale_events
     assert ev.kind.value == "failed" and f"after {LAUNCH_TIMEOUT_S:.0f}s" in ev.error
@@ -435,7 +436,7 @@ def test_a_scale_out_still_starting_when_the_data_runs_out_is_dropped_without_a_
     cluster.hold(w(2), "ping")
     spec = paced_spec(synth_dir, tmp_path, scripted({"at_progress": 0.8, "workers": 3}))
     master, _ = paced_master(spec, tmp_path, cluster)
-    summary = master.run()
+    summary = master.run().to_json()
     assert every_sample_trained(summary, master)
     assert master.scale_events == []
     (row,) = kinds(master, "scale_failed")
@@ -449,7 +450,7 @@ def test_restart_rescaling_stops_checkpoints_relaunches_and_restores_every_row(s
     master, cluster = paced_master(spec, tmp_path)
     before: dict = {}
     cluster.at(1003.0, lambda: bump_rows(lambda: master.launcher, before))
-    summary = master.run()
+    summary = master.run().to_json()
     assert every_sample_trained(summary, master)
     (ev,) = master.scale_events
     assert ev.kind.value == "scale_out" and (ev.new.workers, ev.new.ps) == (3, 3)
@@ -464,13 +465,35 @@ def test_restart_rescaling_stops_checkpoints_relaunches_and_restores_every_row(s
     assert master.failures == []
 
 
+def test_a_restart_rescale_is_a_state_the_job_loop_enters_and_every_sample_is_trained(synth_dir, tmp_path, monkeypatch):
+    """The controller only decides; the RestartRescaling state carries the decision out,
+    so the transition is a ``state`` row (status ``rescaling``) around the scale row."""
+    spec = paced_spec(synth_dir, tmp_path, scripted({"at_s": 4, "workers": 3}, rescale="restart"))
+    master, _ = paced_master(spec, tmp_path)
+    seen: list[str] = []  # the job's status while the restart runs
+    restart = control.stop_checkpoint_restart
+    monkeypatch.setattr(control, "stop_checkpoint_restart", lambda m, config: seen.append(m.status.value) or restart(m, config))
+    summary = master.run().to_json()
+    assert every_sample_trained(summary, master)
+    states = [(e["state"], e["status"]) for e in kinds(master, "state")]
+    assert states == [
+        ("Launching", "starting"), ("Running", "training"), ("RestartRescaling", "rescaling"),
+        ("Running", "training"), ("Evaluating", "evaluating"), ("Succeeded", "succeeded"),
+    ]  # fmt: skip
+    assert seen == ["rescaling"] and master.control.decided is None
+    rows = [(e["kind"], e.get("state")) for e in event_rows(master) if e["kind"] in ("state", "scale")]
+    assert rows[2:5] == [("state", "RestartRescaling"), ("scale", None), ("state", "Running")]
+    (ev,) = master.scale_events
+    assert ev.ops == ["stop", "checkpoint", "relaunch", "restore"] and ev.new.workers == 3
+
+
 # -- live vshard migration ----------------------------------------------------------------
 def test_a_live_ps_scale_out_moves_vshards_to_the_new_ps_with_every_row_kept(synth_dir, tmp_path):
     spec = paced_spec(synth_dir, tmp_path, scripted({"at_s": 4, "ps": 3}))
     master, cluster = paced_master(spec, tmp_path)
     before: dict = {}
     cluster.at(1003.0, lambda: bump_rows(lambda: master.launcher, before))
-    summary = master.run()
+    summary = master.run().to_json()
     assert every_sample_trained(summary, master)
     (ev,) = master.scale_events
     assert ev.kind.value == "scale_out" and (ev.old.ps, ev.new.ps) == (2, 3) and ev.ops == ["add_ps x1"]
@@ -486,7 +509,7 @@ def test_a_live_ps_scale_in_retires_a_ps_after_its_vshards_moved_to_the_others(s
     master, cluster = paced_master(spec, tmp_path)
     before: dict = {}
     cluster.at(1003.0, lambda: bump_rows(lambda: master.launcher, before))
-    summary = master.run()
+    summary = master.run().to_json()
     assert every_sample_trained(summary, master)
     (ev,) = master.scale_events
     assert ev.kind.value == "scale_in" and ev.ops == ["retire_ps x1"]
@@ -503,7 +526,7 @@ def test_a_rebalance_moves_vshards_off_the_ps_that_is_busiest_per_vshard(synth_d
     master, _ = paced_master(spec, tmp_path, cluster)
     before: dict = {}
     cluster.at(1005.0, lambda: bump_rows(lambda: master.launcher, before))
-    summary = master.run()
+    summary = master.run().to_json()
     assert every_sample_trained(summary, master)
     (ev,) = master.scale_events
     assert ev.kind.value == "rebalance" and ev.ops == ["rebalance"] and ev.old == ev.new
@@ -527,7 +550,7 @@ def test_a_ps_scale_out_whose_pre_copy_fails_leaves_every_ps_on_the_old_map(synt
     master, _ = paced_master(spec, tmp_path, cluster)
     owners: list = []
     cluster.at(1003.0, lambda: owners.extend(master.launcher.vmap.owner.tolist()))
-    summary = master.run()
+    summary = master.run().to_json()
     assert every_sample_trained(summary, master)
     (ev,) = master.scale_events
     assert ev.kind.value == "failed" and ev.error.startswith(error)
@@ -543,7 +566,7 @@ def test_a_pre_copy_that_never_ends_is_given_up_after_the_pause_timeout(synth_di
     cluster.ps_faults[ps(1)] = "never"
     spec = paced_spec(synth_dir, tmp_path, scripted({"at_s": 4, "ps": 3}))
     master, _ = paced_master(spec, tmp_path, cluster)
-    summary = master.run()
+    summary = master.run().to_json()
     assert every_sample_trained(summary, master)
     (ev,) = master.scale_events
     assert ev.kind.value == "failed" and f"within {PAUSE_TIMEOUT_S:.0f}s" in ev.error
@@ -555,7 +578,7 @@ def test_a_switch_whose_workers_do_not_pause_is_given_up_and_the_workers_routed_
     cluster.pauses = False
     spec = paced_spec(synth_dir, tmp_path, scripted({"at_s": 4, "ps": 3}))
     master, _ = paced_master(spec, tmp_path, cluster)
-    summary = master.run()
+    summary = master.run().to_json()
     assert every_sample_trained(summary, master)
     (ev,) = master.scale_events
     assert ev.kind.value == "failed" and ev.error.startswith("workers did not pause")
@@ -569,7 +592,7 @@ def test_a_ps_that_cannot_commit_a_switch_is_killed_rather_than_left_on_the_old_
     cluster.ps_faults[ps(1)] = "commit"
     spec = paced_spec(synth_dir, tmp_path, scripted({"at_s": 4, "ps": 3}))
     master, _ = paced_master(spec, tmp_path, cluster)
-    summary = master.run()
+    summary = master.run().to_json()
     assert every_sample_trained(summary, master)
     (ev,) = master.scale_events
     assert ev.kind.value == "scale_out" and sorted(set(master.launcher.vmap.owner.tolist())) == [0, 2, 3]
@@ -582,7 +605,7 @@ def test_a_rescale_still_under_way_when_training_ends_is_dropped_and_every_ps_st
     cluster.ps_faults[ps(0)] = "never"  # the pre-copy is still running when the data runs out
     spec = paced_spec(synth_dir, tmp_path, scripted({"at_s": 4, "ps": 3}))
     master, _ = paced_master(spec, tmp_path, cluster)
-    summary = master.run()
+    summary = master.run().to_json()
     assert every_sample_trained(summary, master)
     assert len(kinds(master, "scale_begin")) == 1 and master.scale_events == [] and kinds(master, "scale_failed") == []
     assert sorted(master.launcher.ps) == [0, 1] and sorted(set(master.launcher.vmap.owner.tolist())) == [0, 1]
@@ -597,7 +620,7 @@ def test_a_straggler_replaced_by_the_policy_is_recorded_as_a_failure_handled_ear
 
     master, cluster = paced_master(paced_spec(synth_dir, tmp_path), tmp_path)
     master.policy = Recording({3.0: replace_worker_0})
-    summary = master.run()
+    summary = master.run().to_json()
     assert every_sample_trained(summary, master)
     (ev,) = master.scale_events
     assert ev.kind.value == "replace" and ev.ops == ["add_worker x1", "drain_worker x1"]
@@ -610,7 +633,7 @@ def test_a_worker_over_its_memory_limit_is_killed_and_replaced_with_more_memory(
     cluster = PacedCluster()
     cluster.at(1003.0, lambda: cluster.rss.__setitem__(w(0), 3000.0))
     master, _ = paced_master(paced_spec(synth_dir, tmp_path), tmp_path, cluster)
-    summary = master.run()
+    summary = master.run().to_json()
     assert every_sample_trained(summary, master)
     (row,) = kinds(master, "oom_kill")
     assert row["actor"] == w(0) and row["limit_mb"] == 2048
@@ -621,7 +644,7 @@ def test_a_worker_over_its_memory_limit_is_killed_and_replaced_with_more_memory(
 def test_a_sigterm_notice_has_the_worker_replaced_through_a_live_rescale(synth_dir, tmp_path):
     master, cluster = paced_master(paced_spec(synth_dir, tmp_path), tmp_path)
     cluster.at(1003.0, lambda: master.preempted(w(0)))
-    summary = master.run()
+    summary = master.run().to_json()
     assert every_sample_trained(summary, master)
     assert [e["actor"] for e in kinds(master, "preemption_notice")] == [w(0)]
     (ev,) = master.scale_events
@@ -636,7 +659,7 @@ def test_a_sigterm_worker_still_holding_shards_is_parked_and_stopped_before_its_
     cluster.stall[w(0)] = 2
     cluster.at(1002.0, lambda: master.preempted(w(0)))
     master, _ = paced_master(paced_spec(synth_dir, tmp_path, train__liveness_timeout_s=1000.0), tmp_path, cluster)
-    summary = master.run()
+    summary = master.run().to_json()
     assert every_sample_trained(summary, master)
     (notice,) = kinds(master, "preemption_notice")
     (evicted,) = kinds(master, "drain_evicted")
@@ -650,7 +673,7 @@ def test_a_ray_node_drain_moves_every_worker_on_that_node_to_another_node(synth_
     cluster = PacedCluster(nodes=["node-0", "node-1"])
     cluster.at(1003.0, lambda: cluster.draining.update({"node-1": None}))
     master, _ = paced_master(paced_spec(synth_dir, tmp_path), tmp_path, cluster)
-    summary = master.run()
+    summary = master.run().to_json()
     assert every_sample_trained(summary, master)
     (order,) = kinds(master, "node_drain")
     assert order["node"] == "node-1" and order["deadline_in_s"] is None and order["actors"] == [w(0), w(1)]
@@ -668,7 +691,7 @@ def test_a_drained_worker_still_there_near_the_node_s_deadline_is_evicted(synth_
     cluster.pauses = parks  # a worker that cannot be parked is stopped all the same
     cluster.at(1003.0, lambda: cluster.draining.update({"node-1": time.time() + 40.0}))
     master, _ = paced_master(paced_spec(synth_dir, tmp_path, train__liveness_timeout_s=1000.0), tmp_path, cluster)
-    summary = master.run()
+    summary = master.run().to_json()
     assert every_sample_trained(summary, master)
     (order,) = kinds(master, "node_drain")
     assert 0 < order["deadline_in_s"] <= 40.0
@@ -684,7 +707,7 @@ def test_a_failing_drain_poll_is_logged_and_asked_again_on_the_next_tick(synth_d
     cluster.drain_poll_errors = 2
     cluster.draining["node-1"] = None
     master, _ = paced_master(paced_spec(synth_dir, tmp_path), tmp_path, cluster)
-    summary = master.run()
+    summary = master.run().to_json()
     assert every_sample_trained(summary, master)
     errors = kinds(master, "drain_poll_error")
     assert [e["error"] for e in errors] == ["RuntimeError: GCS unavailable"] * 2
@@ -699,7 +722,7 @@ def test_a_drain_replacement_that_fails_to_start_is_tried_again_and_not_blamed_o
     master, _ = paced_master(paced_spec(synth_dir, tmp_path), tmp_path, cluster)
     master.policy = policy = Recording()
     cluster.at(1003.0, lambda: master.preempted(ps(0)))
-    summary = master.run()
+    summary = master.run().to_json()
     assert every_sample_trained(summary, master)
     failed, moved = master.scale_events
     assert failed.kind.value == "failed" and failed.stage == "drain"
@@ -716,7 +739,7 @@ def test_a_sigterm_worker_whose_replacement_fails_to_start_is_replaced_on_a_late
     cluster.doomed.add(w(2))
     master, _ = paced_master(paced_spec(synth_dir, tmp_path), tmp_path, cluster)
     cluster.at(1003.0, lambda: master.preempted(w(0)))
-    summary = master.run()
+    summary = master.run().to_json()
     assert every_sample_trained(summary, master)
     assert [e.kind.value for e in master.scale_events] == ["failed", "replace"]
     assert len(master.launcher.workers) == 2
@@ -732,7 +755,7 @@ def test_chaos_slow_leak_delay_and_latency_reach_their_targets_and_are_recorded(
     ]
     spec = paced_spec(synth_dir, tmp_path, scripted({"at_s": 4, "workers": 3}), chaos=chaos)
     master, cluster = paced_master(spec, tmp_path)
-    summary = master.run()
+    summary = master.run().to_json()
     assert every_sample_trained(summary, master)
     fired = summary["chaos"]
     assert [(c["action"], c["actor"]) for c in fired] == [("slow", w(0)), ("leak", w(1)), ("delay", ps(0)), ("latency", ps(1))]
@@ -749,7 +772,7 @@ def test_chaos_slow_leak_delay_and_latency_reach_their_targets_and_are_recorded(
 def test_chaos_kill_of_a_worker_is_a_failure_at_the_injection_time_and_its_replacement_trains_on(synth_dir, tmp_path):
     spec = paced_spec(synth_dir, tmp_path, chaos=[{"at_s": 3, "action": "kill", "target": "worker:1"}])
     master, cluster = paced_master(spec, tmp_path)
-    summary = master.run()
+    summary = master.run().to_json()
     assert every_sample_trained(summary, master)
     (fired,) = summary["chaos"]
     assert fired["action"] == "kill" and fired["actor"] == w(1)
@@ -762,7 +785,7 @@ def test_chaos_kill_of_a_worker_is_a_failure_at_the_injection_time_and_its_repla
 def test_chaos_kill_of_a_ps_is_a_ps_death_whose_vshards_come_back_from_the_checkpoint(synth_dir, tmp_path):
     spec = paced_spec(synth_dir, tmp_path, chaos=[{"at_s": 3, "action": "kill", "target": "ps:0"}])
     master, cluster = paced_master(spec, tmp_path)
-    summary = master.run()
+    summary = master.run().to_json()
     assert every_sample_trained(summary, master)
     (fired,) = summary["chaos"]
     assert fired["action"] == "kill" and fired["actor"] == ps(0)
@@ -775,7 +798,7 @@ def test_chaos_kill_of_a_node_kills_every_worker_there_at_once_as_a_node_loss(sy
     cluster = PacedCluster(nodes=["node-0", "node-1"])
     spec = paced_spec(synth_dir, tmp_path, scripted(), chaos=[{"at_s": 3, "action": "kill", "target": "node:1"}])
     master, _ = paced_master(spec, tmp_path, cluster)
-    summary = master.run()
+    summary = master.run().to_json()
     assert every_sample_trained(summary, master)
     (fired,) = summary["chaos"]
     assert fired["actor"] == "node node-1" and fired["actors"] == [w(0), w(1)]
@@ -787,7 +810,7 @@ def test_chaos_aimed_at_an_actor_or_node_the_job_does_not_have_now_is_skipped(sy
     chaos = [{"at_s": 1, "action": "slow", "target": "worker:3"}, {"at_s": 2, "action": "kill", "target": "node:5"}]
     spec = paced_spec(synth_dir, tmp_path, scripted(), chaos=chaos)
     master, cluster = paced_master(spec, tmp_path)
-    summary = master.run()
+    summary = master.run().to_json()
     assert every_sample_trained(summary, master)
     assert summary["chaos"] == [] and master.failures == []
     assert [(e["target"], e["why"]) for e in kinds(master, "chaos_skipped")] == [("worker:3", "only 2 workers"), ("node:5", "only 1 nodes")]
@@ -799,7 +822,7 @@ def test_the_policy_sees_each_worker_s_report_and_each_ps_s_load_once_it_serves_
     cluster.lookups = True
     master, _ = paced_master(paced_spec(synth_dir, tmp_path), tmp_path, cluster)
     master.policy = policy = Recording()
-    summary = master.run()
+    summary = master.run().to_json()
     assert every_sample_trained(summary, master)
     late = policy.views[-1]
     worker = late.actors[w(0)]
@@ -824,7 +847,7 @@ def test_a_ps_that_does_not_answer_the_stats_poll_in_time_keeps_its_last_metrics
     cluster.at(1007.5, answer_again)
     master, _ = paced_master(paced_spec(synth_dir, tmp_path), tmp_path, cluster)
     master.policy = policy = Recording()
-    summary = master.run()
+    summary = master.run().to_json()
     assert every_sample_trained(summary, master)
     seen = [(v.now_s, v.actors[ps(0)].at_s) for v in policy.views]
     stale = [(now, at) for now, at in seen if now - at > 0.9]

@@ -175,7 +175,7 @@ def test_profile_from_runs(tmp_path):
 def test_profile_from_runs_reports_bad_event_line(tmp_path):
     d = _run_dir(tmp_path, "run-bad", B, [(1, 1, 1.0, 1.0, 1000.0, 12.0)])
     with open(d / "events.jsonl", "a") as f:
-        f.write(json.dumps({"kind": "measurement", "config": {"workers": 1, "ps": 1, "worker_cpu": 1.0}, "throughput": 5.0, "duration_s": 1.0}) + "\n")
+        f.write(json.dumps({"at_s": 9.0, "kind": "measurement", "config": {"workers": 1, "ps": 1, "worker_cpu": 1.0}, "throughput": 5.0, "duration_s": 1.0}) + "\n")
     with pytest.raises(DataError) as e:
         profile_from_runs([d], "x")
     assert f"{d / 'events.jsonl'}:4:" in str(e.value) and "ps_cpu" in str(e.value)

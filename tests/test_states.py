@@ -7,6 +7,7 @@ from dlrover.errors import DataError
 from dlrover.faults.policy import RecoverPs, ReplaceWorkers, RestartAll
 from dlrover.faults.records import LostPs
 from dlrover.master.runs import BadInput, PsUnreachable, Tick, WorkerDied, WorkerExited
+from dlrover.worker.window import RunResult
 from dlrover.master.states import (
     Evaluating,
     Failed,
@@ -17,6 +18,7 @@ from dlrover.master.states import (
     Recovering,
     Restarting,
     Rescaling,
+    RestartRescaling,
     Running,
     Stopped,
     Stopping,
@@ -39,6 +41,7 @@ class FakeJob:
         self.fail_on_death = False  # the next death goes past the failure limit
         self.decision = None  # the failure policy's answer to the next failure (default: replace / recover)
         self.probe_lost = LostPs()  # what the next watch finds
+        self.rescale_by_restart = None  # the controller's decision of the next watch to rescale by a restart
 
     # JobContext
     def entered(self, state):
@@ -74,7 +77,14 @@ class FakeJob:
     def rescaling(self):
         return self.busy
 
-    def worker_exited(self, worker, stats):
+    def restart_decided(self):
+        return self.rescale_by_restart
+
+    def restart_rescale(self, decision):
+        self.calls.append(("restart_rescale", decision))
+        self.rescale_by_restart = None
+
+    def worker_exited(self, worker, result):
         self.pending.remove(worker)
         self.calls.append(("exited", worker))
 
@@ -155,7 +165,7 @@ def test_the_last_worker_exiting_evaluates_and_the_job_succeeds_when_every_shard
     job = FakeJob(["w0"])
     job.done = True
     loop = loop_for(job)
-    loop.step([WorkerExited("w0", {}), Tick()])
+    loop.step([WorkerExited("w0", RunResult(0)), Tick()])
     assert isinstance(loop.state, Succeeded) and job.calls[-1] == ("evaluate",)
     assert job.statuses == [JobStatus.EVALUATING, JobStatus.SUCCEEDED]
 
@@ -168,7 +178,7 @@ def test_a_stopped_job_waits_for_its_runs_then_evaluates_and_ends_stopped():
     assert isinstance(loop.state, Stopping) and job.statuses == [JobStatus.STOPPING]
     loop.step([WorkerDied("w0", RuntimeError("killed")), Tick()])  # still handled: a replacement runs
     assert isinstance(loop.state, Stopping) and ("died", "w0") in job.calls
-    loop.step([WorkerExited("w0-new", {}), Tick()])
+    loop.step([WorkerExited("w0-new", RunResult(0)), Tick()])
     assert isinstance(loop.state, Stopped) and job.statuses[-2:] == [JobStatus.EVALUATING, JobStatus.STOPPED]
 
 
@@ -183,7 +193,7 @@ def test_a_stopped_job_drops_a_replacement_that_never_started():
 def test_runs_ending_short_of_the_data_without_a_stop_end_failed_after_the_evaluation():
     job = FakeJob(["w0"])
     loop = loop_for(job)
-    loop.step([WorkerExited("w0", {}), Tick()])
+    loop.step([WorkerExited("w0", RunResult(0)), Tick()])
     assert isinstance(loop.state, Failed) and "before the data" in loop.state.reason and ("evaluate",) in job.calls
 
 
@@ -191,7 +201,7 @@ def test_a_failure_past_the_limit_ends_failed_with_its_reason_and_no_evaluation(
     job = FakeJob(["w0", "w1"])
     job.fail_on_death = True
     loop = loop_for(job)
-    loop.step([WorkerDied("w0", RuntimeError("killed")), WorkerExited("w1", {})])
+    loop.step([WorkerDied("w0", RuntimeError("killed")), WorkerExited("w1", RunResult(0))])
     assert isinstance(loop.state, Failed) and loop.state.reason.startswith("2 failures (checkpoint.max_failures: 1)")
     assert job.statuses == [JobStatus.FAILED] and ("evaluate",) not in job.calls and ("exited", "w1") not in job.calls
 
@@ -253,7 +263,7 @@ def test_a_worker_dying_during_a_rescale_is_handled_and_the_rescale_goes_on():
 def test_bad_input_fails_the_job_and_stops_reading_events():
     job = FakeJob(["w0", "w1"])
     loop = loop_for(job)
-    loop.step([BadInput("w0", DataError("a.tsv:3: 12 fields")), WorkerExited("w1", {})])
+    loop.step([BadInput("w0", DataError("a.tsv:3: 12 fields")), WorkerExited("w1", RunResult(0))])
     assert isinstance(loop.state, Failed) and job.statuses[-1] == JobStatus.FAILED and loop.state.reason == "a.tsv:3: 12 fields"
     assert ("bad_input", "w0", "a.tsv:3: 12 fields") in job.calls
     assert ("exited", "w1") not in job.calls  # nothing after the failure
@@ -262,12 +272,13 @@ def test_bad_input_fails_the_job_and_stops_reading_events():
 def test_run_launches_and_steps_the_group_until_the_job_ends():
     job = FakeJob(["w0"])
     job.done = True
-    loop = JobLoop(job, QueuedGroup([[Tick()], [WorkerExited("w0", {}), Tick()]]), tick_s=0.1)
+    loop = JobLoop(job, QueuedGroup([[Tick()], [WorkerExited("w0", RunResult(0)), Tick()]]), tick_s=0.1)
     assert isinstance(loop.run(), Succeeded) and job.calls[0] == ("launch",)
 
 
 def test_launching_recovering_and_evaluating_are_only_ever_passed_through():
-    assert Launching.immediate and Recovering.immediate and Restarting.immediate and Evaluating.immediate and not Running.immediate
+    assert Launching.immediate and Recovering.immediate and Restarting.immediate and RestartRescaling.immediate and Evaluating.immediate
+    assert not Running.immediate
     assert {Succeeded.terminal, Stopped.terminal, Failed.terminal} == {True} and not Evaluating.terminal
 
 
@@ -297,3 +308,15 @@ def test_a_lost_ps_the_policy_answers_with_a_restart_goes_through_recovering_the
     loop.step([PsUnreachable("w0", RuntimeError("ps-0 died"))])
     assert job.calls[-1] == ("restart",)
     assert job.statuses == [JobStatus.RECOVERING, JobStatus.RESTARTING, JobStatus.TRAINING]
+
+
+def test_a_rescale_by_restart_the_controller_decided_is_carried_out_by_its_own_state():
+    job = FakeJob(["w0"])
+    loop = loop_for(job)
+    decision = object()  # the controller's record: the loop only hands it on
+    job.rescale_by_restart = decision
+    assert isinstance(loop.step([Tick()]), Running)
+    assert job.calls[-2:] == [("watch",), ("restart_rescale", decision)]  # decided in the watch, carried out by the state
+    assert job.statuses == [JobStatus.RESCALING, JobStatus.TRAINING]
+    loop.step([Tick()])
+    assert job.calls[-1] == ("watch",) and len(job.statuses) == 2  # once

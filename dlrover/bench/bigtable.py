@@ -18,7 +18,6 @@ tables 100x smaller (the test suite's version).
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
@@ -26,6 +25,9 @@ import tempfile
 
 from dlrover.bench.progress import JobProgress
 from dlrover.errors import DLRoverError
+from dlrover.resource.configs import describe_change
+from dlrover.runlogs.event_file import read_events
+from dlrover.runlogs.records import Event, JobSummary
 from dlrover.spec import JobSpec, spec_from_dict
 
 # Criteo Kaggle (Display Advertising Challenge) vocabulary sizes of C1..C26.
@@ -79,30 +81,30 @@ def _log(msg: str) -> None:
     print(f"[bench] {msg}", file=sys.stderr, flush=True)
 
 
-def summarize(summary: dict, events: list[dict], sizes: list[int]) -> dict:
+def summarize(summary: JobSummary, events: list[Event], sizes: list[int]) -> dict:
     """The bench's result from the job's summary and events."""
     total = model_bytes(sizes)
     rss: dict[str, float] = {}
     for e in events:
-        if e["kind"] == "ps_metrics":
-            name = e["actor"].rsplit("/", 1)[-1]
-            rss[name] = max(rss.get(name, 0.0), float(e["rss_mb"]))
+        if e.kind == "ps_metrics":
+            name = str(e.actor).rsplit("/", 1)[-1]
+            rss[name] = max(rss.get(name, 0.0), float(e.fields["rss_mb"]))
     scales = [
         {
-            "kind": e["kind"], "summary": e["summary"], "bytes_moved": e.get("bytes_moved", 0), "copy_s": e.get("copy_s"),
-            "precopy_gb_per_s": (e.get("migration_bytes_per_s") or 0.0) / 1e9, "pause_s": e.get("pause_s"),
-            "duration_s": e.get("duration_s"), "launch_s": e.get("launch_s"), "vshards_moved": e.get("vshards_moved", 0),
+            "kind": e.kind.value, "summary": describe_change(e.old, e.new), "bytes_moved": e.timings.get("bytes_moved", 0), "copy_s": e.timings.get("copy_s"),
+            "precopy_gb_per_s": (e.timings.get("migration_bytes_per_s") or 0.0) / 1e9, "pause_s": e.timings.get("pause_s"),
+            "duration_s": e.duration_s, "launch_s": e.timings.get("launch_s"), "vshards_moved": e.timings.get("vshards_moved", 0),
         }
-        for e in summary["scale_events"]
+        for e in summary.scale_events
     ]  # fmt: skip
-    durable = [{"bytes": e["bytes"], "write_s": e["write_s"], "link": e.get("link")} for e in events if e["kind"] == "checkpoint_durable"]
-    cuts = [{"at_s": e["at_s"], "pause_s": e["pause_s"], "samples": e["samples"]} for e in events if e["kind"] == "checkpoint"]
+    durable = [{"bytes": e.fields["bytes"], "write_s": e.fields["write_s"], "link": e.fields.get("link")} for e in events if e.kind == "checkpoint_durable"]
+    cuts = [{"at_s": e.at_s, "pause_s": e.fields["pause_s"], "samples": e.fields["samples"]} for e in events if e.kind == "checkpoint"]
     return {
-        "status": summary["status"], "model_bytes": total, "table_rows": sum(sizes), "dim": DIM,
-        "samples": summary["samples_trained"], "samples_per_s": summary["throughput_samples_per_s"], "auc": summary.get("auc"),
+        "status": summary.status, "model_bytes": total, "table_rows": sum(sizes), "dim": DIM,
+        "samples": summary.samples_trained, "samples_per_s": summary.throughput_samples_per_s, "auc": summary.auc,
         "ps_rss_mb": dict(sorted(rss.items())), "model_mb_per_ps_at_4": total / PS_FROM / 2**20, "model_mb_per_ps_at_6": total / PS_PEAK / 2**20,
-        "scales": scales, "checkpoints": cuts, "durable_checkpoints": durable, "ps_bags_updated": summary["ps_bags_updated"],
-        "bags_expected": 26 * summary["samples_expected"], "wall_s": summary["wall_time_s"],
+        "scales": scales, "checkpoints": cuts, "durable_checkpoints": durable, "ps_bags_updated": summary.ps_bags_updated,
+        "bags_expected": 26 * summary.samples_expected, "wall_s": summary.wall_time_s,
     }  # fmt: skip
 
 
@@ -139,15 +141,16 @@ def run_bigtable_bench(quick: bool = False, work_dir: str | None = None) -> dict
         _log(f"job: {spec.model_short()}, {model_bytes(sizes) / 1e9:.2f} GB of tables + optimizer state over {PS_FROM} PS, PS {PS_FROM}->{PS_PEAK}->{PS_FROM}")
         started = _start_ray(spec, model_bytes(sizes))
         try:
-            summary, path = run_job(spec, runs_dir=os.path.join(work, "runs"), progress="none", stop_when=JobProgress("bigtable"))
+            doc, path = run_job(spec, runs_dir=os.path.join(work, "runs"), progress="none", stop_when=JobProgress("bigtable"))
         finally:
             if started:
                 import ray
 
                 ray.shutdown()
-        events = [json.loads(line) for line in open(path.parent / "events.jsonl")]
-        if summary["status"] != "succeeded":
-            raise BigTableBenchError(f"bench bigtable: the job ended {summary['status']} (events: {path.parent / 'events.jsonl'})")
+        summary = JobSummary.from_json(doc)
+        events = [e for _, e in read_events(path.parent / "events.jsonl")]
+        if summary.status != "succeeded":
+            raise BigTableBenchError(f"bench bigtable: the job ended {summary.status} (events: {path.parent / 'events.jsonl'})")
         return summarize(summary, events, sizes)
     finally:
         if own:

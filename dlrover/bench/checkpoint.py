@@ -35,6 +35,9 @@ from dlrover.bench.progress import JobProgress, bench_data
 from dlrover.checkpoint.manifest import MANIFEST
 from dlrover.checkpoint.store import CheckpointStore
 from dlrover.errors import DLRoverError
+from dlrover.faults.records import Failure, FailureKind
+from dlrover.runlogs.event_file import read_events
+from dlrover.runlogs.records import JobSummary
 from dlrover.spec import JobSpec, spec_from_dict
 
 NUM_EMBEDDINGS, DIM = 300_000, 32  # 26 x 300k x (32 + 1) x 4 B = 1.03 GB
@@ -110,43 +113,62 @@ def kill_time(events_path: str) -> float:
     """Seconds after the actors started (the chaos clock) at which the master is killed:
     half an interval after the ``KILL_AFTER``-th durable cut of the uninterrupted run (the
     runs share their cadence), and before its training ended."""
-    events = [json.loads(line) for line in open(events_path)]
-    launched = next(e["at_s"] for e in events if e["kind"] == "launched")
-    cuts = sorted(e["at_s"] for e in events if e["kind"] == "checkpoint_durable")
-    done = max([e["at_s"] for e in events if e["kind"] == "checkpoint"] or [launched + INTERVAL_S])
+    events = [e for _, e in read_events(events_path)]
+    launched = next(e.at_s for e in events if e.kind == "launched")
+    cuts = sorted(e.at_s for e in events if e.kind == "checkpoint_durable")
+    done = max([e.at_s for e in events if e.kind == "checkpoint"] or [launched + INTERVAL_S])
     if not cuts:
         raise CheckpointBenchError(f"{events_path}: the uninterrupted run wrote no durable checkpoint")
     return round(min(cuts[min(KILL_AFTER, len(cuts)) - 1] + INTERVAL_S / 2, done) - launched, 1)
 
 
-def _run(name: str, spec: JobSpec, runs_dir: str, ckpt_dir: str) -> dict:
+@dataclass(frozen=True)
+class Run:
+    """One run of the bench: its summary, durable checkpoints, the master deaths it resumed
+    from, and its event log's path."""
+
+    summary: JobSummary
+    checkpoints: list[Written]
+    resumed: list[Failure]
+    events: str
+
+    def result(self) -> dict:
+        """The run's part of the result (the summary stays on disk; its numbers)."""
+        s = self.summary
+        return {
+            "checkpoints": [asdict(c) for c in self.checkpoints], "resumed": [f.to_dict() for f in self.resumed], "events": self.events,
+            "auc": s.auc, "samples_trained": s.samples_trained, "wall_time_s": s.wall_time_s, "samples_replayed": s.samples_replayed,
+        }  # fmt: skip
+
+
+def _run(name: str, spec: JobSpec, runs_dir: str, ckpt_dir: str) -> Run:
     from dlrover.driver.runner import run_job
 
     try:
-        summary, path = run_job(spec, runs_dir=runs_dir, progress="none", stop_when=JobProgress(name))
+        doc, path = run_job(spec, runs_dir=runs_dir, progress="none", stop_when=JobProgress(name))
     except DLRoverError as e:
         raise CheckpointBenchError(f"{name} run failed: {e} (run directory kept: {runs_dir})") from None
-    if summary["status"] != "succeeded" or summary["samples_lost"]:
-        raise CheckpointBenchError(f"{name} run ended {summary['status']} with {summary['samples_lost']:,} samples lost (summary: {path})")
+    summary = JobSummary.from_json(doc)
+    if summary.status != "succeeded" or summary.samples_lost:
+        raise CheckpointBenchError(f"{name} run ended {summary.status} with {summary.samples_lost:,} samples lost (summary: {path})")
     (job_dir,) = [os.path.join(ckpt_dir, d) for d in os.listdir(ckpt_dir)]
-    ckpts = written(job_dir)
-    resumed = [f for f in summary.get("failures", []) if f["kind"] == "master_death"]
-    return {"summary": summary, "checkpoints": ckpts, "resumed": resumed, "events": str(path.parent / "events.jsonl")}
+    resumed = [f for f in summary.failures if f.kind is FailureKind.MASTER_DEATH]
+    return Run(summary, written(job_dir), resumed, str(path.parent / "events.jsonl"))
 
 
 def _both(runs: dict[str, str], out: dict, data_dir: str, tmp: str, epochs: int, n: int) -> None:
     """The uninterrupted run, then the int8 one killed where the first had written
     ``KILL_AFTER`` durable checkpoints; results into ``out``."""
     for name, quantize in runs.items():
-        kill_at = out["kill_master_at_s"] = kill_time(out["uninterrupted"]["events"]) if name == "int8_resumed" else None
+        kill_at = out["kill_master_at_s"] = kill_time(out["uninterrupted"].events) if name == "int8_resumed" else None
         ckpt_dir = os.path.join(tmp, f"ckpt-{name}")
         what = f", master killed at {kill_at:g}s" if kill_at is not None else ""
         _log(f"{name}: {table_bytes(n) / 2**30:.2f} GiB of tables, 1 worker + 2 PS, {epochs} x {out['rows']:,} rows, quantize {quantize}{what}")
         t0 = time.monotonic()
         out[name] = r = _run(name, checkpoint_spec(data_dir, ckpt_dir, quantize, epochs, n, kill_at), out["runs_dir"], ckpt_dir)
-        kinds = ", ".join(f"{c.kind} {c.bytes / 2**20:.1f} MiB" for c in r["checkpoints"])
-        _log(f"  {name} done in {time.monotonic() - t0:.0f}s: AUC {r['summary']['auc']:.4f}; durable: {kinds}")
-        if kill_at is not None and not r["resumed"]:
+        kinds = ", ".join(f"{c.kind} {c.bytes / 2**20:.1f} MiB" for c in r.checkpoints)
+        _log(f"  {name} done in {time.monotonic() - t0:.0f}s: AUC {r.summary.auc:.4f}; durable: {kinds}")
+        if kill_at is not None and not r.resumed:
             _log(f"  warning: the master kill at {kill_at:g}s did not fire before the job ended")
 
 
@@ -171,19 +193,17 @@ def run_checkpoint_bench(quick: bool = False) -> dict:
         for name in runs:
             shutil.rmtree(os.path.join(tmp, f"ckpt-{name}"), ignore_errors=True)  # GBs
     a, b = out["uninterrupted"], out["int8_resumed"]
-    out["full_bytes"] = _mean(a["checkpoints"], "full")
-    out["delta_bytes"] = _mean(a["checkpoints"], "delta")
-    out["full_int8_bytes"] = _mean(b["checkpoints"], "full")
-    out["delta_int8_bytes"] = _mean(b["checkpoints"], "delta")
-    out["auc_uninterrupted"] = a["summary"]["auc"]
-    out["auc_resumed_int8"] = b["summary"]["auc"]
-    res = b["resumed"][0]["checkpoint"] if b["resumed"] else None
-    kinds = {c.step: c.kind for c in b["checkpoints"]}
-    out["resumed_from"] = None if res is None else {"seq": res["seq"], "source": res["source"], "kind": kinds.get(res["seq"])}
+    out["full_bytes"] = _mean(a.checkpoints, "full")
+    out["delta_bytes"] = _mean(a.checkpoints, "delta")
+    out["full_int8_bytes"] = _mean(b.checkpoints, "full")
+    out["delta_int8_bytes"] = _mean(b.checkpoints, "delta")
+    out["auc_uninterrupted"] = a.summary.auc
+    out["auc_resumed_int8"] = b.summary.auc
+    res = b.resumed[0].checkpoint if b.resumed else None
+    kinds = {c.step: c.kind for c in b.checkpoints}
+    out["resumed_from"] = None if res is None else {"seq": res.seq, "source": res.source, "kind": kinds.get(res.seq)}
     for name in runs:  # summaries stay on disk; the result keeps the numbers
-        out[name]["checkpoints"] = [asdict(c) for c in out[name]["checkpoints"]]
-        s = out[name].pop("summary")
-        out[name].update(auc=s["auc"], samples_trained=s["samples_trained"], wall_time_s=s["wall_time_s"], samples_replayed=s["samples_replayed"])
+        out[name] = out[name].result()
     full, d8 = out["full_bytes"], out["delta_int8_bytes"]
     out["ratio_full_to_delta_int8"] = full / d8 if full and d8 else None
     out["ratio_full_to_delta"] = full / out["delta_bytes"] if full and out["delta_bytes"] else None

@@ -59,13 +59,13 @@ def run_dense_sync_bench(rows: int = 960_000, workers: int = 4, slow_factor: flo
                 label = f"{mode}, {'fault-free' if factor == 1 else f'worker:0 {factor:g}x slow'}"
                 print(f"[bench] {label}: {workers} workers + 1 PS, {rows:,} rows", file=sys.stderr, flush=True)
                 s, events = run_bench_job(spec, os.path.join(tmp, f"{mode}-{factor:g}"), label, "dense-sync")
-                t0 = min((e["at_s"] for e in events if e.get("kind") == "first_step"), default=0.0)  # training began
-                curve = [(e["at_s"] - t0, e["auc"]) for e in events if e.get("kind") == "eval" and e.get("periodic") and e.get("auc") is not None]
-                rounds = s.get("dense_rounds") or {}
+                t0 = min((e.at_s for e in events if e.kind == "first_step"), default=0.0)  # training began
+                curve = [(e.at_s - t0, e.fields["auc"]) for e in events if e.kind == "eval" and e.fields.get("periodic") and e.fields.get("auc") is not None]
+                rounds = s.dense_rounds or {}
                 runs.append({
-                    "mode": mode, "slow_factor": factor, "train_s": s["train_time_s"], "samples_per_s": s["throughput_samples_per_s"],
-                    "auc": s["auc"], "rounds": rounds.get("rounds"), "ignored": rounds.get("ignored", 0),
-                    "dense_updates": s["dense_updates"], "curve": curve,
+                    "mode": mode, "slow_factor": factor, "train_s": s.train_time_s, "samples_per_s": s.throughput_samples_per_s,
+                    "auc": s.auc, "rounds": rounds.get("rounds"), "ignored": rounds.get("ignored", 0),
+                    "dense_updates": s.dense_updates, "curve": curve,
                 })  # fmt: skip
     ref = next(r for r in runs if r["mode"] == "sync" and r["slow_factor"] == 1)
     target = (ref["curve"][-1][1] if ref["curve"] else ref["auc"]) - AUC_SLACK

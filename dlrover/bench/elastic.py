@@ -20,6 +20,8 @@ import os
 import sys
 import tempfile
 
+from dlrover.runlogs.records import JobSummary
+from dlrover.runlogs.scale_record import ScaleKind
 from dlrover.spec import JobSpec, spec_from_dict
 from dlrover.bench.progress import bench_data
 
@@ -63,27 +65,29 @@ def elastic_spec(data_dir: str, rows: int, num_embeddings: int, mode: str, at_pr
 def _one(spec: JobSpec, runs_dir: str) -> dict:
     from dlrover.driver.runner import run_job
 
-    summary, _ = run_job(spec, runs_dir=runs_dir, progress="none")
-    if summary["status"] != "succeeded" or summary["samples_lost"]:
-        raise RuntimeError(f"bench job ended {summary['status']} with {summary['samples_lost']} samples lost")
-    events = [e for e in summary["scale_events"] if e["kind"] != "failed"]
+    doc, _ = run_job(spec, runs_dir=runs_dir, progress="none")
+    summary = JobSummary.from_json(doc)
+    if summary.status != "succeeded" or summary.samples_lost:
+        raise RuntimeError(f"bench job ended {summary.status} with {summary.samples_lost} samples lost")
+    events = [e for e in summary.scale_events if e.kind is not ScaleKind.FAILED]
     if not events:
         raise RuntimeError("the rescale did not happen before the job ended; use more --rows")
     ev = events[0]
-    first = min((ev.get("first_step_s") or {}).values(), default=None)
-    pause = ev.get("pause_s") or 0.0
-    copy_s = ev.get("copy_s") or ((ev.get("checkpoint_s") or 0) + (ev.get("restore_s") or 0))
+    t = ev.timings
+    first = min(ev.first_step_s.values(), default=None)
+    pause = t.get("pause_s") or 0.0
+    copy_s = t.get("copy_s") or ((t.get("checkpoint_s") or 0) + (t.get("restore_s") or 0))
     return {
         "plan_to_first_step_s": first,
         "training_stall_s": pause,
-        "launch_s": ev.get("launch_s"),
-        "bytes_moved": ev.get("bytes_moved", 0),
-        "bytes_moved_while_paused": ev.get("bytes_in_pause", ev.get("bytes_moved", 0)),
+        "launch_s": t.get("launch_s"),
+        "bytes_moved": t.get("bytes_moved", 0),
+        "bytes_moved_while_paused": t.get("bytes_in_pause", t.get("bytes_moved", 0)),
         "migration_s": copy_s,
-        "migration_bytes_per_s": (ev["bytes_moved"] / copy_s) if copy_s and ev.get("bytes_moved") else None,
-        "throughput_samples_per_s": summary["throughput_samples_per_s"],
-        "samples_lost": summary["samples_lost"],
-        "event": {k: v for k, v in ev.items() if k not in ("from", "to")},
+        "migration_bytes_per_s": (t["bytes_moved"] / copy_s) if copy_s and t.get("bytes_moved") else None,
+        "throughput_samples_per_s": summary.throughput_samples_per_s,
+        "samples_lost": summary.samples_lost,
+        "event": {k: v for k, v in ev.to_dict().items() if k not in ("from", "to")},
     }
 
 

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 
 from dlrover.bench.progress import JobProgress
 from dlrover.errors import DLRoverError
+from dlrover.runlogs.records import JobSummary
 from dlrover.spec import JobSpec, spec_from_dict
 
 DIM = 16
@@ -117,22 +118,19 @@ def _log(msg: str) -> None:
     print(f"[bench] {msg}", file=sys.stderr, flush=True)
 
 
-def _job(spec: JobSpec, runs_dir: str) -> dict:
-    """One job's AUC, samples/s, peak PS RSS and dynamic-table counts."""
+def _job(spec: JobSpec, runs_dir: str) -> tuple[JobSummary, float]:
+    """One job's summary and its PS's peak RSS (MB; nan: no PS reported before the end)."""
     from dlrover.runlogs.event_file import read_events
     from dlrover.driver.runner import run_job
 
-    summary, path = run_job(spec, runs_dir=runs_dir, progress="none", stop_when=JobProgress(spec.name))
-    if summary["status"] != "succeeded" or summary["samples_trained"] != summary["samples_expected"]:
+    doc, path = run_job(spec, runs_dir=runs_dir, progress="none", stop_when=JobProgress(spec.name))
+    s = JobSummary.from_json(doc)
+    if s.status != "succeeded" or s.samples_trained != s.samples_expected:
         raise EmbeddingsBenchError(
-            f"bench embeddings: {spec.name} ended {summary['status']} with {summary['samples_trained']:,} of {summary['samples_expected']:,} samples trained"
+            f"bench embeddings: {spec.name} ended {s.status} with {s.samples_trained:,} of {s.samples_expected:,} samples trained"
         )
-    rss = [float(e["rss_mb"]) for _, e in read_events(path.parent / "events.jsonl") if e.get("kind") == "ps_metrics"]
-    return {
-        "auc": summary.get("auc"), "best_auc": summary.get("best_auc"), "samples_per_s": summary["throughput_samples_per_s"],
-        "samples": summary["samples_trained"], "samples_expected": summary["samples_expected"], "ps_rss_mb": max(rss, default=float("nan")),  # nan: no PS reported before the end
-        "dynamic_tables": summary.get("dynamic_tables", {}),
-    }  # fmt: skip
+    rss = [float(e.fields["rss_mb"]) for _, e in read_events(path.parent / "events.jsonl") if e.kind == "ps_metrics"]
+    return s, max(rss, default=float("nan"))
 
 
 def generate(cfg: EmbeddingsBenchConfig, data: str) -> dict:
@@ -161,13 +159,13 @@ def run_embeddings_bench(quick: bool = False, work_dir: str | None = None, multi
         for kind in ("hashed", "dynamic"):
             rows = cfg.capacity if kind == "dynamic" else hashed_rows(cfg.capacity)
             _log(f"{kind}: {cfg.large} large tables of {rows:,} rows, {model_mb(cfg, kind == 'dynamic'):.1f} MB of tables")
-            r = _job(bench_spec(data, cfg, kind == "dynamic"), os.path.join(work, "runs"))
-            _log(f"{kind}: auc {r['auc']:.4f}, {r['samples_per_s']:,.0f} samples/s, PS peak RSS {r['ps_rss_mb']:.0f} MB")
-            out[f"auc_{kind}"], out[f"samples_per_s_{kind}"] = r["auc"], r["samples_per_s"]
-            out[f"memory_mb_{kind}"], out[f"ps_rss_mb_{kind}"] = model_mb(cfg, kind == "dynamic"), r["ps_rss_mb"]
-            out[f"samples_{kind}"], out[f"samples_expected_{kind}"] = r["samples"], r["samples_expected"]
+            s, ps_rss_mb = _job(bench_spec(data, cfg, kind == "dynamic"), os.path.join(work, "runs"))
+            _log(f"{kind}: auc {s.auc:.4f}, {s.throughput_samples_per_s:,.0f} samples/s, PS peak RSS {ps_rss_mb:.0f} MB")
+            out[f"auc_{kind}"], out[f"samples_per_s_{kind}"] = s.auc, s.throughput_samples_per_s
+            out[f"memory_mb_{kind}"], out[f"ps_rss_mb_{kind}"] = model_mb(cfg, kind == "dynamic"), ps_rss_mb
+            out[f"samples_{kind}"], out[f"samples_expected_{kind}"] = s.samples_trained, s.samples_expected
             if kind == "dynamic":
-                out["dynamic_counts"] = r["dynamic_tables"]
+                out["dynamic_counts"] = s.dynamic_tables
         out["evictions"] = out["dynamic_counts"].get("evicted", 0)
         out["admitted"] = out["dynamic_counts"].get("admitted", 0)
         out["speed_ratio"] = out["samples_per_s_dynamic"] / out["samples_per_s_hashed"]

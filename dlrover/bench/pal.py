@@ -71,17 +71,17 @@ def run_placement(placement: str, data: str, epochs: int, slowdown: float, tmp: 
         ray.shutdown()
         cluster.shutdown()
     nodes = {slow.node_id: "slow", fast.node_id: "fast"}
-    workers = {ActorId(Role.WORKER, i).ray_name(s["job_id"]): str(ActorId(Role.WORKER, i)) for i in range(MAX_WORKERS)}
+    workers = {ActorId(Role.WORKER, i).ray_name(s.job_id): str(ActorId(Role.WORKER, i)) for i in range(MAX_WORKERS)}
     ran_on: dict[str, set[str]] = {}
     for e in events:
-        if e["kind"] == "metrics" and e.get("node_id") and e["actor"] in workers:
-            ran_on.setdefault(workers[e["actor"]], set()).add(nodes.get(e["node_id"], "head"))
+        if e.kind == "metrics" and e.fields.get("node_id") and e.actor in workers:
+            ran_on.setdefault(workers[e.actor], set()).add(nodes.get(e.fields["node_id"], "head"))
     return {
         "placement": placement,
-        "train_s": s["train_time_s"],
-        "samples_per_s": s["throughput_samples_per_s"],
+        "train_s": s.train_time_s,
+        "samples_per_s": s.throughput_samples_per_s,
         "ran_on": {w: sorted(n) for w, n in sorted(ran_on.items())},
-        "samples_per_s_by_workers": {str(c["config"]["workers"]): c["measured_throughput"] for c in s["configurations"]},
+        "samples_per_s_by_workers": {str(c["config"]["workers"]): c["measured_throughput"] for c in s.configurations},
     }
 
 

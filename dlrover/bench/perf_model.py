@@ -28,6 +28,7 @@ import numpy as np
 from dlrover.resource.configs import Config
 from dlrover.resource.perf_model import PerfModel
 from dlrover.runlogs.event_file import read_events
+from dlrover.runlogs.records import Event, JobSummary
 from dlrover.spec import JobSpec, spec_from_dict
 from dlrover.bench.progress import bench_data
 
@@ -87,7 +88,7 @@ class StopAfterSweep:
         return done >= self.n - 1 and p.get("window_s", 0.0) >= self.window_s
 
 
-def noise_floor(events: list[dict], start_s: float, end_s: float) -> float | None:
+def noise_floor(events: list[Event], start_s: float, end_s: float) -> float | None:
     """Relative spread (std / mean) of the job's samples/s over ``NOISE_BIN_S`` bins of a
     measured window: how far apart two measurements of the same configuration may land.
     None with fewer than 3 bins. Each worker report's samples are spread over the span it
@@ -97,7 +98,7 @@ def noise_floor(events: list[dict], start_s: float, end_s: float) -> float | Non
     edges = np.arange(start_s, end_s + 1e-9, NOISE_BIN_S)
     if len(edges) < 4:
         return None
-    reports = [(e["at_s"], e["samples"], e.get("samples_per_s") or 0.0) for e in events if e.get("kind") == "metrics" and "samples" in e]
+    reports = [(e.at_s, e.fields["samples"], e.fields.get("samples_per_s") or 0.0) for e in events if e.kind == "metrics" and "samples" in e.fields]
     if not reports:
         return None
     end, n, rate = (np.array(c, dtype=np.float64) for c in zip(*reports))
@@ -166,9 +167,10 @@ def run_perf_model_bench(window_s: float = 12.0, repeats: int = 2) -> dict:
         spec = sweep_spec(bench_data("perf-model-500k"), window_s, os.path.join(tmp, "history"), repeats)
         ensure_data(spec)
         print(f"[bench] sweeping {len(SWEEP)} configurations {repeats}x, {window_s:g}s measured each (live rescales)", file=sys.stderr)
-        summary, path = run_job(spec, runs_dir=os.path.join(tmp, "runs"), progress="none", stop_when=StopAfterSweep(n, window_s))
-        events = [row for _, row in read_events(Path(path).parent / "events.jsonl")]
-    rows = [c for c in summary["configurations"] if c["duration_s"] >= window_s * 0.5]
+        doc, path = run_job(spec, runs_dir=os.path.join(tmp, "runs"), progress="none", stop_when=StopAfterSweep(n, window_s))
+        events = [e for _, e in read_events(Path(path).parent / "events.jsonl")]
+    summary = JobSummary.from_json(doc)
+    rows = [c for c in summary.configurations if c["duration_s"] >= window_s * 0.5]
     points = [(Config(**c["config"]), c["measured_throughput"], c["duration_s"]) for c in rows]
     measured = len({p[0] for p in points})
     if measured < 4:
@@ -181,7 +183,7 @@ def run_perf_model_bench(window_s: float = 12.0, repeats: int = 2) -> dict:
             for (c, t, d), r in zip(points, rows)
         ],
     }
-    cores = summary["perf_model"]["cores"]
+    cores = summary.perf_model["cores"]
     out["cores"] = cores
     out.update(fit_and_score(points, spec.data.batch_size, cores))
     spreads = [p["noise"] for p in out["points"] if p["noise"] is not None]

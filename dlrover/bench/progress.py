@@ -11,6 +11,7 @@ from pathlib import Path
 
 from dlrover.errors import DLRoverError
 from dlrover.runlogs.event_file import read_events
+from dlrover.runlogs.records import Event, JobSummary
 from dlrover.spec import JobSpec
 
 
@@ -37,16 +38,17 @@ def bench_data(name: str) -> str:
     return os.path.join(os.environ.get("DLROVER_BENCH_DATA", os.path.join(tempfile.gettempdir(), "dlrover-bench-data")), name)
 
 
-def run_bench_job(spec: JobSpec, runs_dir: str, label: str, bench: str) -> tuple[dict, list[dict]]:
+def run_bench_job(spec: JobSpec, runs_dir: str, label: str, bench: str) -> tuple[JobSummary, list[Event]]:
     """Run one of a bench's jobs, reporting progress: its summary and events. A failed or
     unsuccessful run is one error naming the bench and the run's ``label``."""
     from dlrover.driver.runner import run_job
 
     try:
-        summary, path = run_job(spec, runs_dir=runs_dir, progress="none", stop_when=JobProgress(label))
+        doc, path = run_job(spec, runs_dir=runs_dir, progress="none", stop_when=JobProgress(label))
     except DLRoverError as e:
         raise DLRoverError(f"bench {bench}: the {label} run failed: {e}") from None
-    if summary["status"] != "succeeded":
-        raise DLRoverError(f"bench {bench}: the {label} run ended {summary['status']} (summary: {path})")
-    events = [row for _, row in read_events(Path(path).parent / "events.jsonl")]
+    summary = JobSummary.from_json(doc)
+    if summary.status != "succeeded":
+        raise DLRoverError(f"bench {bench}: the {label} run ended {summary.status} (summary: {path})")
+    events = [e for _, e in read_events(Path(path).parent / "events.jsonl")]
     return summary, events

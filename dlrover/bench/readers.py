@@ -1,4 +1,5 @@
-"""``dlrover bench data``: rows/s of each reader against pandas code producing the same arrays.
+"""``dlrover bench data``: rows/s of each reader against pandas code producing the same arrays,
+and (the ``ray_data`` row) of a ray_data job's reading against the file reader's.
 
 For each layout a job can train on (Criteo's TSV, a CSV with a header and string ids, a
 Parquet file with list columns, TorchRec's ``.npy`` days, MLPerf's multi-hot ``.npz``),
@@ -11,6 +12,8 @@ one file is written, then read twice, single-threaded (``pyarrow.set_cpu_count(1
   the dense matrix transformed as the schema says, and each sparse feature's ids
   (hashed with ``pandas.util.hash_array`` for string ids) and bag lengths.
 
+The ``ray_data`` row reads the Parquet file through ``ray.data.read_parquet`` (blocks in
+Ray's object store, parsed as a worker parses a block's shard) against the file reader.
 Both outputs are compared (labels, dense, every feature's ids and lengths) before a time
 counts, so the reference does the same work. Each side's best of ``repeats`` runs counts
 (the files are in the page cache after the first).
@@ -260,12 +263,61 @@ def _best(fn: Callable[[], T], repeats: int) -> tuple[float, T]:
     return best, out
 
 
+def read_through_ray_data(path: str, layout: DataLayout, shard_rows: int) -> list[Batch]:
+    """What a ray_data job does with the same file: ``ray.data.read_parquet`` streams its
+    blocks through Ray's object store (decoded in a Ray task, one CPU), and each block's
+    rows are read shard by shard as a worker reads them (``block_rows``), in file order."""
+    import ray
+    import ray.data
+
+    from dlrover.data.ray_source import block_rows, limit_cpus, quiet
+
+    ds = ray.data.read_parquet(path)
+    ds.context.execution_options.preserve_order = True
+    limit_cpus(ds.context, 1.0)
+    quiet(ds.context)
+    out = []
+    for bundle in ds.iter_internal_ref_bundles():
+        for entry, piece in zip(bundle.blocks, bundle.slices):
+            table = ray.get(entry.ref)
+            start, stop = (0, table.num_rows) if piece is None else (piece.start_offset, piece.end_offset)
+            out += [block_rows(table, layout, "block", a, min(stop, a + shard_rows))[0] for a in range(start, stop, shard_rows)]
+    return out
+
+
+def ray_data_row(work: str, rows: int, repeats: int, shard_rows: int) -> dict:
+    """The ray_data row: rows/s through Ray Data against dlrover's file reader on the same
+    Parquet file (the parquet_lists case's), both measured here; the same arrays checked."""
+    import ray
+
+    case = next(c for c in CASES if c.name == "parquet_lists")
+    print(f"[bench] ray_data: writing {rows:,} rows ({case.what}); Ray Data against the file reader", file=sys.stderr, flush=True)
+    path, layout = case.make(os.path.join(work, "ray_data"), rows)
+    started = not ray.is_initialized()
+    if started:
+        ray.init(address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", logging_level="ERROR")
+    try:
+        t_files, files = _best(lambda: read_ours(path, layout, shard_rows), repeats)
+        t_ray, batches = _best(lambda: read_through_ray_data(path, layout, shard_rows), repeats)
+    finally:
+        if started:
+            ray.shutdown()
+    ours, ref = Arrays.of(batches), Arrays.of(files)
+    check_same("ray_data", ours, ref, layout.schema)
+    return {"format": "ray_data", "file": f"{case.what}, through ray.data.read_parquet", "reference": "dlrover's file reader on the same file",
+            "rows": len(ours.labels), "ids": ours.ids, "bytes": os.path.getsize(path),
+            "dlrover_rows_per_s": len(ours.labels) / t_ray, "reference_rows_per_s": len(ref.labels) / t_files, "ratio": t_files / t_ray}  # fmt: skip
+
+
 def run_data_bench(rows: int = 200_000, repeats: int = 3, shard_rows: int = 32_768, formats: list[str] | None = None) -> dict:
+    """Each format's row (``formats``: those named, default every reader's) and, when
+    ``ray_data`` is named, the ray_data row. ``min_ratio``: of the readers against pandas."""
     import pyarrow as pa
 
-    unknown = sorted(set(formats or []) - {c.name for c in CASES})
+    known = [c.name for c in CASES] + ["ray_data"]
+    unknown = sorted(set(formats or []) - set(known))
     if unknown:
-        raise DLRoverError(f"bench data: unknown format {unknown[0]!r} (one of {', '.join(c.name for c in CASES)})")
+        raise DLRoverError(f"bench data: unknown format {unknown[0]!r} (one of {', '.join(known)})")
     pa.set_cpu_count(1)
     pa.set_io_thread_count(1)
     work = tempfile.mkdtemp(prefix="dlrover-bench-data-")
@@ -285,13 +337,17 @@ def run_data_bench(rows: int = 200_000, repeats: int = 3, shard_rows: int = 32_7
                    "dlrover_rows_per_s": len(ours.labels) / t_ours, "reference_rows_per_s": len(ref.labels) / t_ref, "ratio": t_ref / t_ours}  # fmt: skip
             print(f"[bench]   dlrover {row['dlrover_rows_per_s']:,.0f} rows/s, reference {row['reference_rows_per_s']:,.0f} rows/s: {row['ratio']:.2f}x", file=sys.stderr, flush=True)
             out.append(row)
+        readers = list(out)
+        if formats and "ray_data" in formats:
+            out.append(ray_data_row(work, rows, repeats, shard_rows))
+            print(f"[bench]   ray_data {out[-1]['dlrover_rows_per_s']:,.0f} rows/s, file reader {out[-1]['reference_rows_per_s']:,.0f} rows/s: {out[-1]['ratio']:.2f}x", file=sys.stderr, flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return {"rows": rows, "repeats": repeats, "shard_rows": shard_rows, "threads": 1, "formats": out, "min_ratio": min((r["ratio"] for r in out), default=None)}
+    return {"rows": rows, "repeats": repeats, "shard_rows": shard_rows, "threads": 1, "formats": out, "min_ratio": min((r["ratio"] for r in readers), default=None)}
 
 
 def print_data(r: dict) -> None:
     print(f"{r['rows']:,} rows a file, single-threaded, best of {r['repeats']}; dlrover reads shards of {r['shard_rows']:,} rows")
     print(f"{'format':15s}{'MB':>7s}{'ids/row':>9s}{'dlrover rows/s':>16s}{'reference rows/s':>18s}{'ratio':>7s}  reference")
-    for x in r["formats"]:
+    for x in r["formats"]:  # the ray_data row: "dlrover" is through Ray Data, the reference dlrover's file reader
         print(f"{x['format']:15s}{x['bytes'] / 2**20:>7.1f}{x['ids'] / x['rows']:>9.1f}{x['dlrover_rows_per_s']:>16,.0f}{x['reference_rows_per_s']:>18,.0f}{x['ratio']:>6.2f}x  {x['reference']}")

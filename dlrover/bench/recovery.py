@@ -35,6 +35,7 @@ from typing import NamedTuple
 
 from dlrover.bench.progress import JobProgress, bench_data
 from dlrover.errors import DLRoverError
+from dlrover.runlogs.records import JobSummary
 from dlrover.spec import JobSpec, spec_from_dict
 
 ROWS = 500_000
@@ -102,45 +103,45 @@ def _first_line(e: BaseException) -> str:
     return f"{type(cause).__name__}: {lines[-1] if lines else ''}"
 
 
-def _one(name: str, spec: JobSpec, runs_dir: str, planned: int) -> dict:
+def _one(name: str, spec: JobSpec, runs_dir: str, planned: int) -> tuple[JobSummary, dict]:
+    """One run: its summary, and its row of the result."""
     from dlrover.driver.runner import run_job
 
     label = RUNS[name].label
     try:
-        summary, path = run_job(spec, runs_dir=runs_dir, progress="none", stop_when=JobProgress(name))
+        doc, path = run_job(spec, runs_dir=runs_dir, progress="none", stop_when=JobProgress(name))
     except DLRoverError as e:
         raise RecoveryBenchError(f"{label} run failed: {e} (run directory kept: {runs_dir})") from None
     except Exception as e:  # noqa: BLE001 - a job that fails inside Ray: one line, say which run
         raise RecoveryBenchError(f"{label} run failed: {_first_line(e)} (run directory kept: {runs_dir})") from None
-    if summary["status"] != "succeeded" or summary["samples_lost"]:
-        last = (summary.get("failures") or [{}])[-1]
-        why = f"; last failure: {last.get('kind')} of {last.get('actor')}: {last.get('cause')}" if last else ""
-        raise RecoveryBenchError(
-            f"{label} run ended {summary['status']} with {summary['samples_lost']:,} samples lost{why} (summary: {path})"
-        )
-    rel = summary.get("reliability") or {}
-    by_kind = {k: {**v, "samples_replayed": 0, "updates_lost": 0} for k, v in (rel.get("by_kind") or {}).items()}
-    for f in summary.get("failures", []):
-        row = by_kind.setdefault(f["kind"], {"count": 0, "detect_s_mean": None, "recover_s_mean": None, "samples_replayed": 0, "updates_lost": 0})
-        row["samples_replayed"] += int(f.get("samples_replayed") or 0)
-        row["updates_lost"] += int(f.get("updates_lost") or 0)
-    fired = [c for c in summary.get("chaos", []) if c.get("action") == "kill"]
-    ckpts = summary.get("checkpoints") or {}
-    return {
+    s = JobSummary.from_json(doc)
+    if s.status != "succeeded" or s.samples_lost:
+        last = s.failures[-1] if s.failures else None
+        why = f"; last failure: {last.kind.value} of {last.actor}: {last.cause}" if last else ""
+        raise RecoveryBenchError(f"{label} run ended {s.status} with {s.samples_lost:,} samples lost{why} (summary: {path})")
+    rel = s.reliability
+    by_kind = {k: {**v, "samples_replayed": 0, "updates_lost": 0} for k, v in (rel.by_kind if rel else {}).items()}
+    for f in s.failures:
+        row = by_kind.setdefault(f.kind.value, {"count": 0, "detect_s_mean": None, "recover_s_mean": None, "samples_replayed": 0, "updates_lost": 0})
+        row["samples_replayed"] += int(f.samples_replayed or 0)
+        row["updates_lost"] += int(f.updates_lost or 0)
+    fired = [c for c in s.chaos if c.get("action") == "kill"]
+    ckpts = s.checkpoints
+    return s, {
         "on_failure": RUNS[name].on_failure,
         "recovery_ps": RUNS[name].ps,
-        "ettr": summary["ettr"],
-        "wall_time_s": summary["wall_time_s"],
-        "train_time_s": summary["train_time_s"],
-        "samples_lost": summary["samples_lost"],
-        "samples_replayed": summary["samples_replayed"],
-        "updates_lost": summary["updates_lost"],
-        "samples_trained": summary["samples_trained"],
-        "auc": summary.get("auc"),
+        "ettr": s.ettr,
+        "wall_time_s": s.wall_time_s,
+        "train_time_s": s.train_time_s,
+        "samples_lost": s.samples_lost,
+        "samples_replayed": s.samples_replayed,
+        "updates_lost": s.updates_lost,
+        "samples_trained": s.samples_trained,
+        "auc": s.auc,
         "by_kind": by_kind,
-        "downtime_s": rel.get("downtime_s"),
-        "replay_s": rel.get("replay_s"),
-        "failures": len(summary.get("failures", [])),
+        "downtime_s": rel.downtime_s if rel else None,
+        "replay_s": rel.replay_s if rel else None,
+        "failures": len(s.failures),
         "faults_fired": len(fired),
         "faults_planned": planned,
         "in_memory_checkpoints": ckpts.get("in_memory_taken"),
@@ -164,14 +165,17 @@ def run_recovery_bench(quick: bool = False) -> dict:
     }
     tmp = tempfile.mkdtemp(prefix="dlrover-bench-recovery-")
     out["runs_dir"] = runs_dir = os.path.join(tmp, "runs")
+    summaries: dict[str, JobSummary] = {}
     for name in RUNS:
         spec = recovery_spec(data_dir, RUNS[name], epochs, schedule)
         ensure_data(spec)
         print(f"[bench] {RUNS[name].label}: 2 workers + 2 PS, {epochs} epoch(s) of {ROWS:,} rows; kill {faults}", file=sys.stderr)
         t0 = time.monotonic()
-        r = out[name] = _one(name, spec, runs_dir, len(schedule))
-        out["samples"] = r["samples_trained"]
-        print(f"[bench]   {name} done in {time.monotonic() - t0:.0f}s: wall {r['wall_time_s']:.1f}s, ETTR {r['ettr']:.3f}, {r['failures']} failures", file=sys.stderr)
+        s, r = _one(name, spec, runs_dir, len(schedule))
+        summaries[name] = s
+        out[name] = r
+        out["samples"] = s.samples_trained
+        print(f"[bench]   {name} done in {time.monotonic() - t0:.0f}s: wall {s.wall_time_s:.1f}s, ETTR {s.ettr:.3f}, {r['failures']} failures", file=sys.stderr)
         if r["faults_fired"] != r["faults_planned"]:
             print(f"[bench]   warning: only {r['faults_fired']} of {r['faults_planned']} faults fired before the {name} job ended", file=sys.stderr)
         if r["failures"] < r["faults_fired"]:
@@ -180,14 +184,14 @@ def run_recovery_bench(quick: bool = False) -> dict:
         shutil.rmtree(ckpt, ignore_errors=True)  # tens of MB each; summaries and events stay
     print(f"[bench] summaries and event logs: {runs_dir}", file=sys.stderr)
     for name in RUNS:
-        out[f"ettr_{name}"] = out[name]["ettr"]
-    p, rb, rs = out["partial"], out["rollback"], out["restart"]
-    out["ettr_ratio"] = p["ettr"] / rb["ettr"] if rb["ettr"] else None  # partial / rollback (goal >= 1.2)
-    out["ettr_ratio_restart"] = p["ettr"] / rs["ettr"] if rs["ettr"] else None
-    out["wall_ratio"] = rb["wall_time_s"] / p["wall_time_s"] if p["wall_time_s"] else None
+        out[f"ettr_{name}"] = summaries[name].ettr
+    p, rb, rs = summaries["partial"], summaries["rollback"], summaries["restart"]
+    out["ettr_ratio"] = p.ettr / rb.ettr if rb.ettr else None  # partial / rollback (goal >= 1.2)
+    out["ettr_ratio_restart"] = p.ettr / rs.ettr if rs.ettr else None
+    out["wall_ratio"] = rb.wall_time_s / p.wall_time_s if p.wall_time_s else None
     # First shard to last: the same ratio without actor start-up, which faults do not touch
     # and which varies by several seconds from run to run on a busy machine.
-    out["train_time_ratio"] = rb["train_time_s"] / p["train_time_s"] if p["train_time_s"] else None
+    out["train_time_ratio"] = rb.train_time_s / p.train_time_s if p.train_time_s else None
     return out
 
 

@@ -12,7 +12,6 @@ Efficiency is samples/s over ``workers x`` the 1 worker + 1 PS figure.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import sys
@@ -21,6 +20,8 @@ from pathlib import Path
 
 from dlrover.bench.progress import JobProgress, bench_data
 from dlrover.errors import DLRoverError
+from dlrover.runlogs.event_file import read_events
+from dlrover.runlogs.records import Event, JobSummary
 from dlrover.spec import JobSpec
 
 Grid = list[tuple[int, int]]
@@ -89,12 +90,12 @@ def scaling_spec(data_dir: str, rows: int, workers: int, ps: int, batch_size: in
     )
 
 
-def breakdown(events: list[dict], train_time_s: float, workers: int) -> dict:
+def breakdown(events: list[Event], train_time_s: float, workers: int) -> dict:
     """Per-step ms of each counter over all workers' steps; ``step_ms``: workers x training
     time / steps. The counters are not subtracted from it: they include each worker's wait
     for its first shard and its first (warm-up) step, which the job's training time does
     not, so on short runs they can add up to more than ``step_ms``."""
-    exits = [e for e in events if e.get("kind") == "worker_exit"]
+    exits = [e.fields for e in events if e.kind == "worker_exit"]
     steps = sum(int(e.get("steps") or 0) for e in exits)
     out: dict = {"steps": steps}
     for key, name in BREAKDOWN.items():
@@ -104,10 +105,10 @@ def breakdown(events: list[dict], train_time_s: float, workers: int) -> dict:
     seen: set[str] = set()
     busy = []
     for e in events:
-        if e.get("kind") == "ps_metrics":
-            if e.get("actor") in seen:
-                busy.append(float(e.get("busy") or 0.0))
-            seen.add(e.get("actor"))
+        if e.kind == "ps_metrics":
+            if e.actor in seen:
+                busy.append(float(e.fields.get("busy") or 0.0))
+            seen.add(e.actor)
     out["ps_busy"] = sum(busy) / len(busy) if busy else None
     return out
 
@@ -118,20 +119,21 @@ def run_point(data_dir: str, rows: int, workers: int, ps: int, runs_dir: str, ba
 
     name = f"{workers}w+{ps}p"
     try:
-        summary, path = run_job(scaling_spec(data_dir, rows, workers, ps, batch_size), runs_dir=runs_dir, progress="none", stop_when=JobProgress(name))
+        doc, path = run_job(scaling_spec(data_dir, rows, workers, ps, batch_size), runs_dir=runs_dir, progress="none", stop_when=JobProgress(name))
     except DLRoverError as e:
         raise ScalingBenchError(f"{name} run failed: {e}") from None
-    changes, failures = len(summary.get("scale_events") or []), len(summary.get("failures") or [])
-    if summary["status"] != "succeeded" or changes or failures:  # a point measures one configuration
-        raise ScalingBenchError(f"{name} run ended {summary['status']} with {changes} scale events and {failures} failures (summary: {path})")
-    events = [json.loads(line) for line in (Path(path).parent / "events.jsonl").read_text().splitlines() if line.strip()]
+    summary = JobSummary.from_json(doc)
+    changes, failures = len(summary.scale_events), len(summary.failures)
+    if summary.status != "succeeded" or changes or failures:  # a point measures one configuration
+        raise ScalingBenchError(f"{name} run ended {summary.status} with {changes} scale events and {failures} failures (summary: {path})")
+    events = [e for _, e in read_events(Path(path).parent / "events.jsonl")]
     return {
         "workers": workers,
         "ps": ps,
-        "samples_per_s": summary["throughput_samples_per_s"],
-        "train_time_s": summary["train_time_s"],
-        "samples": summary["samples_trained"],
-        **breakdown(events, summary["train_time_s"], workers),
+        "samples_per_s": summary.throughput_samples_per_s,
+        "train_time_s": summary.train_time_s,
+        "samples": summary.samples_trained,
+        **breakdown(events, summary.train_time_s, workers),
         "run_dir": str(Path(path).parent),
     }
 

@@ -40,6 +40,7 @@ import pandas as pd
 
 from dlrover.bench.progress import bench_data
 from dlrover.resource.configs import Config
+from dlrover.runlogs.records import JobSummary
 from dlrover.sim.profile import PROFILES_DIR, Profile, load_profile, profile_from_runs, save_profile
 
 GOAL = 0.15
@@ -67,11 +68,11 @@ def measure_profile(configs: list[tuple[int, int, float, float]], window_s: floa
         spec = spec_from_dict(doc, source="sim-calibration sweep")
         ensure_data(spec)
         print(f"[bench] sweeping {len(configs)} configurations, {window_s:g}s measured each (live rescales)", file=sys.stderr)
-        summary, path = run_job(spec, runs_dir=os.path.join(tmp, "runs"), progress="none", stop_when=StopAfterSweep(len(configs), window_s))
+        doc, path = run_job(spec, runs_dir=os.path.join(tmp, "runs"), progress="none", stop_when=StopAfterSweep(len(configs), window_s))
         profile = profile_from_runs([path.parent], name, min_duration_s=window_s * 0.5)
         profile.cores = float(len(os.sched_getaffinity(0)))  # every actor of the sweep shares this machine's cores
     facts = {
-        "run_id": summary["job_id"],
+        "run_id": JobSummary.from_json(doc).job_id,
         "batch_size": spec.data.batch_size,
         "budget_cpu": float(spec.resources.budget_cpu or max(Config(*c).cpu for c in configs)),
     }

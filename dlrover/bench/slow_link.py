@@ -44,18 +44,18 @@ def run_slow_link_bench(rows: int = 819_200, latency_ms: float = 200.0, max_stal
             done.append((label, latency, bound, *run_bench_job(spec, os.path.join(tmp, f"run{len(done)}"), label, "slow-link")))
     # From each run's fault on (chaos time counts from the first launch, so its job time
     # varies with start-up), the fault-free run from the first faulted run's: steady state.
-    first = next((c["job_s"] for *_, s, _ in done for c in s.get("chaos") or []), at_s)
+    first = next((c["job_s"] for *_, s, _ in done for c in s.chaos), at_s)
     runs = []
     for label, latency, bound, s, events in done:
-        start = next((c["job_s"] for c in s.get("chaos") or []), first) + SETTLE_S
-        windows = [WorkerReport.from_json(e) for e in events if e.get("kind") == "metrics" and "samples" in e]
+        start = next((c["job_s"] for c in s.chaos), first) + SETTLE_S
+        windows = [WorkerReport.from_json(e.to_json()) for e in events if e.kind == "metrics" and "samples" in e.fields]
         end = max((w.at_s or 0.0 for w in windows), default=0.0)
         waits = [w.wait_ps_s for w in windows if (w.at_s or 0.0) > start]
         runs.append({
             "run": label, "latency_ms": latency, "max_staleness": bound, "samples_per_s": window_rate(events, start, end),
-            "pull_ahead_peak": max((e.get("pull_ahead_peak", 1) for e in events if e.get("kind") == "worker_exit"), default=None),
+            "pull_ahead_peak": max((e.fields.get("pull_ahead_peak", 1) for e in events if e.kind == "worker_exit"), default=None),
             "wait_ps_ms": 1000 * sum(waits) / max(1, len(waits)),
-            "auc": s["auc"], "samples_lost": s["samples_lost"], "bags_updated_per_sample": s["ps_bags_updated"] / max(s["samples_trained"], 1),
+            "auc": s.auc, "samples_lost": s.samples_lost, "bags_updated_per_sample": s.ps_bags_updated / max(s.samples_trained, 1),
         })  # fmt: skip
     ref = runs[0]["samples_per_s"]
     for r in runs:

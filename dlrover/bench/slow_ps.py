@@ -19,6 +19,8 @@ import sys
 import tempfile
 
 from dlrover.bench.progress import bench_data, run_bench_job
+from dlrover.faults.records import FailureKind
+from dlrover.runlogs.records import Event
 from dlrover.spec import JobSpec
 
 BATCH_SIZE = 2048
@@ -45,10 +47,10 @@ def slow_ps_spec(data_dir: str, rows: int, delay_ms: float, at_s: float, history
     return spec_from_dict(doc, "bench slow-ps")
 
 
-def window_rate(events: list[dict], start_s: float, end_s: float) -> float | None:
+def window_rate(events: list[Event], start_s: float, end_s: float) -> float | None:
     """Samples/s of the worker windows that ended in ``(start_s, end_s]``, over the time
     those windows cover (from the end of the window before the first)."""
-    ends = [(e["at_s"], e["samples"]) for e in events if e.get("kind") == "metrics" and "samples" in e]
+    ends = [(e.at_s, e.fields["samples"]) for e in events if e.kind == "metrics" and "samples" in e.fields]
     inside = [(t, n) for t, n in ends if start_s < t <= end_s]
     before = [t for t, _ in ends if t <= start_s]
     if not inside or not before:
@@ -69,15 +71,15 @@ def run_slow_ps_bench(rows: int = 819_200, delay_ms: float = 50.0, at_s: float =
         ref, ref_events = run_bench_job(ref_spec, os.path.join(tmp, "ref"), "fault-free", "slow-ps")
         print(f"[bench] ps:1 answers {delay_ms:g} ms late from {at_s:g} s", file=sys.stderr)
         slow, events = run_bench_job(slow_ps_spec(data_dir, rows, delay_ms, at_s, os.path.join(tmp, "h")), os.path.join(tmp, "slow"), "slow PS", "slow-ps")
-    fired = next((c for c in slow.get("chaos") or [] if c["action"] == "delay"), None)
-    fix = next((f for f in slow.get("failures") or [] if f["kind"] == "straggler"), None)
-    end = max((e["at_s"] for e in events if e.get("kind") == "metrics"), default=0.0)
+    fired = next((c for c in slow.chaos if c["action"] == "delay"), None)
+    fix = next((f for f in slow.failures if f.kind is FailureKind.STRAGGLER), None)
+    end = max((e.at_s for e in events if e.kind == "metrics"), default=0.0)
     start = fired["job_s"] if fired else None
-    during = window_rate(events, start + SETTLE_S, fix["detected_s"]) if fired and fix else None
-    after = window_rate(events, fix["recovered_s"] + SETTLE_S, end) if fix and fix.get("recovered_s") is not None else None
+    during = window_rate(events, start + SETTLE_S, fix.detected_s) if fired and fix else None
+    after = window_rate(events, fix.recovered_s + SETTLE_S, end) if fix and fix.recovered_s is not None else None
     # The fault-free run's own windows from the same job time on: steady state on both sides.
-    ref_end = max((e["at_s"] for e in ref_events if e.get("kind") == "metrics"), default=0.0)
-    ref_rate = window_rate(ref_events, (start or 0.0) + SETTLE_S, ref_end) or ref["throughput_samples_per_s"]
+    ref_end = max((e.at_s for e in ref_events if e.kind == "metrics"), default=0.0)
+    ref_rate = window_rate(ref_events, (start or 0.0) + SETTLE_S, ref_end) or ref.throughput_samples_per_s
     return {
         "delay_ms": delay_ms,
         "rows": rows,
@@ -86,16 +88,16 @@ def run_slow_ps_bench(rows: int = 819_200, delay_ms: float = 50.0, at_s: float =
         "slow_samples_per_s_after_replacement": after,
         "ratio_after": after / ref_rate if after else None,
         "ratio_before": during / ref_rate if during else None,
-        "overall_samples_per_s": slow["throughput_samples_per_s"],
+        "overall_samples_per_s": slow.throughput_samples_per_s,
         "fired_s": start,
-        "detected_s": fix["detected_s"] if fix else None,
-        "recovered_s": fix.get("recovered_s") if fix else None,
-        "replaced": fix["actor"] if fix else None,
-        "auc_fault_free": ref["auc"],
-        "auc_slow": slow["auc"],
-        "auc_delta": slow["auc"] - ref["auc"] if slow["auc"] is not None and ref["auc"] is not None else None,
-        "samples_lost": slow["samples_lost"],
-        "bags_updated_per_sample": slow["ps_bags_updated"] / max(slow["samples_trained"], 1),
+        "detected_s": fix.detected_s if fix else None,
+        "recovered_s": fix.recovered_s if fix else None,
+        "replaced": fix.actor if fix else None,
+        "auc_fault_free": ref.auc,
+        "auc_slow": slow.auc,
+        "auc_delta": slow.auc - ref.auc if slow.auc is not None and ref.auc is not None else None,
+        "samples_lost": slow.samples_lost,
+        "bags_updated_per_sample": slow.ps_bags_updated / max(slow.samples_trained, 1),
     }
 
 

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from dlrover.errors import DLRoverError
+from dlrover.runlogs.records import JobSummary
 from dlrover.spec import JobSpec, spec_from_dict
 from dlrover.bench.progress import bench_data
 
@@ -120,19 +121,18 @@ def measure_baseline(spec: JobSpec, threads: int) -> Measured:
 def measure_dlrover(spec: JobSpec, runs_dir: str) -> Measured:
     from dlrover.driver.runner import run_job
 
-    summary, _ = run_job(spec, runs_dir=runs_dir, progress="none")
-    if summary["status"] != "succeeded":
-        raise RuntimeError(f"dlrover bench job ended {summary['status']}")
-    return Measured(summary["throughput_samples_per_s"], summary.get("auc"))
+    doc, _ = run_job(spec, runs_dir=runs_dir, progress="none")
+    summary = JobSummary.from_json(doc)
+    if summary.status != "succeeded":
+        raise RuntimeError(f"dlrover bench job ended {summary.status}")
+    return Measured(summary.throughput_samples_per_s, summary.auc)
 
 
 def job_bench_spec(path: str, layout: Layout) -> JobSpec:
     """A job file as the bench runs it: one epoch, in order, the static policy, in ``layout``."""
-    from dlrover.spec import load_spec
-
     sets = {"data.epochs": 1, "data.shuffle": False, "policy.name": "static", "resources.workers": layout.workers,
             "resources.worker_cpu": layout.worker_cpu, "resources.ps": layout.ps, "resources.ps_cpu": 1}  # fmt: skip
-    return load_spec(path, [(k, str(v)) for k, v in sets.items()])
+    return JobSpec.from_yaml(path, sets)
 
 
 def run_throughput_bench(rows: int | None = None, batch_size: int | None = None, steps: int | None = None, job: str | None = None) -> dict:

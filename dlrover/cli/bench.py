@@ -20,11 +20,16 @@ def grid(v: str) -> list[tuple[int, int]]:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def data_formats(v: str) -> list[str]:
-    """An argparse type: ``NAME,...`` of ``dlrover bench data``'s formats."""
+def all_data_formats() -> list[str]:
+    """``dlrover bench data``'s rows: each reader's, then ray_data's (through Ray Data)."""
     from dlrover.bench.readers import CASES
 
-    known = [c.name for c in CASES]
+    return [c.name for c in CASES] + ["ray_data"]
+
+
+def data_formats(v: str) -> list[str]:
+    """An argparse type: ``NAME,...`` of ``dlrover bench data``'s formats."""
+    known = all_data_formats()
     names = [x.strip() for x in v.split(",") if x.strip()]
     if not names or (bad := [n for n in names if n not in known]):
         raise argparse.ArgumentTypeError(f"expected formats among {', '.join(known)}, got {v!r}")
@@ -108,11 +113,11 @@ def add_bench_parsers(add_parser: Callable[..., argparse.ArgumentParser]) -> Non
     pl.add_argument("--rows", type=positive_int, default=120_000)
     pl.add_argument("--epochs", type=positive_int, default=4)
     pl.add_argument("--slowdown", type=number(float, 1.0, True, "a number above 1"), default=3.0, help="how many times the CPU per step workers on the slow node spend (default 3)")
-    da = bsub.add_parser("data", help="rows/s of each data reader vs pandas code producing the same arrays, single-threaded")
+    da = bsub.add_parser("data", help="rows/s of each data reader vs pandas code producing the same arrays, single-threaded; ray_data: through Ray Data vs the file reader")
     da.add_argument("--json", action="store_true")
     da.add_argument("--rows", type=positive_int, default=200_000, help="rows of each format's file (default 200,000)")
     da.add_argument("--repeats", type=positive_int, default=3, help="reads of each side; the best counts (default 3)")
-    da.add_argument("--formats", type=data_formats, metavar="NAME,...", help="criteo_tsv, csv_header, parquet_lists, torchrec_npy, mlperf_npz (default all)")
+    da.add_argument("--formats", type=data_formats, metavar="NAME,...", help="criteo_tsv, csv_header, parquet_lists, torchrec_npy, mlperf_npz, ray_data (default all)")
     em = bsub.add_parser("embeddings", help="hashed vs dynamic large tables at equal memory on high-cardinality data: AUC, samples/s, memory, evictions")
     em.add_argument("--json", action="store_true")
     em.add_argument("--quick", action="store_true", help="60k rows, 4k-row tables (smoke run)")
@@ -132,7 +137,7 @@ BENCHES: dict[str, tuple[str, str, str, Callable[[argparse.Namespace], dict]]] =
     "bigtable": ("bigtable", "run_bigtable_bench", "print_bigtable", lambda a: {"quick": a.quick}),
     "ps-lookup": ("ps_lookup", "run_ps_lookup_bench", "print_ps_lookup", lambda a: {"ps_counts": a.ps, "quick": a.quick}),
     "perf-model": ("perf_model", "run_perf_model_bench", "print_perf_model", lambda a: {"window_s": a.window_s, "repeats": a.repeats}),
-    "data": ("readers", "run_data_bench", "print_data", lambda a: {"rows": a.rows, "repeats": a.repeats, "formats": a.formats}),
+    "data": ("readers", "run_data_bench", "print_data", lambda a: {"rows": a.rows, "repeats": a.repeats, "formats": a.formats or all_data_formats()}),
     "embeddings": ("embeddings", "run_embeddings_bench", "print_embeddings", lambda a: {"quick": a.quick, "multi_hot": a.multi_hot}),
     "slow-ps": ("slow_ps", "run_slow_ps_bench", "print_slow_ps", lambda a: {"rows": a.rows, "delay_ms": a.delay_ms}),
     "pal": ("pal", "run_pal_bench", "print_pal", lambda a: {"rows": a.rows, "epochs": a.epochs, "slowdown": a.slowdown}),

@@ -9,14 +9,20 @@ import argparse
 import json
 import os
 import sys
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from dlrover.cli.args import EXIT_USER_ERROR, Parser, nonneg_float, nonneg_int, positive_float, positive_int, tick_s
 from dlrover.cli.bench import add_bench_parsers, cmd_bench
 from dlrover.cli.data import add_data_parsers, cmd_data
 from dlrover.cli.serving import SERVING_COMMANDS, add_serving_parsers
-from dlrover.errors import DLRoverError
+from dlrover.errors import DLRoverError, SpecError
 from dlrover.paths import out_dir
+from dlrover.resource.configs import describe_change
+from dlrover.runlogs.records import JobSummary
+from dlrover.runlogs.scale_record import ScaleKind
+
+if TYPE_CHECKING:
+    from dlrover.spec import JobSpec
 
 DEFAULT_DASHBOARD = "http://127.0.0.1:8265"
 
@@ -26,7 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=Parser)
 
     r = sub.add_parser("run", help="train a job spec (embedded local Ray unless --address)")
-    r.add_argument("spec")
+    r.add_argument("spec", nargs="?")
+    r.add_argument("--spec-env", help=argparse.SUPPRESS)  # a submitted job's spec, as JSON in this variable
     r.add_argument("--address", help="Ray cluster address (default: start a local Ray on 127.0.0.1)")
     r.add_argument("--runs-dir", default="runs")
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a spec field, e.g. data.epochs=2")
@@ -120,60 +127,81 @@ def progress_mode(quiet: bool, stderr: TextIO) -> str:
 
 
 def cmd_run(args) -> int:
-    from dlrover.driver.runner import run_job
-    from dlrover.spec import load_spec, parse_overrides
+    from dlrover.api.running import run
 
-    spec = load_spec(args.spec, parse_overrides(args.set))
-    summary, path = run_job(
-        spec, runs_dir=args.runs_dir, address=args.address, progress=progress_mode(args.quiet, sys.stderr), dashboard=args.dashboard, job_id=args.job_id
+    result = run(
+        job_spec(args), runs_dir=args.runs_dir, address=args.address, progress=progress_mode(args.quiet, sys.stderr), dashboard=args.dashboard, job_id=args.job_id
     )
-    _print_result(summary)
-    print(f"summary: {path}")
-    return 0 if summary["status"] == "succeeded" else 1
+    _print_result(result)
+    print(f"summary: {result.run_dir / 'summary.json'}")
+    return 0 if result.status == "succeeded" else 1
 
 
-def _print_result(s: dict) -> None:
+def job_spec(args) -> "JobSpec":
+    """The spec a command names (a YAML path, ``--set`` overrides), or the one a submitted
+    job's entrypoint finds in its environment (``--spec-env``)."""
+    from dlrover.spec import JobSpec, parse_overrides, spec_from_dict
+
+    if getattr(args, "spec_env", None):
+        if args.spec or args.set:
+            raise SpecError("--spec-env: takes neither a spec path nor --set")
+        return spec_from_dict(json.loads(os.environ[args.spec_env]), f"${args.spec_env}")
+    if not args.spec:
+        raise SpecError(f"{args.cmd}: a job spec (YAML path) is required")
+    return JobSpec.from_yaml(args.spec, parse_overrides(args.set))
+
+
+def _print_result(s: JobSummary) -> None:
     def f(v, fmt):
         return format(v, fmt) if isinstance(v, (int, float)) else "n/a"
 
-    print(f"job {s['job_id']}: {s['status']}" + (f": {s['reason']}" if s.get("reason") else ""))
-    line = f"  auc {f(s.get('auc'), '.4f')}  logloss {f(s.get('logloss'), '.4f')}"
-    if s.get("best_auc") is not None:
-        line += f"  (generator's best possible auc {s['best_auc']:.4f}, gap {s['best_auc'] - (s.get('auc') or 0):.4f})"
+    print(f"job {s.job_id}: {s.status}" + (f": {s.reason}" if s.reason else ""))
+    line = f"  auc {f(s.auc, '.4f')}  logloss {f(s.logloss, '.4f')}"
+    if s.best_auc is not None:
+        line += f"  (generator's best possible auc {s.best_auc:.4f}, gap {s.best_auc - (s.auc or 0):.4f})"
     print(line)
     print(
-        f"  throughput {s['throughput_samples_per_s']:,.0f} samples/s  trained {s['samples_trained']:,}/{s['samples_expected']:,}"
-        f"  lost {s['samples_lost']}  wall {s['wall_time_s']:.1f}s"
+        f"  throughput {s.throughput_samples_per_s:,.0f} samples/s  trained {s.samples_trained:,}/{s.samples_expected:,}"
+        f"  lost {s.samples_lost}  wall {s.wall_time_s:.1f}s"
     )
-    if s.get("bad_lines_skipped"):
-        print(f"  skipped {s['bad_lines_skipped']} malformed lines (data.on_bad_line: skip)")
-    plan = s.get("initial_plan") or {}
-    if plan.get("stage") == "warm_start":
-        print(f"  started: {plan['reason']}")
-    for e in s.get("scale_events", []):
-        if e["kind"] == "warm_start":
+    if s.bad_lines_skipped:
+        print(f"  skipped {s.bad_lines_skipped} malformed lines (data.on_bad_line: skip)")
+    if s.initial_plan.get("stage") == "warm_start":
+        print(f"  started: {s.initial_plan['reason']}")
+    for e in s.scale_events:
+        if e.kind is ScaleKind.WARM_START:
             continue
-        extra = f", paused {e['pause_s']:.2f}s" if e.get("pause_s") else ""
-        print(f"  {e['kind']} at {e['at_s']:.0f}s: {e['summary']}{extra}" + (f" ({e['error']})" if e.get("error") else ""))
-    for x in s.get("failures", []):
-        rec = x.get("recovered_s")
-        took = f", training again {rec - x['detected_s']:.1f}s later" if rec is not None else ""
-        extra = f", rolled back to the {x['checkpoint']['source']} checkpoint of {x['checkpoint']['at_s']:.0f}s" if x.get("checkpoint") else ""
-        print(f"  failure {x['kind']} of {x['actor'].rsplit('/', 1)[-1]} at {x['at_s']:.1f}s ({x['cause_class']}): detected after {x['detected_s'] - x['at_s']:.1f}s{took}{extra}")
-    if s.get("failures"):
-        print(f"  ettr {s['ettr']:.3f}  samples replayed {s.get('samples_replayed', 0):,}  oom kills {s.get('oom_kills', 0)}")
-    configs = s.get("configurations") or []
-    if len(configs) > 1 or s.get("policy") not in (None, "static"):
-        for c in configs:
+        pause = e.timings.get("pause_s")
+        extra = f", paused {pause:.2f}s" if pause else ""
+        print(f"  {e.kind.value} at {e.at_s:.0f}s: {describe_change(e.old, e.new)}{extra}" + (f" ({e.error})" if e.error else ""))
+    for x in s.failures:
+        took = f", training again {x.recovered_s - x.detected_s:.1f}s later" if x.recovered_s is not None else ""
+        extra = f", rolled back to the {x.checkpoint.source} checkpoint of {x.checkpoint.at_s:.0f}s" if x.checkpoint else ""
+        print(
+            f"  failure {x.kind.value} of {x.actor.rsplit('/', 1)[-1]} at {x.at_s:.1f}s ({x.cause_class.value}): "
+            f"detected after {x.detected_s - x.at_s:.1f}s{took}{extra}"
+        )
+    if s.failures:
+        print(f"  ettr {s.ettr:.3f}  samples replayed {s.samples_replayed:,}  oom kills {s.oom_kills}")
+    if len(s.configurations) > 1 or s.policy not in ("", "static"):
+        for c in s.configurations:
             pred = f"{c['predicted_throughput']:,.0f}" if c.get("predicted_throughput") else "n/a"
             chosen = f", chosen by {c['stage']}" if c.get("stage") else ""
             print(f"  {c['summary']}: measured {c['measured_throughput']:,.0f} samples/s over {c['duration_s']:.0f}s (model predicted {pred}{chosen})")
 
 
 def cmd_submit(args) -> int:
-    from dlrover.driver.submit import submit
+    from dlrover.api.jobs import submit
 
-    return submit(args.spec, args.address, args.set, wait=args.wait, runs_dir=args.runs_dir)
+    job = submit(job_spec(args), args.address, runs_dir=args.runs_dir)
+    print(f"submitted {job.job_id} to {args.address}")
+    if not args.wait:
+        print(f"follow with: ray job logs -f {job.job_id} --address {args.address}")
+        print(f"status with: dlrover status {job.job_id} --address {args.address}")
+        return 0
+    status = job.wait(out=sys.stdout)
+    print(f"job {job.job_id}: {status}")
+    return 0 if status == "SUCCEEDED" else 1
 
 
 def cmd_status(args) -> int:

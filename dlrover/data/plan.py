@@ -71,6 +71,12 @@ class DataPlan:
                 ids, cut = ids + batch.num_ids, cut + batch.long_bags
         return ids, cut
 
+    def expected_ids(self, layout: DataLayout, epochs: int) -> tuple[int, int]:
+        """``training_ids`` over ``epochs`` epochs: what the PS must have applied in the job
+        (-1 ids: Criteo's layout, one per feature and row)."""
+        ids, cut = self.training_ids(layout)
+        return (ids if ids < 0 else ids * epochs), cut * epochs
+
     def ids_per_sample(self, layout: DataLayout, rows: int = 8192) -> float:
         """Mean ids a training row carries, what the PS's work per sample grows with (the
         performance model's ``k``), from the first ``rows`` training rows of the first file;

@@ -30,6 +30,18 @@ def data_files(patterns: list[str], layout: DataLayout) -> list[str]:
     return npy_days(patterns) if layout.format == "torchrec_npy" else expand_paths(patterns)
 
 
+def pick_rows(rows: Rows, start: int, stop: int, on_bad_line: str) -> tuple[Batch, int]:
+    """Rows [start, stop) of parsed rows (ordinals counting bad rows too): (the good ones,
+    how many were bad); with 'fail', a bad one among them is raised."""
+    batch, bad, reasons = rows
+    # `bad` holds row ordinals of bad rows; map them to batch rows.
+    first_bad, end_bad = np.searchsorted(bad, [start, stop])
+    if end_bad > first_bad and on_bad_line == "fail":
+        raise DataError(reasons[int(first_bad)])
+    lo, hi = start - int(first_bad), stop - int(end_bad)
+    return batch.slice(lo, hi), int(end_bad - first_bad)
+
+
 class FileReader:
     """Reads row ranges [start, stop) of data files; on_bad_line: 'fail' | 'skip'.
 
@@ -63,17 +75,7 @@ class FileReader:
             return self._read_groups(index, start, stop)
         if index.fmt == "npy":
             return self._read_day(index, start, stop)
-        return self._pick(self._whole(index), start, stop)
-
-    def _pick(self, rows: Rows, start: int, stop: int) -> tuple[Batch, int]:
-        """Rows [start, stop) of parsed rows (ordinals counting bad rows too)."""
-        batch, bad, reasons = rows
-        # `bad` holds row ordinals of bad rows; map them to batch rows.
-        first_bad, end_bad = np.searchsorted(bad, [start, stop])
-        if end_bad > first_bad and self.on_bad_line == "fail":
-            raise DataError(reasons[int(first_bad)])
-        lo, hi = start - int(first_bad), stop - int(end_bad)
-        return batch.slice(lo, hi), int(end_bad - first_bad)
+        return pick_rows(self._whole(index), start, stop, self.on_bad_line)
 
     def _read_groups(self, index: FileIndex, start: int, stop: int) -> tuple[Batch, int]:
         """Rows [start, stop) of a Parquet file from the row groups they fall in."""
@@ -86,7 +88,7 @@ class FileReader:
             if lo >= stop:
                 break
             rows = self._cached((index.path, g), index.groups[g], lambda: self._group(index.path, g, lo))
-            batch, bad = self._pick(rows, max(start, lo) - lo, min(stop, hi) - lo)
+            batch, bad = pick_rows(rows, max(start, lo) - lo, min(stop, hi) - lo, self.on_bad_line)
             parts.append(batch)
             skipped += bad
         return Batch.concat(parts) if parts else empty_rows(self.layout)[0], skipped

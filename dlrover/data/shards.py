@@ -10,7 +10,8 @@ Shard ids are ``epoch * shards_per_epoch + k``, where ``k`` numbers the shards o
 epoch in file order; the shard for an id is recomputed on demand, so the state is a
 few id lists rather than every shard of every epoch. A file may come with cut points
 (the first rows of its Parquet row groups) that no shard spans, so a shard's read
-fetches one row group.
+fetches one row group. The lease books (:class:`Leases`) are shared with the queue of
+a Ray Data stream's blocks (:mod:`dlrover.data.blocks`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
@@ -37,6 +38,7 @@ class Shard:
     start: int
     stop: int
     skipped: int = 0
+    block: Any = None  # a ray_data job's: the block's ObjectRef (``path`` names it); files: None
 
     @property
     def rows(self) -> int:
@@ -49,47 +51,18 @@ def split_rows(rows: int, shard_rows: int, cuts: Iterable[int] = ()) -> list[tup
     return [(lo, min(lo + shard_rows, b)) for a, b in zip(edges, edges[1:]) for lo in range(a, b, shard_rows)]
 
 
-class ShardQueue:
-    """Hands out shards epoch by epoch and tracks who is working on what.
+class Leases:
+    """Who is working on which shard: the todo -> doing -> done books every shard queue keeps.
 
     ``next`` moves a shard todo -> doing (leased to an owner); ``done`` moves it to
     done; ``requeue_owner`` puts an owner's leased shards back at the front of todo.
     A lease is renewed by its owner's progress (``renew``); one not renewed within the
     liveness timeout is ``expired``: its owner is hung and the master takes it back.
-    Epoch ``e + 1`` is opened only when every epoch-``e`` shard has been handed out,
-    so epochs never interleave except for requeued stragglers, which go first.
+    Subclasses say where a shard's rows are (``_bounds``) and refill todo (``_refill``).
     """
 
-    def __init__(
-        self,
-        files: list[tuple[str, int]],
-        shard_rows: int,
-        epochs: int,
-        shuffle_seed: int | None = 0,
-        clock: Callable[[], float] = time.monotonic,
-        cuts: dict[str, list[int]] | None = None,
-    ) -> None:
-        if shard_rows < 1:
-            raise ValueError(f"shard_rows must be >= 1, got {shard_rows}")
-        if epochs < 1:
-            raise ValueError(f"epochs must be >= 1, got {epochs}")
-        if shuffle_seed is not None and shuffle_seed < 0:
-            raise ValueError(f"shuffle_seed must be >= 0 or None, got {shuffle_seed}")
-        self.files = [(str(path), int(rows)) for path, rows in files]
-        if any(rows < 0 for _, rows in self.files):
-            raise ValueError("file row counts must be >= 0")
-        self.shard_rows = int(shard_rows)
-        self.epochs = int(epochs)
-        self.shuffle_seed = shuffle_seed
+    def __init__(self, clock: Callable[[], float]) -> None:
         self.clock = clock
-        self.cuts = {str(p): sorted({int(c) for c in cs}) for p, cs in (cuts or {}).items() if cs}
-        # One epoch's shards in file order: (file index, start, stop).
-        self._ranges = [
-            (f, lo, hi)
-            for f, (path, rows) in enumerate(self.files)
-            for lo, hi in split_rows(rows, self.shard_rows, self.cuts.get(path, ()))
-        ]
-        self._opened = 0  # epochs whose shards have been put in todo
         self._todo: deque[int] = deque()
         self._doing: dict[int, tuple[str, float]] = {}  # id -> (owner, lease start or last renewal)
         self._done: dict[int, tuple[str, int]] = {}  # id -> (owner, rows trained)
@@ -102,40 +75,26 @@ class ShardQueue:
         # that finishes such a shard reports only the lines it read itself.
         self.prefix_bad_lines = 0
 
-    # -- shards ----------------------------------------------------------------
+    def _bounds(self, shard_id: int) -> tuple[int, str, int, int, Any]:
+        """(epoch, path, start, stop, block) of a shard, offsets not applied; ValueError for an unknown id."""
+        raise NotImplementedError
 
-    @property
-    def shards_per_epoch(self) -> int:
-        return len(self._ranges)
-
-    @property
-    def total_shards(self) -> int:
-        return self.shards_per_epoch * self.epochs
+    def _refill(self) -> None:
+        """todo ran dry: put the next shards in it, if there are any yet."""
 
     def shard(self, shard_id: int) -> Shard:
-        """The shard with this id; ValueError for an id outside the job."""
-        if not 0 <= shard_id < self.total_shards:
-            raise ValueError(f"unknown shard id {shard_id}")
-        epoch, k = divmod(shard_id, self.shards_per_epoch)
-        f, start, stop = self._ranges[k]
+        """The shard with this id (from its offset on); ValueError for an unknown id."""
+        epoch, path, start, stop, block = self._bounds(shard_id)
         lines = min(self._offset.get(shard_id, (0, 0))[0], stop - start)
-        return Shard(shard_id, epoch, self.files[f][0], start + lines, stop, lines)
-
-    def _epoch_order(self, epoch: int) -> list[int]:
-        n = self.shards_per_epoch
-        order = np.arange(n)
-        if self.shuffle_seed is not None:
-            order = np.random.default_rng([self.shuffle_seed, epoch]).permutation(n)
-        return (epoch * n + order).tolist()
+        return Shard(shard_id, epoch, path, start + lines, stop, lines, block)
 
     # -- transitions -------------------------------------------------------------
 
     def next(self, owner: str) -> Shard | None:
         """Lease the next todo shard to ``owner``; None when nothing is left to hand
         out (shards may still be in progress elsewhere)."""
-        while not self._todo and self._opened < self.epochs:
-            self._todo.extend(self._epoch_order(self._opened))
-            self._opened += 1
+        if not self._todo:
+            self._refill()
         if not self._todo:
             return None
         shard_id = self._todo.popleft()
@@ -220,17 +179,99 @@ class ShardQueue:
     # -- progress ----------------------------------------------------------------
 
     @property
-    def todo_count(self) -> int:
-        """Shards not leased yet, including those of epochs not opened yet."""
-        return len(self._todo) + (self.epochs - self._opened) * self.shards_per_epoch
-
-    @property
     def doing_count(self) -> int:
         return len(self._doing)
 
     @property
     def done_count(self) -> int:
         return len(self._done)
+
+    @property
+    def samples_done(self) -> int:
+        return self._samples_done
+
+    def lease_ages(self) -> dict[int, float]:
+        """Seconds since each leased shard's lease was taken or last renewed."""
+        now = self.clock()
+        return {i: now - since for i, (_, since) in self._doing.items()}
+
+    def doing_owners(self) -> dict[int, str]:
+        """Owner per leased shard."""
+        return {i: owner for i, (owner, _) in self._doing.items()}
+
+
+class ShardQueue(Leases):
+    """Hands out the shards of files epoch by epoch (their books: :class:`Leases`).
+    Epoch ``e + 1`` is opened only when every epoch-``e`` shard has been handed out,
+    so epochs never interleave except for requeued stragglers, which go first.
+    """
+
+    def __init__(
+        self,
+        files: list[tuple[str, int]],
+        shard_rows: int,
+        epochs: int,
+        shuffle_seed: int | None = 0,
+        clock: Callable[[], float] = time.monotonic,
+        cuts: dict[str, list[int]] | None = None,
+    ) -> None:
+        super().__init__(clock)
+        if shard_rows < 1:
+            raise ValueError(f"shard_rows must be >= 1, got {shard_rows}")
+        if epochs < 1:
+            raise ValueError(f"epochs must be >= 1, got {epochs}")
+        if shuffle_seed is not None and shuffle_seed < 0:
+            raise ValueError(f"shuffle_seed must be >= 0 or None, got {shuffle_seed}")
+        self.files = [(str(path), int(rows)) for path, rows in files]
+        if any(rows < 0 for _, rows in self.files):
+            raise ValueError("file row counts must be >= 0")
+        self.shard_rows = int(shard_rows)
+        self.epochs = int(epochs)
+        self.shuffle_seed = shuffle_seed
+        self.cuts = {str(p): sorted({int(c) for c in cs}) for p, cs in (cuts or {}).items() if cs}
+        # One epoch's shards in file order: (file index, start, stop).
+        self._ranges = [
+            (f, lo, hi)
+            for f, (path, rows) in enumerate(self.files)
+            for lo, hi in split_rows(rows, self.shard_rows, self.cuts.get(path, ()))
+        ]
+        self._opened = 0  # epochs whose shards have been put in todo
+
+    # -- shards ----------------------------------------------------------------
+
+    @property
+    def shards_per_epoch(self) -> int:
+        return len(self._ranges)
+
+    @property
+    def total_shards(self) -> int:
+        return self.shards_per_epoch * self.epochs
+
+    def _bounds(self, shard_id: int) -> tuple[int, str, int, int, Any]:
+        if not 0 <= shard_id < self.total_shards:
+            raise ValueError(f"unknown shard id {shard_id}")
+        epoch, k = divmod(shard_id, self.shards_per_epoch)
+        f, start, stop = self._ranges[k]
+        return epoch, self.files[f][0], start, stop, None
+
+    def _epoch_order(self, epoch: int) -> list[int]:
+        n = self.shards_per_epoch
+        order = np.arange(n)
+        if self.shuffle_seed is not None:
+            order = np.random.default_rng([self.shuffle_seed, epoch]).permutation(n)
+        return (epoch * n + order).tolist()
+
+    def _refill(self) -> None:
+        while not self._todo and self._opened < self.epochs:
+            self._todo.extend(self._epoch_order(self._opened))
+            self._opened += 1
+
+    # -- progress ----------------------------------------------------------------
+
+    @property
+    def todo_count(self) -> int:
+        """Shards not leased yet, including those of epochs not opened yet."""
+        return len(self._todo) + (self.epochs - self._opened) * self.shards_per_epoch
 
     @property
     def finished(self) -> bool:
@@ -244,10 +285,6 @@ class ShardQueue:
     @property
     def samples_expected(self) -> int:
         return sum(rows for _, rows in self.files) * self.epochs
-
-    @property
-    def samples_done(self) -> int:
-        return self._samples_done
 
     def applied_lines(self, shard_id: int) -> int:
         """Lines of a shard the model holds with nothing leased: all of a done one, the
@@ -269,15 +306,6 @@ class ShardQueue:
                 f, start, _ = self._ranges[i % self.shards_per_epoch]
                 out.append((self.files[f][0], start + a, start + b))
         return out
-
-    def lease_ages(self) -> dict[int, float]:
-        """Seconds since each leased shard's lease was taken or last renewed."""
-        now = self.clock()
-        return {i: now - since for i, (_, since) in self._doing.items()}
-
-    def doing_owners(self) -> dict[int, str]:
-        """Owner per leased shard."""
-        return {i: owner for i, (owner, _) in self._doing.items()}
 
     def cut(self, trained: dict[int, tuple[int, int]]) -> dict:
         """The state to roll back to for a checkpoint taken now, with every worker parked.

@@ -36,6 +36,7 @@ from dlrover.errors import DLRoverError
 
 if TYPE_CHECKING:
     from dlrover.driver.localhead import LocalHead
+    from dlrover.spec import JobSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "dashboards" / "dlrover.json"
@@ -230,11 +231,11 @@ class ObservedJob:
 
 
 @contextmanager
-def observed_job(spec: str = CHECK_JOB, runs_dir: str = "runs", quiet: bool = False) -> Iterator[ObservedJob]:
+def observed_job(spec: str | JobSpec = CHECK_JOB, runs_dir: str = "runs", quiet: bool = False) -> Iterator[ObservedJob]:
     """Ray head + Prometheus (``dashboards/prometheus.yml``) + ``spec`` submitted through
     Ray Jobs and followed to its end; both servers stay up inside the ``with``."""
+    from dlrover.api.jobs import submit
     from dlrover.driver.localhead import LocalHead
-    from dlrover.driver.submit import client, follow, submit_job
 
     say = (lambda *a: None) if quiet else (lambda *a: print("[dashboards]", *a, flush=True))
     say("starting a Ray head on loopback ...")
@@ -243,10 +244,15 @@ def observed_job(spec: str = CHECK_JOB, runs_dir: str = "runs", quiet: bool = Fa
         with Prometheus(prometheus_config(sd)) as prom:
             say(f"prometheus at {prom.url}; submitting {spec} to {head.address}")
             start = time.time()
-            job_id = submit_job(spec, head.address, [], runs_dir)
-            rc = follow(client(head.address), job_id, out=None if quiet else sys.stdout, timeout_s=JOB_TIMEOUT_S)
+            job = submit(spec, head.address, runs_dir=runs_dir)
+            try:
+                status = job.wait(JOB_TIMEOUT_S, out=None if quiet else sys.stdout)
+            except TimeoutError as e:
+                job.stop()
+                print(f"{e}: stopped", file=sys.stderr)
+                status = "STOPPED"
             time.sleep(3.0)  # a last scrape after the job's final values
-            yield ObservedJob(head, prom, job_id, start, time.time(), rc)
+            yield ObservedJob(head, prom, job.job_id, start, time.time(), 0 if status == "SUCCEEDED" else 1)
 
 
 def run_check(spec: str = CHECK_JOB, dashboard: Path = DASHBOARD, runs_dir: str = "runs") -> int:

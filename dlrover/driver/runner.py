@@ -9,20 +9,22 @@ import secrets
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Sequence
 
 import ray
 
 from dlrover.data.plan import DataPlan
-from dlrover.errors import DLRoverError
-from dlrover.runlogs.driver_log import event_line, progress_line, result_line
+from dlrover.data.ray_source import StreamPlan, call_dataset_function, dataset_function
+from dlrover.errors import DLRoverError, SpecError
+from dlrover.driver.observers import Observer, progress_display
+from dlrover.runlogs.records import JobSummary
 from dlrover.paths import check_creatable_dir, is_url
 from dlrover.driver.rayauth import use_token_auth
 from dlrover.resource.plan import Policy
 from dlrover.spec import JobSpec
+from dlrover.tracking import trackers
 
-POLL_S = 0.5  # progress-bar refresh period
-LINE_EVERY_S = 5.0  # progress-line period without a bar
+POLL_S = 0.5  # progress refresh period
 
 
 MASTER_RESTARTS = 3
@@ -64,9 +66,11 @@ def ensure_data(spec: JobSpec) -> None:
 
 
 def required_cpus(spec: JobSpec) -> float:
-    """Logical CPUs the job may hold at once: its budget, else its request."""
-    r = spec.resources
-    return max(r.budget_cpu or 0.0, r.workers * r.worker_cpu + r.ps * r.ps_cpu + r.dense_cpu)
+    """Logical CPUs the job may hold at once: its budget, else its request; and a ray_data
+    job's ``data.ray_data_cpu`` beside them, for Ray Data's tasks (the Dataset's limit)."""
+    r, d = spec.resources, spec.data
+    stream = d.ray_data_cpu if d.source == "ray_data" else 0.0
+    return max(r.budget_cpu or 0.0, r.workers * r.worker_cpu + r.ps * r.ps_cpu + r.dense_cpu) + stream
 
 
 def resolve_policy(spec: JobSpec) -> tuple[JobSpec, Policy]:
@@ -162,102 +166,125 @@ def run_job(
     dashboard: bool = False,
     job_id: str | None = None,
     stop_when: Callable[[dict], bool] | None = None,
+    observers: Sequence[Observer] = (),
+    dataset: Any = None,
 ) -> tuple[dict, Path]:
-    """Train ``spec`` to the end; returns (summary, path of summary.json).
+    """Train ``spec`` to the end; returns (``summary.json``'s object, the file's path):
+    the JSON form of the master's ``JobSummary``, which ``JobSummary.from_json`` reads back.
 
-    ``progress``: "bar" (tqdm on stderr), "lines" (a plain line every few seconds, for
-    logs) or "none". ``stop_when(progress)``: stop the job early once it returns True
-    (benchmarks; the summary then says ``stopped``).
+    ``progress``: "bar" (``tqdm.auto`` on stderr), "lines" (a plain line every few seconds,
+    for logs) or "none". ``stop_when(progress)``: stop the job early once it returns True
+    (benchmarks; the summary then says ``stopped``). ``observers``: told of the job as
+    the progress display is (:mod:`dlrover.driver.observers`). ``dataset``: a
+    ``ray.data.Dataset`` to train from instead of the spec's data source (its ``paths``,
+    ``synth`` and held-out rows); its columns follow the spec's features.
     """
-    from tqdm import tqdm
+    # Every check before the run directory is written: a bad input leaves nothing behind.
+    check_creatable_dir(runs_dir, "--runs-dir")
+    if dataset is not None and spec.data.source == "files":
+        spec = spec.with_overrides(STREAM_OVERRIDES)
+    spec, policy = resolve_policy(spec)
+    spec = resolve_checkpoint_dir(spec)
+    started = False
+    try:
+        if spec.data.source == "ray_data":
+            make = None if dataset is not None else stream_function(spec)  # a bad name costs no Ray start
+            started = init_ray(spec, address, dashboard)
+            data: DataPlan | StreamPlan = StreamPlan.of(spec, dataset if make is None else call_dataset_function(spec.data.dataset, make))
+        else:
+            ensure_data(spec)
+            data = DataPlan.build(spec)  # files that hold no training rows fail here; the master gets this plan
+        job_id = job_id or new_job_id(spec.name)
+        # A tracker that cannot start fails before a bar is drawn or the run directory written.
+        watching = [*trackers(spec, job_id), *progress_display(progress, job_id), *observers]
+        try:
+            run_dir = Path(runs_dir) / job_id
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / "spec.json").write_text(spec.model_dump_json(indent=2))
+            started = init_ray(spec, address, dashboard) or started
+            summary = _run_master(spec, data, policy, job_id, run_dir, stop_when, watching)
+            with open(run_dir / "events.jsonl", "w") as f:
+                for event in summary.events:
+                    f.write(json.dumps(event.to_json(), default=float) + "\n")
+            path = run_dir / "summary.json"
+            doc = summary.to_json()
+            path.write_text(json.dumps(doc, indent=2, default=float))
+            for o in watching:
+                o.finished(summary, run_dir)
+        finally:
+            for o in watching:
+                o.close()
+    finally:
+        if started:
+            ray.shutdown()
+    return doc, path
 
+
+# A dataset given to run_job replaces a files spec's data source.
+STREAM_OVERRIDES = {"data.source": "ray_data", "data.paths": [], "data.synth": None, "data.columns": None, "data.format": "auto", "data.eval_fraction": 0.0}
+
+
+def stream_function(spec: JobSpec) -> Callable[[], Any]:
+    """The function ``data.dataset`` names; a ray_data spec without one needs a dataset given."""
+    if spec.data.dataset is None:
+        raise SpecError("data.source: ray_data needs data.dataset (module:function), or a dataset given to dlrover.run")
+    return dataset_function(spec.data.dataset)
+
+
+def _run_master(
+    spec: JobSpec, data: DataPlan | StreamPlan, policy: Policy, job_id: str, run_dir: Path,
+    stop_when: Callable[[dict], bool] | None, watching: list[Observer],
+) -> JobSummary:  # fmt: skip
+    """The master started on the Ray this process joined, its progress polled to the end: the summary."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     from dlrover.master.master import JobMaster
 
-    # Every check before the run directory is written: a bad input leaves nothing behind.
-    check_creatable_dir(runs_dir, "--runs-dir")
-    spec, policy = resolve_policy(spec)
-    spec = resolve_checkpoint_dir(spec)
-    ensure_data(spec)
-    data = DataPlan.build(spec)  # files that hold no training rows fail here; the master gets this plan
-    job_id = job_id or new_job_id(spec.name)
-    run_dir = Path(runs_dir) / job_id
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "spec.json").write_text(spec.model_dump_json(indent=2))
-    started = init_ray(spec, address, dashboard)
-    try:
-        master = (
-            ray.remote(JobMaster)
-            # A master that dies is restarted by Ray (its calls retried) and resumes from
-            # its persisted state and the newest durable checkpoint.
-            # On the driver's node (the head in a cluster), which a worker node's loss spares.
-            .options(
-                name=f"{job_id}/master",
-                max_concurrency=64,
-                num_cpus=0,
-                max_restarts=MASTER_RESTARTS,
-                max_task_retries=-1,
-                scheduling_strategy=NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True),
-            )
-            .remote(job_id, spec, data, policy, run_dir=str(run_dir.resolve()))
+    # A master that dies is restarted by Ray (its calls retried) and resumes from its
+    # persisted state and the newest durable checkpoint; a ray_data job's master owns its
+    # blocks, which die with it: it is not restarted.
+    restarts = 0 if isinstance(data, StreamPlan) else MASTER_RESTARTS
+    master = (
+        ray.remote(JobMaster)
+        # On the driver's node (the head in a cluster), which a worker node's loss spares.
+        .options(
+            name=f"{job_id}/master",
+            max_concurrency=64,
+            num_cpus=0,
+            max_restarts=restarts,
+            max_task_retries=-1 if restarts else 0,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True),
         )
-        ref = master.run.remote()
-        bar = tqdm(total=None, unit="samples", unit_scale=True, disable=progress != "bar", dynamic_ncols=True, file=sys.stderr)
-        last_line = time.monotonic()
-        seen_events, restarts = 0, 0
-        try:
-            while not ray.wait([ref], timeout=POLL_S)[0]:
-                try:
-                    p = ray.get(master.progress.remote(since=seen_events))
-                except ray.exceptions.RayTaskError:
-                    continue  # a snapshot that failed (a race with the run thread): the next one
-                if p["restarts"] != restarts:  # a restarted master has a new event log
-                    restarts, seen_events = p["restarts"], 0
-                    p = ray.get(master.progress.remote(since=0))
-                seen_events = p["events_next"]
-                if stop_when is not None and stop_when(p):
-                    master.stop.remote()
-                    stop_when = None
-                if progress == "bar":
-                    if bar.total is None and p["samples_expected"]:
-                        bar.total = p["samples_expected"]
-                    bar.n = min(p["samples_seen"], bar.total or p["samples_seen"])
-                    loss = f"{p['loss']:.4f}" if p["loss"] is not None else "-"
-                    bar.set_postfix_str(f"{p['status']} {p['config'] or '-'} {p['samples_per_s']:,.0f} samples/s loss={loss}", refresh=False)
-                    for e in p["events"]:
-                        bar.write(event_line(job_id, e), file=sys.stderr)
-                    bar.refresh()
-                elif progress == "lines":
-                    # Plain lines for logs (``ray job logs -f``), where a bar would be noise;
-                    # ``dlrover status`` reads the latest of them back.
-                    for e in p["events"]:
-                        print(event_line(job_id, e), flush=True)
-                    if time.monotonic() - last_line >= LINE_EVERY_S:
-                        last_line = time.monotonic()
-                        print(progress_line(job_id, p), flush=True)
-            summary = _get_summary(ref)
-        except KeyboardInterrupt:
-            master.stop.remote()
-            raise
-        finally:
-            bar.close()
-            ray.kill(master, no_restart=True)
+        .remote(job_id, spec, data, policy, run_dir=str(run_dir.resolve()))
+    )
+    ref = master.run.remote()
+    seen_events, restarts = 0, 0
+    try:
+        while not ray.wait([ref], timeout=POLL_S)[0]:
+            try:
+                p = ray.get(master.progress.remote(since=seen_events))
+            except ray.exceptions.RayTaskError:
+                continue  # a snapshot that failed (a race with the run thread): the next one
+            if p["restarts"] != restarts:  # a restarted master has a new event log
+                restarts, seen_events = p["restarts"], 0
+                p = ray.get(master.progress.remote(since=0))
+            seen_events = p["events_next"]
+            if stop_when is not None and stop_when(p):
+                master.stop.remote()
+                stop_when = None
+            for o in watching:
+                for e in p["events"]:
+                    o.event(e)
+                o.progress(p)
+        return _get_summary(ref)
+    except KeyboardInterrupt:
+        master.stop.remote()
+        raise
     finally:
-        if started:
-            ray.shutdown()
-    events = summary.pop("events", [])
-    with open(run_dir / "events.jsonl", "w") as f:
-        for row in events:
-            f.write(json.dumps(row, default=float) + "\n")
-    path = run_dir / "summary.json"
-    path.write_text(json.dumps(summary, indent=2, default=float))
-    if progress == "lines":
-        print(result_line(job_id, summary), flush=True)
-    return summary, path
+        ray.kill(master, no_restart=True)
 
 
-def _get_summary(ref) -> dict:
+def _get_summary(ref) -> JobSummary:
     """The master's summary; a user error inside the job is re-raised as one line."""
     try:
         return ray.get(ref)

@@ -50,17 +50,22 @@ Decision = ReplaceWorkers | RecoverPs | RestartAll | Fail
 class FailurePolicy:
     """``on_failure``: ``recover`` (live recovery) or ``restart`` (every failure restarts
     the job); ``ps``: ``partial`` or ``rollback``; ``max_failures``: the job fails
-    after more failures than this."""
+    after more failures than this; ``replays``: rows trained before a checkpoint can be
+    read again (False for a ray_data job, whose trained blocks are released: a lost PS,
+    which only a checkpoint can replace, fails it)."""
 
     on_failure: Literal["recover", "restart"] = "recover"
     ps: Literal["partial", "rollback"] = "partial"
     max_failures: int = 20
+    replays: bool = True
 
     def worker_lost(self, workers: tuple[str, ...]) -> ReplaceWorkers | RestartAll:
         return RestartAll() if self.on_failure == "restart" else ReplaceWorkers(workers)
 
-    def ps_lost(self, lost: LostPs) -> RecoverPs | RestartAll:
+    def ps_lost(self, lost: LostPs) -> RecoverPs | RestartAll | Fail:
         """The dense PS's loss is never partial: every worker's dense state goes with it."""
+        if not self.replays:
+            return Fail("a PS was lost, and a ray_data job cannot go back to a checkpoint: the blocks trained since are released")
         if self.on_failure == "restart":
             return RestartAll()
         return RecoverPs(lost, partial=self.ps == "partial" and not lost.dense)

@@ -17,6 +17,7 @@ import threading
 from dataclasses import dataclass
 from typing import Callable
 
+from dlrover.data.blocks import Block, BlockShardQueue
 from dlrover.data.shards import Shard, ShardQueue
 from dlrover.worker.window import WorkerReport
 
@@ -33,7 +34,7 @@ class Cut:
 
 
 class ShardBooks:
-    def __init__(self, queue: ShardQueue, clock: Callable[[], float], deterministic: bool = False) -> None:
+    def __init__(self, queue: ShardQueue | BlockShardQueue, clock: Callable[[], float], deterministic: bool = False) -> None:
         """``deterministic``: one shard at a time across the job (a reproducible order)."""
         self.queue = queue
         self.clock = clock
@@ -196,6 +197,26 @@ class ShardBooks:
         if not parked:
             self._uncertain |= back
         return requeued
+
+    def add_block(self, epoch: int, block: Block) -> bool:
+        """A stream's next block (``data.source: ray_data``), added once fewer than
+        ``data.blocks_in_flight`` are pinned; False, nothing added, when the job stopped first."""
+        with self._work:
+            while not self.queue.room() and not self.stop_requested:
+                self._work.wait(NEXT_SHARD_WAIT_S)
+            if self.stop_requested:
+                return False
+            self.queue.add(epoch, block)
+            self._work.notify_all()
+            return True
+
+    def end_stream(self) -> None:
+        """The stream has no more blocks: the job ends once their shards are done."""
+        with self._work:
+            self.queue.end()
+            if self.queue.finished and self.train_end is None:
+                self.train_end = self.clock()
+            self._work.notify_all()
 
     def stop(self) -> None:
         with self._work:

@@ -19,7 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 from dlrover.master.actor_stats import ActorStats
 from dlrover.master.cluster import ActorDied
-from dlrover.master.scale_events import FirstSteps, ScaleEvent, ScaleKind
+from dlrover.master.restart import RestartRescale, stop_checkpoint_restart
+from dlrover.master.scale_events import FirstSteps
+from dlrover.runlogs.scale_record import ScaleEvent, ScaleKind
 from dlrover.ps.ps_stats import PsStats
 from dlrover.master.scaler import MigrationAborted, ScaleOp, ScalePhase, ScalePlan, Scaler, ScaleResult, scale_plan
 from dlrover.resource.configs import Config, job_budget
@@ -32,6 +34,7 @@ from dlrover.master.job import Job
 
 if TYPE_CHECKING:
     from dlrover.data.plan import DataPlan
+    from dlrover.data.ray_source import StreamPlan
 
 DRAIN_STAGE = "drain"  # the stage of a plan that moves actors off a drained node
 
@@ -47,7 +50,7 @@ class Rescale:
 
 
 class Controller:
-    def __init__(self, master: Job, data: "DataPlan", policy: Policy, cores: float = math.inf) -> None:
+    def __init__(self, master: Job, data: "DataPlan | StreamPlan", policy: Policy, cores: float = math.inf) -> None:
         """``policy``: built once, on the driver (a restarted master gets a fresh copy);
         ``cores``: the cluster's physical cores (:func:`~dlrover.master.topology.cluster_cores`)."""
         self.m = master
@@ -80,6 +83,7 @@ class Controller:
         self.stats = ActorStats(master, self._rss)
         self._first_steps = FirstSteps()
         self._op: Rescale | None = None
+        self.decided: RestartRescale | None = None  # ``policy.rescale: restart``: for the RestartRescaling state
         self._initial_plan: ResourcePlan | None = None
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -185,7 +189,7 @@ class Controller:
         """Swap each of these actors for a fresh one of its own size, placed elsewhere (a
         node drain), through the same live rescale as a policy's plan. The workers take
         no new shard from now on (nothing else replaces them if they die meanwhile)."""
-        if self._op is not None:
+        if self.busy():
             return {}
         lz = self.m.launcher
         workers = [a for a in actors if a in lz.workers]
@@ -208,8 +212,9 @@ class Controller:
             sp = scale_plan(plan, workers, ps, lz.ps_name)
         if sp.empty():
             return {}
-        if self.spec.policy.rescale == "restart":
-            return self._restart(plan, old) if self.m.books.settled() else {}
+        if self.spec.policy.rescale == "restart":  # the job loop's RestartRescaling state carries it out
+            self.decided = RestartRescale(plan, old) if self.m.books.settled() else None
+            return {}
         self._op = Rescale(self.scaler.begin(sp), plan, old, self.now())
         self.m.events.add("scale_begin", reason=plan.reason, ops=sp.ops())
         return self._progress_op(self.now())
@@ -281,8 +286,8 @@ class Controller:
             self.policy.rejected(plan, error)
 
     def busy(self) -> bool:
-        """A rescale is under way (no checkpoint cut in the middle of one)."""
-        return self._op is not None
+        """A rescale is under way or decided (no checkpoint cut in the middle of one)."""
+        return self._op is not None or self.decided is not None
 
     def memory_after_oom(self, memory_mb: int) -> int:
         """Memory for the replacement of an actor killed over its limit: 1.5x, within the budget."""
@@ -306,45 +311,34 @@ class Controller:
         self.m.books.drain(res.drained)
         self.retired_ps_stats += res.retired_ps_stats
         new = self._config()
-        ev = ScaleEvent.of(
-            ScaleKind.of(old, new, plan),
-            plan,
-            old,
-            new,
-            t0,
-            ops=op.plan.ops(),
-            spares_used=op.spares_used,
-            duration_s=round(self.now() - t0, 3),
-            timings=res.timings(),
-        )
+        ev = ScaleEvent.of(ScaleKind.of(old, new, plan), plan, old, new, t0, ops=op.plan.ops(), spares_used=op.spares_used, duration_s=round(self.now() - t0, 3), timings=res.timings())
         self._bind_first_steps(res.new_workers, ev)
         slow_since = {fix.actor: self.driver.watch.slow_since(fix.actor, t0) for fix in plan.corrections}
         self.m.recovery.corrected(plan, op.new_workers, t0, slow_since)
-        self.m.scale_events.append(ev)
-        self._log(ev)
+        self._record(ev)
         self._open(new, self.now(), plan)
         self._spares(new)
 
-    def _restart(self, plan: ResourcePlan, old: Config) -> dict[Any, str]:
-        """The baseline way to rescale: stop every worker at a shard boundary, checkpoint
-        the PS to disk, relaunch the whole configuration, restore, go on."""
-        from dlrover.master.restart import stop_checkpoint_restart
-
-        t0 = self.now()
+    def restart_rescale(self, decision: RestartRescale) -> dict[Any, str]:
+        """The baseline way to rescale, as ``decided``: stop every worker at a shard
+        boundary, checkpoint the PS to disk, relaunch the whole configuration, restore."""
+        plan, old, t0 = decision.plan, decision.old, self.now()
+        self.decided = None
         self._close()
         res = stop_checkpoint_restart(self.m, plan.config)
         self.retired_ps_stats += res.retired_ps_stats
         new = self._config()
         ev = ScaleEvent.of(ScaleKind.of(old, new, plan), plan, old, new, t0, ops=["stop", "checkpoint", "relaunch", "restore"], duration_s=round(self.now() - t0, 3), timings=res.timings())
         self._bind_first_steps(list(res.started.values()), ev)
-        self.m.scale_events.append(ev)
-        self._log(ev)
+        self._record(ev)
         self._open(new, self.now(), plan)
         return res.started
 
-    def _log(self, ev: ScaleEvent) -> None:
+    def _record(self, ev: ScaleEvent) -> None:
+        """A rescale done: its event goes into the summary and, as a ``scale`` row, the log."""
+        self.m.scale_events.append(ev)
         row = ev.to_dict()
-        self.m.events.add("scale", **{k: v for k, v in row.items() if k != "kind"}, scale_kind=row["kind"])
+        self.m.events.add("scale", **{k: v for k, v in row.items() if k != "kind"}, scale_kind=ev.kind.value)
 
     def _config(self) -> Config:
         lz = self.m.launcher
@@ -359,8 +353,9 @@ class Controller:
             return self.driver.view(now, config, progress, reports)
 
     # -- end of job ---------------------------------------------------------------------
-    def finish(self, summary: dict) -> dict:
-        """Close the last window; the summary's policy fields; a history record."""
+    def finish(self, status: str, samples: int, wall_time_s: float) -> dict[str, Any]:
+        """Close the last window; the summary's policy fields (``JobSummary``'s); a history
+        record of a job that succeeded (``samples`` trained in ``wall_time_s``)."""
         self._close()
         configs = [m.row() for m in self.measurements]
         p = self._initial_plan
@@ -372,7 +367,7 @@ class Controller:
             "perf_model": {"cores": self.model.cores, "params": self.model.params._asdict(), "identified": list(self.model.identified), "points": self.model.n_points},
             "history_dir": self.history_dir,
         }
-        if summary.get("status") == "succeeded" and self.measurements:
+        if status == "succeeded" and self.measurements:
             best = max(self.measurements, key=lambda m: m.throughput)
             record = HistoryRecord(
                 signature=self.signature,
@@ -384,8 +379,8 @@ class Controller:
                 best_throughput=best.throughput,
                 measurements=[{"config": m.config.to_dict(), "throughput": m.throughput, "duration_s": m.duration_s} for m in self.measurements],
                 perf_model=self.model.to_dict(),
-                samples=int(summary.get("samples_trained", 0)),
-                wall_time_s=float(summary.get("wall_time_s", 0.0)),
+                samples=int(samples),
+                wall_time_s=float(wall_time_s),
                 status="completed",
                 peak_rss_mb={k: round(v, 1) for k, v in self.stats.peak_rss.items() if v > 0},
             )

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from dlrover.data.plan import DataPlan
+from dlrover.data.ray_source import StreamPlan
 from dlrover.master.cluster import ActorDied, CallTimeout, Cluster, RayError
 from dlrover.master.events import EventLog
 from dlrover.master.launcher import Launcher
@@ -29,7 +30,7 @@ def score(results: list[dict]) -> dict:
 
 
 class Evaluator:
-    def __init__(self, cluster: Cluster, data: DataPlan, shard_rows: int, every_steps: int | None, events: EventLog) -> None:
+    def __init__(self, cluster: Cluster, data: DataPlan | StreamPlan, shard_rows: int, every_steps: int | None, events: EventLog) -> None:
         self.cluster = cluster
         self.data, self.shard_rows, self.every, self.events = data, shard_rows, every_steps, events
         self._next_step = every_steps or None

@@ -8,20 +8,22 @@ from __future__ import annotations
 from typing import Any, Callable, Protocol
 
 from dlrover.data.plan import DataPlan
+from dlrover.data.ray_source import StreamPlan
+from dlrover.errors import DLRoverError
 from dlrover.faults.records import Failure
 from dlrover.master.books import ShardBooks
 from dlrover.master.cluster import Cluster
 from dlrover.master.events import EventLog
 from dlrover.master.launcher import Launcher
 from dlrover.master.runs import RunGroup
-from dlrover.master.scale_events import ScaleEvent
+from dlrover.runlogs.scale_record import ScaleEvent
 from dlrover.spec import JobSpec
 
 
 class Job(Protocol):
     job_id: str
     spec: JobSpec
-    data: DataPlan  # the files, their row counts, the training and held-out rows
+    data: DataPlan | StreamPlan  # the files, their row counts, the training and held-out rows; or a Dataset
     cluster: Cluster  # every Ray call goes through it
     clock: Callable[[], float]
     t0: float  # clock value at the job's start: job time = clock() - t0
@@ -42,3 +44,5 @@ class Job(Protocol):
     def crash(self) -> None: ...
 
     def run_directory(self) -> str: ...
+
+    def bad_input(self, worker: str, error: DLRoverError) -> None: ...

@@ -22,7 +22,7 @@ import itertools
 import math
 import os
 from collections import Counter
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
@@ -30,7 +30,7 @@ from dlrover.data.criteo import FileIndex
 from dlrover.errors import DLRoverError
 from dlrover.ids import ActorId, Role
 from dlrover.model.dlrm import initial_dense_array
-from dlrover.master.cluster import ActorDied, CallTimeout, Cluster
+from dlrover.master.cluster import ActorDied, CallTimeout, Cluster, get_alive
 from dlrover.master.topology import cpu_nodes, node_totals, probe_work_s
 from dlrover.ps.dense_rounds import RoundRule
 from dlrover.ps.dense_shards import DenseShards, start_dense_shards
@@ -224,6 +224,25 @@ class Launcher:
         )  # fmt: skip
         self.resources[name] = (cpu, memory_mb)
         return ps_id
+
+    def switch_map(
+        self, vmap: VShardMap, workers: Iterable[str] | None = None, ps: Iterable[int] | None = None, dense: bool = False, alive_only: bool = False,
+    ) -> None:  # fmt: skip
+        """The one place a running job's vshard map changes and workers learn it, so the
+        master's map and the workers' routing never part: ``vmap`` becomes the job's, and
+        ``workers`` (default: all; the current map for new ones, or after an aborted
+        switch) route by it to the PS ``ps`` (default: all; a switch: those that stay) and,
+        with ``dense``, to the dense PS a recovery may have re-created. Waits for every
+        answer; ``alive_only``: a worker dead meanwhile is skipped (its run's death is
+        handled as any other)."""
+        self.vmap = vmap
+        to = dict(self.ps) if ps is None else {k: self.ps[k] for k in ps}
+        names = list(self.workers) if workers is None else workers
+        refs = [self.workers[w].set_routing.remote(to, vmap, self.dense if dense else None) for w in names]
+        if alive_only:
+            get_alive(self.cluster, refs)
+        else:
+            self.cluster.get(refs)
 
     def remove_ps(self, ps_id: int) -> None:
         handle = self.ps.pop(ps_id, None)

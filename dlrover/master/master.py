@@ -21,6 +21,7 @@ from typing import Callable
 import numpy as np
 
 from dlrover.data.plan import DataPlan
+from dlrover.data.ray_source import StreamPlan
 from dlrover.data.shards import Shard
 from dlrover.master.books import ShardBooks
 from dlrover.errors import DLRoverError
@@ -35,12 +36,15 @@ from dlrover.master.control import Controller
 from dlrover.master.drain import NodeDrains
 from dlrover.master.evaluator import Evaluator
 from dlrover.master.events import NOTABLE_EVENTS, EventLog
+from dlrover.master.feed import StreamFeed
 from dlrover.master.launcher import Launcher
 from dlrover.master.persist import MasterState, load_master_state, save_master_state
 from dlrover.master.recovery import Recovery
 from dlrover.master.replace import remove_worker
+from dlrover.master.restart import RestartRescale
 from dlrover.master.rollback import resume_after_restart
-from dlrover.master.scale_events import ScaleEvent
+from dlrover.runlogs.records import JobSummary
+from dlrover.runlogs.scale_record import ScaleEvent
 from dlrover.master.summary import actor_rows, end_summary, ettr_now, export_final, reliability_fields
 from dlrover.master.runs import RunGroup
 from dlrover.master.states import TERMINAL, Failed, JobLoop, JobStatus, State
@@ -48,7 +52,7 @@ from dlrover.metrics.telemetry import Telemetry
 from dlrover.master.topology import cluster_cores
 from dlrover.resource.plan import Policy
 from dlrover.spec import JobSpec
-from dlrover.worker.window import WorkerReport
+from dlrover.worker.window import RunResult, WorkerReport
 
 TICK_S = 1.0  # the control loop wakes at least this often while workers train
 PUBLISH_EVERY_S = 1.0  # metrics export (Ray's agent takes them every few seconds)
@@ -56,10 +60,10 @@ PUBLISH_EVERY_S = 1.0  # metrics export (Ray's agent takes them every few second
 
 class JobMaster:
     def __init__(
-        self, job_id: str, spec: JobSpec, data: DataPlan, policy: Policy, clock: Callable[[], float] = time.monotonic, run_dir: str | None = None,
+        self, job_id: str, spec: JobSpec, data: DataPlan | StreamPlan, policy: Policy, clock: Callable[[], float] = time.monotonic, run_dir: str | None = None,
         cluster: Cluster | None = None, failure_policy: FailurePolicy | None = None,
     ) -> None:  # fmt: skip
-        """``spec``, ``data`` (the files' index), ``policy``: made once, on the driver;
+        """``spec``, ``data`` (the files' index, or a ray_data job's Dataset), ``policy``: made once, on the driver;
         ``cluster``: where the actors run (default: this process's Ray; tests: a fake);
         ``failure_policy``: how failures are answered (default: the spec's settings)."""
         self.cluster: Cluster = cluster if cluster is not None else RayCluster()
@@ -85,7 +89,8 @@ class JobMaster:
         self.chaos: ChaosInjector | None = None
         self.drains: NodeDrains | None = None
         r, c = spec.recovery, spec.checkpoint
-        self.recovery = Recovery(self, failure_policy or FailurePolicy(c.on_failure, r.ps, c.max_failures))
+        replays = not isinstance(data, StreamPlan)  # a stream's trained blocks are released
+        self.recovery = Recovery(self, failure_policy or FailurePolicy(c.on_failure, r.ps, c.max_failures, replays))
         self.checkpointer: Checkpointer | None = None
         self.restarts = 0
         self.telemetry = Telemetry(job_id)
@@ -162,11 +167,11 @@ class JobMaster:
             "ettr": ettr_now(self),
             "checkpoint_age_s": self.checkpointer.age_s(now) if self.checkpointer else {},
             "actors": actor_rows(self, reports),
-            # Copies of the fields readers use: the originals gain keys on other threads.
-            "scale_events": [{"kind": e.kind.value} for e in list(self.scale_events)],
-            "failures": [{k: f.to_dict()[k] for k in ("kind", "cause_class", "at_s", "recovered_s")} for f in list(self.failures)],
+            # Copies: the records change on other threads (a first step, a recovery).
+            "scale_events": [replace(e, first_step_s=dict(e.first_step_s)) for e in list(self.scale_events)],
+            "failures": [replace(f) for f in list(self.failures)],
             "restarts": self.restarts,
-            "events": [e for e in events if e["kind"] in NOTABLE_EVENTS],
+            "events": [e for e in events if e.kind in NOTABLE_EVENTS],
             "events_next": events_next,
         }
 
@@ -180,7 +185,7 @@ class JobMaster:
         """Workers get no more shards; the job ends "stopped"."""
         self.books.stop()
 
-    def run(self) -> dict:
+    def run(self) -> JobSummary:
         """Drive the job to the end and return the summary (the driver writes it)."""
         spec = self.spec
         self.events.add("job_start", job_id=self.job_id, samples_expected=self.books.queue.samples_expected)
@@ -191,6 +196,8 @@ class JobMaster:
         self.control = Controller(self, self.data, self.policy, cluster_cores(self.cluster))
         self.drains = NodeDrains(self)
         self.chaos = ChaosInjector(self, spec.chaos, state.chaos_fired if state else None)
+        if isinstance(self.data, StreamPlan):
+            StreamFeed(self, self.data).start()  # blocks stream in while the actors start
         try:
             return self._train_and_evaluate(state)
         finally:
@@ -207,7 +214,7 @@ class JobMaster:
         save_master_state(self, crash_at_s=self.clock() - self.t0)
         os._exit(1)
 
-    def _train_and_evaluate(self, state: MasterState | None = None) -> dict:
+    def _train_and_evaluate(self, state: MasterState | None = None) -> JobSummary:
         self._resumed = state
         end = JobLoop(self, self.runs, tick_s=min(TICK_S, self.spec.policy.interval_s)).run()
         if self._user_error is not None:
@@ -222,12 +229,12 @@ class JobMaster:
         if self.status == JobStatus.SUCCEEDED and not self.spec.checkpoint.dir:
             # recovery checkpoints in the run directory served their purpose
             shutil.rmtree(self._checkpoint_root(), ignore_errors=True)
-        summary.update(reliability_fields(self, summary))
+        summary = replace(summary, **reliability_fields(self, summary))
         self.checkpointer.release()  # trained: the export below needs the memory more
         if self.status == JobStatus.SUCCEEDED or (self.spec.checkpoint.dir and self._metrics is not None):  # (a failed job's model: only where asked)
             export_final(self)
         self._publish(force=True)
-        return summary
+        return replace(summary, events=self.events.rows())  # with the export's ``model_saved``
 
     # -- the job loop's context (dlrover.master.states.JobContext) ----------------------
     def entered(self, state: State) -> None:
@@ -316,11 +323,17 @@ class JobMaster:
     def rescaling(self) -> bool:
         return self.control.busy()
 
+    def restart_decided(self) -> RestartRescale | None:
+        return self.control.decided
+
+    def restart_rescale(self, decision: RestartRescale) -> None:
+        self.runs.add(self.control.restart_rescale(decision))
+
     def running(self) -> list[str]:
         return self.runs.workers()
 
-    def worker_exited(self, worker: str, stats: dict) -> None:
-        self.events.add("worker_exit", actor=worker, **{k: v for k, v in stats.items() if np.isscalar(v)})
+    def worker_exited(self, worker: str, result: RunResult) -> None:
+        self.events.add("worker_exit", actor=worker, **result.to_json())
         self.books.forget_report(worker)
         if worker in self.books.draining():  # removed by a scale-in: its work is done
             remove_worker(self, worker)

@@ -87,10 +87,9 @@ def recover_partially(m: Job, lost_ps: LostPs) -> PartialRecovery | None:
     # the map's version moves, and pulls of the aborted runs are dropped).
     new = set(replaced.values())
     m.cluster.get([h.restore.remote(vmap, refs) if k in new else h.reconfigure.remote(vmap, []) for k, h in lz.ps.items()])
-    lz.vmap = vmap
     ranges = m.books.queue.lines_since(ShardQueue.from_state_dict(ckpt.queue))
     lost = m.cluster.task(count_ids, lz.files, ranges, at_death, list(lost_ps.ps), m.spec.layout())
-    m.cluster.get([h.set_routing.remote(dict(lz.ps), vmap, lz.dense) for h in lz.workers.values()])
+    lz.switch_map(vmap, dense=True)
     m.runs.add({lz.start(name): name for name in lz.workers})
     if m.control is not None:
         m.control.after_rollback()

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 
 from dlrover.faults.records import Failure
 from dlrover.master.job import Job
-from dlrover.master.scale_events import ScaleEvent
+from dlrover.runlogs.scale_record import ScaleEvent
 
 
 @dataclass

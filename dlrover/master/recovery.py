@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from dlrover.faults.policy import Decision, FailurePolicy, RecoverPs, RestartAll
+from dlrover.faults.policy import Decision, Fail, FailurePolicy, RecoverPs, RestartAll
 from dlrover.faults.records import Failure, FailureKind, LostPs
 from dlrover.ids import ProcessInfo, Role
 from dlrover.master.cluster import ActorDied, CallTimeout, RayError, TaskFailed
@@ -83,6 +83,7 @@ class Recovery:
         self.partial_recoveries = 0
         self._counting: list[tuple[Failure, Any]] = []  # partial recoveries' updates_lost, being counted
         self._awaiting: dict[str, list[Failure]] = {}  # worker -> failures its first step ends
+        self._stepped: dict[str, float] = {}  # worker -> job time of its latest run's first step
 
     def now(self) -> float:
         return self.m.clock() - self.m.t0
@@ -219,6 +220,9 @@ class Recovery:
             self._awaiting.setdefault(w, []).append(failure)
         self.m.failures.append(failure)
         self.m.events.add("failure", **{("failure_kind" if k == "kind" else k): v for k, v in failure.to_dict().items()})
+        for w in resumes or []:  # a run started before this record may have stepped already
+            if self._stepped.get(w, float("-inf")) >= failure.detected_s:
+                self._recovered(w, self._stepped[w])
         if failure.node and strike:
             self.note_bad(failure.node)
         fail = self.policy.after(len(self.m.failures), f"{failure.kind.value} of {failure.actor}: {failure.cause}")
@@ -243,6 +247,10 @@ class Recovery:
     def first_step(self, worker: str) -> None:
         """A worker trained its first step of a run: failures waiting on it are recovered."""
         now = round(self.now(), 3)
+        self._stepped[worker] = now
+        self._recovered(worker, now)
+
+    def _recovered(self, worker: str, now: float) -> None:
         for f in self._awaiting.pop(worker, []):
             if f.recovered_s is None:
                 f.recovered_s = now
@@ -305,6 +313,13 @@ class Recovery:
         names = [lz.ps_name(k) for k in lost.ps] + (list(lz.dense_names) if lost.dense else [])
         failures = [self.new_failure(FailureKind.PS_DEATH, n, f"{n} unreachable ({how})", detected) for n in names]
         decision = self.policy.ps_lost(lost)
+        if isinstance(decision, Fail):  # recorded, never recovered: the job ends with it
+            for f in failures:
+                self.record(f)
+                f.recovered_s = None
+            self.fatal = failures[-1]
+            self.m.books.stop()
+            raise JobFailed(decision.reason)
         if isinstance(decision, RestartAll):
             self._restart_for += failures
             return decision

@@ -22,9 +22,19 @@ from dlrover.master.cluster import get_alive
 from dlrover.ps.migration import export_blocks
 from dlrover.ps.ps_stats import PsStats
 from dlrover.resource.configs import Config
+from dlrover.resource.plan import ResourcePlan
 
 from dlrover.master.job import Job
 
+
+@dataclass(frozen=True)
+class RestartRescale:
+    """The controller's decision to carry ``plan`` out by a restart (``policy.rescale:
+    restart``), taken from ``old``: data, so the job loop enters the RestartRescaling
+    state for it (a recorded transition) and the state, not the control tick, carries it out."""
+
+    plan: ResourcePlan
+    old: Config
 
 
 def _to_torch(payload: dict) -> dict:
@@ -95,8 +105,7 @@ def stop_checkpoint_restart(master: Job, config: Config) -> RestartResult:
     payloads = [_to_numpy(torch.load(f, weights_only=True)) for f in files]
     rpv = vmap.rows_per_vshard()
     master.cluster.get([lz.ps[k].reconfigure.remote(vmap, [master.cluster.put(select(p, vmap.owned(k), rpv)) for p in payloads]) for k in new_ps])
-    lz.vmap = vmap
-    master.cluster.get([lz.workers[w].set_routing.remote(dict(lz.ps), vmap) for w in workers])
+    lz.switch_map(vmap, workers)
     for f in files:
         f.unlink()
     ckpt.rmdir()

@@ -98,9 +98,8 @@ def roll_back(m: Job, lost_ps: LostPs, replace_all: bool = False) -> Rollback:
     vmap = lz.vmap.with_owner(owner)
     m.cluster.get([h.restore.remote(vmap, refs) for h in lz.ps.values()])
     lz.dense.set_state(ckpt.dense, m.cluster.get)
-    lz.vmap = vmap
     replayed = m.books.restore(ckpt.cut(), new_generation=True)
-    m.cluster.get([h.set_routing.remote(dict(lz.ps), vmap, lz.dense) for h in lz.workers.values()])
+    lz.switch_map(vmap, dense=True)
     m.runs.add({lz.start(name): name for name in lz.workers})
     if m.control is not None:
         m.control.after_rollback()

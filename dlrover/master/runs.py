@@ -9,6 +9,7 @@ from typing import Any
 
 from dlrover.errors import DLRoverError
 from dlrover.master.cluster import ActorDied, Cluster, TaskFailed
+from dlrover.worker.window import RunResult
 
 
 # -- events ------------------------------------------------------------------------------
@@ -22,7 +23,7 @@ class WorkerExited:
     """A worker's ``run`` returned: it ran out of shards or was drained."""
 
     worker: str
-    stats: dict
+    result: RunResult
 
 
 @dataclass(frozen=True)
@@ -111,7 +112,7 @@ class RunGroup:
 
     def _outcome(self, ref: Any, name: str) -> Event:
         try:
-            stats = self.cluster.get(ref)
+            result: RunResult = self.cluster.get(ref)
         except TaskFailed as e:
             cause = getattr(e, "cause", None)
             if isinstance(cause, DLRoverError):
@@ -121,4 +122,4 @@ class RunGroup:
             return WorkerDied(name, e)
         except ActorDied as e:
             return WorkerDied(name, e)
-        return WorkerAborted(name) if stats.get("aborted") else WorkerExited(name, stats)
+        return WorkerAborted(name) if result.aborted else WorkerExited(name, result)

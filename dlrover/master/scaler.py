@@ -216,7 +216,7 @@ class Scaler:
         """Start the op's new workers on the current routing (``{run ref: name}``): they
         train while vshards move, and the move re-routes them with everyone else."""
         lz = self.launcher
-        get_alive(self.cluster, [lz.workers[w].set_routing.remote(dict(lz.ps), lz.vmap) for w in op.new_workers])
+        lz.switch_map(lz.vmap, op.new_workers, alive_only=True)
         return {lz.start(w): w for w in op.new_workers}
 
     def start_migration(self, op: ScaleOp, ps_load: dict[int, float] | None = None) -> None:
@@ -293,7 +293,7 @@ class Scaler:
             # Nothing switched: drop what was prepared, everyone goes on as before (a dead
             # PS is then lost under the old map, as at any other time).
             get_alive(self.cluster, [h.cancel_migration.remote() for h in lz.ps.values()])
-            get_alive(self.cluster, [h.set_routing.remote(dict(lz.ps), lz.vmap) for h in lz.workers.values()])
+            lz.switch_map(lz.vmap, alive_only=True)
             raise MigrationAborted(str(e).strip().splitlines()[0]) from None
         # A commit only swaps references: a PS that dies now is lost under the new map,
         # like one dying just after a switch (its replacement restores its new vshards).
@@ -307,9 +307,7 @@ class Scaler:
                 pass
         # A retired PS that died since staging lost nothing (its rows moved): only its counts.
         result.retired_ps_stats = [s for s in get_alive(self.cluster, [lz.ps[k].stats.remote() for k in retire]) if s is not None]
-        lz.vmap = mig.vmap
-        ps = {k: lz.ps[k] for k in mig.keep}
-        get_alive(self.cluster, [h.set_routing.remote(ps, mig.vmap) for h in lz.workers.values()])
+        lz.switch_map(mig.vmap, ps=mig.keep, alive_only=True)
         done = self.clock()
         result.pause_s = done - t_pause
         result.copy_s = done - mig.began_s

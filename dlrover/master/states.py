@@ -9,10 +9,12 @@
                   | restart all              |
                   v                          |
               Restarting -> Running          |
+    Running -(a rescale by restart decided)-> RestartRescaling -> Running
     Running | Stopping -(every run returned)-> Evaluating -> Succeeded | Stopped
     any state -(bad input, or past checkpoint.max_failures)-> Failed
 
-Which failure leads where is the failure policy's decision (``dlrover.faults.policy``).
+Which failure leads where is the failure policy's decision (``dlrover.faults.policy``);
+a rescale by restart is the controller's (``dlrover.master.restart.RestartRescale``).
 
 The loop (:class:`JobLoop`) takes the events a ``RunGroup`` (``dlrover.master.runs``) reports (a worker's
 ``run`` returned, failed on its own, failed on a PS, hit bad input) plus a tick on the
@@ -25,12 +27,16 @@ event). Tests drive the loop with a fake group and a fake context, one event at 
 from __future__ import annotations
 
 from enum import Enum
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from dlrover.errors import DLRoverError
 from dlrover.faults.policy import Decision, RestartAll
 from dlrover.faults.records import LostPs
 from dlrover.master.runs import BadInput, Event, PsUnreachable, RunGroup, Tick, WorkerDied, WorkerExited
+from dlrover.worker.window import RunResult
+
+if TYPE_CHECKING:
+    from dlrover.master.restart import RestartRescale
 
 
 class JobFailed(RuntimeError):
@@ -88,7 +94,13 @@ class JobContext(Protocol):
     def rescaling(self) -> bool:
         """A rescale is under way."""
 
-    def worker_exited(self, worker: str, stats: dict) -> None: ...
+    def restart_decided(self) -> RestartRescale | None:
+        """The controller's decision, this round, to rescale by a restart (``policy.rescale: restart``)."""
+
+    def restart_rescale(self, decision: RestartRescale) -> None:
+        """Carry that rescale out (stop, checkpoint, relaunch, restore); the new runs start."""
+
+    def worker_exited(self, worker: str, result: RunResult) -> None: ...
 
     def worker_died(self, worker: str, error: Exception) -> Decision:
         """Record the death and carry out the failure policy's decision, unless it is to
@@ -151,7 +163,7 @@ class Running(State):
         if isinstance(event, Tick):
             return self.tick(job)
         if isinstance(event, WorkerExited):
-            job.worker_exited(event.worker, event.stats)
+            job.worker_exited(event.worker, event.result)
         elif isinstance(event, WorkerDied):
             return Restarting() if isinstance(job.worker_died(event.worker, event.error), RestartAll) else self
         elif isinstance(event, PsUnreachable):
@@ -177,6 +189,9 @@ class Running(State):
         lost = job.watch()
         if lost:
             return Recovering(lost, "probe")
+        decided = job.restart_decided()
+        if decided is not None:
+            return RestartRescaling(decided)
         return Rescaling() if job.rescaling() else self
 
 
@@ -190,6 +205,23 @@ class Rescaling(Running):
         if isinstance(nxt, Rescaling):
             return self if job.rescaling() else Running()
         return nxt
+
+
+class RestartRescaling(State):
+    """The controller decided to rescale by a restart (``policy.rescale: restart``, the
+    baseline of live rescaling): the state carries the decision out, stepped at once (one
+    synchronous operation), then the job trains again. It is a rescale to the user
+    (status ``rescaling``), not the failure policy's restart from a durable checkpoint."""
+
+    status = JobStatus.RESCALING
+    immediate = True
+
+    def __init__(self, decision: RestartRescale) -> None:
+        self.decision = decision
+
+    def on(self, event: Event, job: JobContext) -> State:
+        job.restart_rescale(self.decision)
+        return Running()
 
 
 class Stopping(Running):

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import tempfile
+from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import torch
@@ -19,12 +21,12 @@ from dlrover.metrics.reliability import ReliabilityReport, reliability_report
 from dlrover.ps.dense_shards import dense_summary
 from dlrover.ps.dynamic_tables import default_row
 from dlrover.ps.ps_stats import total_counts
+from dlrover.runlogs.records import JobSummary, SummaryConfig
 from dlrover.worker.window import WorkerReport
 
 from dlrover.master.job import Job
 
 STATS_TIMEOUT_S = 30.0
-
 
 
 def actor_rows(m: Job, reports: dict[str, WorkerReport]) -> list[dict]:
@@ -62,7 +64,7 @@ def ettr_now(m: Job) -> float | None:
 
 def reliability_of(m: Job, wall_s: float, train_s: float, trained: int) -> ReliabilityReport:
     replayed = m.recovery.samples_replayed
-    failures = [f.to_dict() for f in m.failures]
+    failures = list(m.failures)
     args = {"wall_s": wall_s, "train_s": train_s, "samples_replayed": replayed}
     # Replayed samples cost time at the speed the job trains when it trains (not the
     # job's average, which already includes the outages and the replay itself).
@@ -71,10 +73,11 @@ def reliability_of(m: Job, wall_s: float, train_s: float, trained: int) -> Relia
     return reliability_report(failures, throughput=speed, **args)
 
 
-def reliability_fields(m: Job, summary: dict) -> dict:
-    rep = reliability_of(m, summary["wall_time_s"], summary["train_time_s"], summary["samples_trained"])
+def reliability_fields(m: Job, summary: JobSummary) -> dict[str, Any]:
+    """The summary's reliability part (``JobSummary`` fields)."""
+    rep = reliability_of(m, summary.wall_time_s, summary.train_time_s, summary.samples_trained)
     return {
-        "reliability": rep.to_dict(),
+        "reliability": rep,
         "ettr": rep.ettr,
         "mttf_s": rep.mttf_s,
         "samples_replayed": int(m.recovery.samples_replayed),
@@ -86,48 +89,40 @@ def reliability_fields(m: Job, summary: dict) -> dict:
     }
 
 
-def summary_of(m: Job, metrics: dict) -> dict:
-    """``summary.json`` without the policy and reliability parts (added by their owners)."""
+def summary_of(m: Job, metrics: dict) -> JobSummary:
+    """The summary's records and figures, without the parts their owners add (the PS's
+    counts, the policy's account, reliability)."""
     b, spec = m.books, m.spec
     q = b.queue
     train_s = max((b.train_end or m.clock()) - (b.train_start or m.t0), 1e-9)
     bad = b.bad_lines + q.prefix_bad_lines
     expected = q.samples_expected - bad
     trained = q.samples_done
-    ids, cut = m.data.training_ids(spec.layout())
-    ids_expected = len(spec.schema.sparse) * expected if ids < 0 else ids * spec.data.epochs
-    return {
-        "job_id": m.job_id,
-        "status": m.status.value,
-        "samples_expected": int(expected),
-        "samples_trained": int(trained),
-        "samples_lost": int(max(expected - trained, 0)),
-        "bad_lines_skipped": int(bad),
-        "ids_expected": int(ids_expected),  # ids in the trained rows: each updates the PS exactly once (ps_ids_updated)
-        "long_bags_truncated": int(cut * spec.data.epochs),
-        "ids_per_sample": m.control.model.ids_per_sample,  # the performance model's k (mean ids a training row carries)
-        "auc": metrics.get("auc"),
-        "logloss": metrics.get("logloss"),
-        "best_auc": metrics.get("best_auc"),
-        "eval_rows": metrics.get("rows", 0),
-        "throughput_samples_per_s": trained / train_s,
-        "train_time_s": train_s,
-        "wall_time_s": m.clock() - m.t0,
-        "epochs": spec.data.epochs,
-        "config": {
-            "workers": spec.resources.workers,
-            "ps": spec.resources.ps,
-            "worker_cpu": spec.resources.worker_cpu,
-            "ps_cpu": spec.resources.ps_cpu,
-            "dense_ps": spec.resources.dense_ps,
-            "dense_ps_cpu": spec.resources.dense_ps_cpu,
-            "batch_size": spec.data.batch_size,
-            "vshards": spec.train.vshards,
-        },
-        "scale_events": [e.to_dict() for e in m.scale_events],
-        "failures": [f.to_dict() for f in m.failures],
-        "events": m.events.rows(),
-    }
+    ids, cut = m.data.expected_ids(spec.layout(), spec.data.epochs)
+    r = spec.resources
+    return JobSummary(
+        job_id=m.job_id,
+        status=m.status.value,
+        samples_expected=int(expected),
+        samples_trained=int(trained),
+        samples_lost=int(max(expected - trained, 0)),
+        bad_lines_skipped=int(bad),
+        ids_expected=int(len(spec.schema.sparse) * expected if ids < 0 else ids),
+        long_bags_truncated=int(cut),
+        ids_per_sample=m.control.model.ids_per_sample,
+        auc=metrics.get("auc"),
+        logloss=metrics.get("logloss"),
+        best_auc=metrics.get("best_auc"),
+        eval_rows=metrics.get("rows", 0),
+        throughput_samples_per_s=trained / train_s,
+        train_time_s=train_s,
+        wall_time_s=m.clock() - m.t0,
+        epochs=spec.data.epochs,
+        config=SummaryConfig(r.workers, r.ps, r.worker_cpu, r.ps_cpu, r.dense_ps, r.dense_ps_cpu, spec.data.batch_size, spec.train.vshards),
+        scale_events=list(m.scale_events),
+        failures=list(m.failures),
+        events=m.events.rows(),
+    )
 
 
 def _answers(cluster: Cluster, calls: list) -> list:
@@ -142,25 +137,26 @@ def _answers(cluster: Cluster, calls: list) -> list:
     return out
 
 
-def end_summary(m: Job, metrics: dict, failed: str | None) -> dict:
-    """``summary.json`` at the job's end, less the reliability part: the records, the
-    updates the PS and dense PS applied, the policy's account; ``failed``: why the job
-    ended FAILED past its failure limit (the summary's ``reason``)."""
+def end_summary(m: Job, metrics: dict, failed: str | None) -> JobSummary:
+    """The summary at the job's end, less the reliability part: the records, the updates
+    the PS and dense PS applied, the policy's account; ``failed``: why the job ended
+    FAILED past its failure limit (the summary's ``reason``)."""
     summary = summary_of(m, metrics)
-    if failed:
-        summary["reason"] = failed
     ps_stats = _answers(m.cluster, [ps.stats.remote() for ps in m.launcher.ps.values()]) + m.control.retired_ps_stats
-    summary["ps_bags_updated"] = sum(s.rows_updated for s in ps_stats)  # the updates applied
-    summary["ps_ids_updated"] = sum(s.ids_updated for s in ps_stats)
-    summary["dynamic_tables"] = total_counts(ps_stats)  # hits, admissions, evictions (dlrover bench embeddings)
     dense = _answers(m.cluster, [h.stats.remote() for h in m.launcher.dense.handles])
-    if dense:
-        summary.update(dense_summary(dense, m.spec.train.dense_sync))
-    # Pushes of a batch a PS had applied before (a replacement redoing a dead worker's
-    # unreported batches): skipped, so no update is applied twice.
-    summary["duplicate_updates_skipped"] = sum(s.duplicates for s in [*ps_stats, *dense])
-    summary.update(m.control.finish(summary), chaos=m.chaos.fired)
-    return summary
+    return replace(
+        summary,
+        reason=failed,
+        ps_bags_updated=sum(s.rows_updated for s in ps_stats),  # the updates applied
+        ps_ids_updated=sum(s.ids_updated for s in ps_stats),
+        dynamic_tables=total_counts(ps_stats),  # hits, admissions, evictions (dlrover bench embeddings)
+        **(dense_summary(dense, m.spec.train.dense_sync) if dense else {}),
+        # Pushes of a batch a PS had applied before (a replacement redoing a dead worker's
+        # unreported batches): skipped, so no update is applied twice.
+        duplicate_updates_skipped=sum(s.duplicates for s in [*ps_stats, *dense]),
+        **m.control.finish(summary.status, summary.samples_trained, summary.wall_time_s),
+        chaos=m.chaos.fired,
+    )
 
 
 def final_id_maps(m: Job) -> dict[int, IdMap]:

@@ -20,6 +20,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
+from dlrover.faults.records import Failure
+
 
 def young_daly_interval_s(write_s: float, failure_rate_per_s: float, lo: float, hi: float) -> float:
     """Young-Daly checkpoint interval ``sqrt(2 w_cp / (N r_f))`` clipped to ``[lo, hi]``.
@@ -124,13 +126,13 @@ def _union_length(intervals: list[tuple[float, float]]) -> float:
 
 
 def reliability_report(
-    failures: list[dict], wall_s: float, train_s: float, samples_replayed: int, throughput: float
+    failures: list[Failure], wall_s: float, train_s: float, samples_replayed: int, throughput: float
 ) -> ReliabilityReport:
     """Compute ETTR and per-kind detection/recovery times from recorded faults.
 
-    ``failures`` are dicts with ``kind``, ``at_s``, ``detected_s`` and ``recovered_s``
-    (seconds since job start; ``recovered_s`` is ``None`` if the job never recovered, in
-    which case the outage runs to ``wall_s``). Productive time is training time minus the
+    A failure's ``at_s``, ``detected_s`` and ``recovered_s`` are seconds since job start
+    (``recovered_s`` is ``None`` if the job never recovered, in which case the outage runs
+    to ``wall_s``). Productive time is training time minus the
     downtime (union of outage intervals) and minus the time spent replaying samples whose
     progress was lost -- the two ways a failure eats into ETTR in the paper's accounting.
     A failure may carry ``capacity_lost`` (default 1: the whole job stalls): a worker of
@@ -141,16 +143,14 @@ def reliability_report(
     partial_s = 0.0
     per_kind: dict[str, dict[str, list[float]]] = {}
     for f in failures:
-        at = float(f["at_s"])
-        detected = f.get("detected_s")
-        recovered = f.get("recovered_s")
+        at, detected, recovered = float(f.at_s), f.detected_s, f.recovered_s
         end = float(recovered) if recovered is not None else float(wall_s)
-        share = float(f.get("capacity_lost", 1.0))
+        share = float(f.capacity_lost if f.capacity_lost is not None else 1.0)
         if share >= 1.0:
             intervals.append((at, max(at, end)))
         else:
             partial_s += max(0.0, share) * max(0.0, end - at)
-        acc = per_kind.setdefault(f["kind"], {"count": [], "detect": [], "recover": []})
+        acc = per_kind.setdefault(f.kind.value, {"count": [], "detect": [], "recover": []})
         acc["count"].append(1.0)
         if detected is not None:
             acc["detect"].append(float(detected) - at)
@@ -175,7 +175,7 @@ def reliability_report(
         wall_s=float(wall_s),
         downtime_s=float(downtime_s),
         replay_s=float(replay_s),
-        mttf_s=observed_mttf_s([float(f["at_s"]) for f in failures], wall_s),
+        mttf_s=observed_mttf_s([float(f.at_s) for f in failures], wall_s),
         failures=len(failures),
         samples_replayed=int(samples_replayed),
         by_kind=by_kind,

@@ -138,11 +138,11 @@ class Telemetry:
                     for name in ("dlrover_step_time_s", "dlrover_pull_latency_s", "dlrover_push_latency_s"):
                         self._set(name, 0.0, actor=actor)
         self._actors = live
-        self._count("dlrover_scale_events", Tally((e["kind"],) for e in snap["scale_events"]))
-        self._count("dlrover_failures", Tally((f["kind"], f.get("cause_class") or "unknown") for f in snap["failures"]))
+        self._count("dlrover_scale_events", Tally((e.kind.value,) for e in snap["scale_events"]))
+        self._count("dlrover_failures", Tally((f.kind.value, f.cause_class.value) for f in snap["failures"]))
         last: dict[str, float] = {}
-        for f in snap["failures"]:
-            if f.get("recovered_s") is not None:
-                last[f["kind"]] = float(f["recovered_s"]) - float(f["at_s"])
+        for f in snap["failures"]:  # Failure records
+            if f.recovered_s is not None:
+                last[f.kind.value] = float(f.recovered_s) - float(f.at_s)
         for kind, seconds in last.items():
             self._set("dlrover_recovery_time_s", seconds, kind=kind)

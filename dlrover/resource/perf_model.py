@@ -33,10 +33,10 @@ import math
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
-import pandas as pd
-from scipy.optimize import nnls
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from dlrover.resource.configs import Config
 
 
@@ -171,9 +171,8 @@ def _positive(name: str, x: Any) -> float:
 
 
 def _identifiable(a: np.ndarray, max_free: int) -> np.ndarray:
-    """Greedy rank check over the columns of ``a`` in term order (Gram-Schmidt): a column is
-    kept if enough of it lies outside the span of those kept before it, so the overhead
-    ``t0`` is always chosen first and later, collinear terms are pinned."""
+    """Greedy rank check over the columns of ``a`` in term order (Gram-Schmidt): a column is kept if enough of it lies
+    outside the span of those kept before it, so the overhead ``t0`` is always chosen first and later, collinear terms are pinned."""
     keep = np.zeros(a.shape[1], dtype=bool)
     basis: list[np.ndarray] = []
     for j in range(a.shape[1]):
@@ -194,10 +193,9 @@ def _identifiable(a: np.ndarray, max_free: int) -> np.ndarray:
 
 
 def _relative_rows(X: np.ndarray, t: np.ndarray, wts: np.ndarray, theta_prior: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The regression on relative error, rows ``a = X sqrt(w) / t`` against ``b = sqrt(w)``, and
-    the prior fitted to them (what a term the data cannot identify is pinned to): the host
-    terms as the prior has them, the job's under one least-squares scale to what the host
-    terms leave of each step (the whole prior, should its host terms alone exceed the steps)."""
+    """The regression on relative error, rows ``a = X sqrt(w) / t`` against ``b = sqrt(w)``, and the prior fitted to them (what
+    a term the data cannot identify is pinned to): the host terms as the prior has them, the job's under one least-squares
+    scale to what the host terms leave of each step (the whole prior, should its host terms alone exceed the steps)."""
     b = np.sqrt(wts)
     a = X * (b / t)[:, None]
     return a, b, _anchor(a, b, theta_prior)
@@ -244,21 +242,22 @@ def fit_params(X: np.ndarray, t_iter: np.ndarray, prior: PerfParams, weights: np
     free = _identifiable(a, max_free=n_rows)
     theta = np.where(free, 0.0, anchor)
     if free.any():
-        # NNLS clips the free terms at zero where the pinned ones already overshoot.
+        # NNLS clips the free terms at zero where the pinned ones already overshoot. (scipy and pandas are
+        # imported where used: every worker and PS loads this module with the master's actor handle.)
+        from scipy.optimize import nnls
+
         theta[free], _ = nnls(a[:, free], b - a @ theta)
     return PerfParams(*map(float, theta)), tuple(bool(x) for x in free)
 
 
 def coefficient_cov(X: np.ndarray, t_iter: np.ndarray, params: PerfParams, prior: PerfParams, weights: np.ndarray | None = None) -> np.ndarray:
-    """Posterior covariance ``[N_TERMS, N_TERMS]`` of the coefficients, a Bayesian linear model of
-    the relative-error regression :func:`fit_params` solves: each coefficient a priori the
-    prior fitted to the data (as the fit pins it) give or take ``PRIOR_REL_SD`` of it (a
-    term the prior sets to 0 may still bring ``ZERO_TERM_SHARE`` of a measured step), each
-    window's relative error ``sigma`` the fit's residual spread per degree of freedom, at
-    least ``NOISE_FLOOR``. Weights count relative to their mean (a window's length in seconds
-    must not make it 30x surer). Measured directions shrink to ``sigma``, unmeasured ones
-    keep the prior's spread. (The prediction stays the NNLS fit: the posterior mean would
-    give up the non-negativity that keeps extrapolations sane.)"""
+    """Posterior covariance ``[N_TERMS, N_TERMS]`` of the coefficients, a Bayesian linear model of the relative-error
+    regression :func:`fit_params` solves: each coefficient a priori the prior fitted to the data (as the fit pins it)
+    give or take ``PRIOR_REL_SD`` of it (a term the prior sets to 0 may still bring ``ZERO_TERM_SHARE`` of a measured
+    step), each window's relative error ``sigma`` the fit's residual spread per degree of freedom, at least
+    ``NOISE_FLOOR``. Weights count relative to their mean (a window's length in seconds must not make it 30x surer).
+    Measured directions shrink to ``sigma``, unmeasured ones keep the prior's spread. (The prediction stays the NNLS
+    fit: the posterior mean would give up the non-negativity that keeps extrapolations sane.)"""
     X = np.asarray(X, dtype=np.float64).reshape(-1, N_TERMS)
     t = np.asarray(t_iter, dtype=np.float64).ravel()
     wts = np.ones_like(t) if weights is None else np.asarray(weights, dtype=np.float64).ravel()
@@ -372,6 +371,8 @@ class PerfModel:
 
     def points(self) -> pd.DataFrame:
         """The observations, one row each, in the order they came."""
+        import pandas as pd
+
         rows = [(w, p, cw, cp, self.batch_size, thr, wt) for w, p, cw, cp, thr, wt in self._rows]
         return pd.DataFrame(rows, columns=_POINT_COLUMNS)
 

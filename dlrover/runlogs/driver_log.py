@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass, field
 
 from dlrover.runlogs.event_file import config_text, describe_event
+from dlrover.runlogs.records import Event, JobSummary
 
 LOG_PREFIX = "[dlrover]"
 _LINE = re.compile(re.escape(LOG_PREFIX) + r" (\S+) (progress|event|result) (.*)$")
@@ -37,29 +38,28 @@ def progress_line(job_id: str, p: dict) -> str:
     return f"{LOG_PREFIX} {job_id} progress " + " ".join(f"{k}={v}" for k, v in fields.items())
 
 
-def result_line(job_id: str, s: dict) -> str:
+def result_line(job_id: str, s: JobSummary) -> str:
     """The job's outcome as the last ``[dlrover]`` line of its log."""
     def num(v, fmt):
         return format(v, fmt) if isinstance(v, (int, float)) else "-"
 
     fields = {
-        "progress": f"{100.0 * s['samples_trained'] / max(s['samples_expected'], 1):.1f}%",
-        "status": s["status"],
-        "auc": num(s.get("auc"), ".4f"),
-        "throughput": f"{s['throughput_samples_per_s']:,.0f}/s",
-        "samples": f"{s['samples_trained']:,}/{s['samples_expected']:,}",
-        "lost": s["samples_lost"],
-        "ettr": num(s.get("ettr"), ".3f"),
-        "wall": f"{s['wall_time_s']:.1f}s",
-        "config": config_text(s["final_config"]) if s.get("final_config") else "-",
+        "progress": f"{100.0 * s.samples_trained / max(s.samples_expected, 1):.1f}%",
+        "status": s.status,
+        "auc": num(s.auc, ".4f"),
+        "throughput": f"{s.throughput_samples_per_s:,.0f}/s",
+        "samples": f"{s.samples_trained:,}/{s.samples_expected:,}",
+        "lost": s.samples_lost,
+        "ettr": num(s.ettr, ".3f"),
+        "wall": f"{s.wall_time_s:.1f}s",
+        "config": config_text(s.final_config) if s.final_config else "-",
     }
     return f"{LOG_PREFIX} {job_id} result " + " ".join(f"{k}={v}" for k, v in fields.items())
 
 
-def event_line(job_id: str, e: dict) -> str:
+def event_line(job_id: str, e: Event) -> str:
     """One event of the master's log as ``[dlrover] <job> event t=12.3s <kind>: <what>``."""
-    at = e.get("job_s", e["at_s"])  # chaos rows keep their own clock in at_s
-    return f"{LOG_PREFIX} {job_id} event t={at:.1f}s {describe_event(e)}"
+    return f"{LOG_PREFIX} {job_id} event t={e.job_s:.1f}s {describe_event(e)}"
 
 
 @dataclass

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 from dlrover.errors import DataError
+from dlrover.runlogs.records import Event
 
 
-def read_events(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """``(line number, row)`` of a run's ``events.jsonl`` (nothing if the file is absent);
-    a line that is not JSON is a one-line DataError naming ``file:line``."""
+def read_events(path: str | Path) -> Iterator[tuple[int, Event]]:
+    """``(line number, event)`` of a run's ``events.jsonl`` (nothing if the file is absent);
+    a line that is not an event's JSON object is a one-line DataError naming ``file:line``."""
     path = Path(path)
     if not path.is_file():
         return
@@ -28,8 +29,13 @@ def read_events(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
                 row = json.loads(line)
             except ValueError:
                 raise DataError(f"{path}:{n}: not a JSON object") from None
-            if isinstance(row, dict) and "kind" in row:
-                yield n, row
+            if not Event.is_row(row):
+                continue  # not an event: a line another tool added
+            try:
+                event = Event.from_json(row)
+            except (KeyError, TypeError, ValueError):
+                raise DataError(f"{path}:{n}: an event needs a numeric at_s and a kind") from None
+            yield n, event
 
 
 def config_text(c: Any) -> str:
@@ -44,7 +50,7 @@ def _num(x: Any, fmt: str = ",.0f") -> str:
 
 
 # What one line says about each notable kind; others list their scalar fields.
-_DESCRIBE: dict[str, Callable[[dict], str]] = {
+_DESCRIBE: dict[str, Callable[[Mapping[str, Any]], str]] = {
     "initial_config": lambda e: f"initial configuration {config_text(e['config'])} ({e.get('reason')})",
     "launched": lambda e: f"launched {e['config']}",
     "scale": lambda e: f"{e.get('scale_kind', 'scale')} {e.get('summary', '')} in {_num(e.get('duration_s'), '.1f')}s ({e.get('reason')})",
@@ -60,11 +66,11 @@ _DESCRIBE: dict[str, Callable[[dict], str]] = {
 }
 
 
-def describe_event(e: dict) -> str:
-    """``<kind>: <what happened>`` for a row of the event log (a driver log line)."""
-    kind = e.get("kind", "?")
+def describe_event(e: Event) -> str:
+    """``<kind>: <what happened>`` for an event of the log (a driver log line); the
+    templates read the kind's own fields."""
     try:
-        what = _DESCRIBE[kind](e)
+        what = _DESCRIBE[e.kind](e.fields)
     except Exception:  # noqa: BLE001 - no template or a field missing: list the fields
-        what = " ".join(f"{k}={v}" for k, v in e.items() if k not in ("kind", "at_s") and isinstance(v, (str, int, float, bool)))
-    return f"{kind}: {what}"
+        what = " ".join(f"{k}={v}" for k, v in e.fields.items() if isinstance(v, (str, int, float, bool)))
+    return f"{e.kind}: {what}"

@@ -16,31 +16,24 @@ from __future__ import annotations
 import base64
 import html
 import io
-import json
 from pathlib import Path
 from typing import Any
 
 from dlrover.errors import DataError
 from dlrover.runlogs.event_file import read_events
+from dlrover.runlogs.records import Event, JobSummary, read_summary
 
 # Event markers: colour, legend label, line style (failures dotted and thicker: they often
 # coincide with the scale event that handles them).
 MARKS = {"scale": ("#1f77b4", "scale", "--"), "failure": ("#d62728", "failure", ":"), "chaos": ("#9467bd", "fault injected", "-.")}
 
 
-def load_run(run_dir: str | Path) -> tuple[dict, list[dict]]:
+def load_run(run_dir: str | Path) -> tuple[JobSummary, list[Event]]:
     """``(summary, events)`` of a run directory; one-line errors naming the file (and line)."""
     d = Path(run_dir)
     if not d.is_dir():
         raise DataError(f"{run_dir}: not a run directory")
-    path = d / "summary.json"
-    try:
-        summary = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise DataError(f"{path}: missing (the job has not finished, or this is not a run directory)") from None
-    except (OSError, ValueError) as e:
-        raise DataError(f"{path}: cannot read: {e.__class__.__name__}: {str(e).splitlines()[0]}") from None
-    return summary, [row for _, row in read_events(d / "events.jsonl")]
+    return read_summary(d / "summary.json"), [e for _, e in read_events(d / "events.jsonl")]
 
 
 def _plt() -> Any:
@@ -53,7 +46,7 @@ def _plt() -> Any:
     return plt
 
 
-def _finish(fig: Any, ax: Any, events: list[dict], ylabel: str, title: str, **legend: Any) -> str:
+def _finish(fig: Any, ax: Any, events: list[Event], ylabel: str, title: str, **legend: Any) -> str:
     """Event markers, axis labels, grid and legend of a job-time plot; the PNG as base64."""
     _marks(ax, events)
     ax.set_xlabel("job time (s)")
@@ -79,15 +72,15 @@ def _png(fig: Any) -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
-def _marks(ax: Any, events: list[dict]) -> None:
+def _marks(ax: Any, events: list[Event]) -> None:
     """Vertical lines at scale events, failures and injected faults (one legend entry each)."""
     seen = set()
     for e in events:
-        kind = e["kind"]
+        kind = e.kind
         if kind not in MARKS:
             continue
-        t = e.get("job_s", e["at_s"]) if kind == "chaos" else e["at_s"]
         color, label, style = MARKS[kind]
+        t = e.job_s
         ax.axvline(t, color=color, linestyle=style, linewidth=2.2 if kind == "failure" else 1.4, label=None if kind in seen else label)
         seen.add(kind)
 
@@ -96,11 +89,11 @@ def _short(actor: str) -> str:
     return actor.rsplit("/", 1)[-1]
 
 
-def throughput_plot(events: list[dict]) -> str:
+def throughput_plot(events: list[Event]) -> str:
     import numpy as np
 
     plt = _plt()
-    pts = [(e["at_s"], e["actor"], e["samples_per_s"]) for e in events if e["kind"] == "metrics" and "samples_per_s" in e]
+    pts = [(e.at_s, e.actor, e.fields["samples_per_s"]) for e in events if e.kind == "metrics" and "samples_per_s" in e.fields]
     fig, ax = plt.subplots(figsize=(9, 3.4))
     if pts:
         t = np.array([p[0] for p in pts])
@@ -118,21 +111,21 @@ def throughput_plot(events: list[dict]) -> str:
     return _finish(fig, ax, events, "samples/s", "throughput", fontsize=8, loc="lower right")
 
 
-def _config_steps(summary: dict, events: list[dict]) -> list[tuple[float, dict]]:
+def _config_steps(summary: JobSummary, events: list[Event]) -> list[tuple[float, dict]]:
     steps = []
     for e in events:
-        if e["kind"] == "initial_config" and isinstance(e.get("config"), dict):
-            steps.append((e["at_s"], e["config"]))
-        elif e["kind"] == "scale" and isinstance(e.get("to"), dict):
-            steps.append((e["at_s"], e["to"]))
-    if not steps and isinstance(summary.get("final_config"), dict):
-        steps.append((0.0, summary["final_config"]))
+        if e.kind == "initial_config" and isinstance(e.fields.get("config"), dict):
+            steps.append((e.at_s, e.fields["config"]))
+        elif e.kind == "scale" and isinstance(e.fields.get("to"), dict):
+            steps.append((e.at_s, e.fields["to"]))
+    if not steps and summary.final_config:
+        steps.append((0.0, summary.final_config))
     return steps
 
 
-def allocation_plot(summary: dict, events: list[dict]) -> str:
+def allocation_plot(summary: JobSummary, events: list[Event]) -> str:
     steps = _config_steps(summary, events)
-    end = float(summary.get("wall_time_s") or (steps[-1][0] + 1 if steps else 1))
+    end = float(summary.wall_time_s or (steps[-1][0] + 1 if steps else 1))
     fig, ax = _plt().subplots(figsize=(9, 3.0))
     if steps:
         _step(ax, steps, end, lambda c: c["workers"], label="workers")
@@ -141,24 +134,24 @@ def allocation_plot(summary: dict, events: list[dict]) -> str:
     return _finish(fig, ax, events, "actors / CPUs", "allocation per role", fontsize=8, loc="upper left")
 
 
-def memory_plot(summary: dict, events: list[dict]) -> str:
+def memory_plot(summary: JobSummary, events: list[Event]) -> str:
     series: dict[str, list[tuple[float, float]]] = {}
     for e in events:
-        if e["kind"] in ("metrics", "ps_metrics") and "rss_mb" in e and "actor" in e:
-            series.setdefault(_short(e["actor"]), []).append((e["at_s"], e["rss_mb"]))
+        if e.kind in ("metrics", "ps_metrics") and "rss_mb" in e.fields and e.actor:
+            series.setdefault(_short(e.actor), []).append((e.at_s, e.fields["rss_mb"]))
     fig, ax = _plt().subplots(figsize=(9, 3.4))
     for name, pts in sorted(series.items()):
         ax.plot([p[0] for p in pts], [p[1] for p in pts], linewidth=1.0, label=name)
     steps = _config_steps(summary, events)
-    end = float(summary.get("wall_time_s") or 1)
+    end = float(summary.wall_time_s or 1)
     for key, label, style in (("worker_memory_mb", "worker limit", "--"), ("ps_memory_mb", "PS limit", "-.")):
         if steps and all(key in c for _, c in steps):
             _step(ax, steps, end, lambda c, key=key: c[key], color="grey", linestyle=style, label=label)
     return _finish(fig, ax, events, "RSS (MB)", "memory per actor vs its limit", fontsize=7, ncol=4, loc="upper left")
 
 
-def model_plot(summary: dict) -> str | None:
-    rows = [c for c in summary.get("configurations") or [] if c.get("measured_throughput")]
+def model_plot(summary: JobSummary) -> str | None:
+    rows = [c for c in summary.configurations if c.get("measured_throughput")]
     if not rows:
         return None
     fig, ax = _plt().subplots(figsize=(9, 3.0))
@@ -191,29 +184,27 @@ def _fmt(v: Any) -> str:
 
 def render(run_dir: str | Path) -> str:
     """The report page of ``run_dir`` as an HTML string."""
-    summary, events = load_run(run_dir)
-    s = summary
+    s, events = load_run(run_dir)
     facts = {
-        "job": s.get("job_id"), "status": s.get("status"), "policy": s.get("policy"), "auc": s.get("auc"),
-        "throughput (samples/s)": s.get("throughput_samples_per_s"), "wall time (s)": s.get("wall_time_s"),
-        "samples trained / expected": f"{s.get('samples_trained', 0):,} / {s.get('samples_expected', 0):,}",
-        "samples lost": s.get("samples_lost"), "ETTR": s.get("ettr"), "failures": len(s.get("failures") or []),
-        "scale events": len(s.get("scale_events") or []),
+        "job": s.job_id, "status": s.status, "policy": s.policy, "auc": s.auc,
+        "throughput (samples/s)": s.throughput_samples_per_s, "wall time (s)": s.wall_time_s,
+        "samples trained / expected": f"{s.samples_trained:,} / {s.samples_expected:,}",
+        "samples lost": s.samples_lost, "ETTR": s.ettr, "failures": len(s.failures), "scale events": len(s.scale_events),
     }  # fmt: skip
     images = [("throughput", throughput_plot(events)), ("allocation", allocation_plot(s, events)), ("memory", memory_plot(s, events))]
     model = model_plot(s)
     if model:
         images.append(("model", model))
     figs = "".join(f'<figure id="{k}"><img alt="{k}" src="data:image/png;base64,{v}"></figure>' for k, v in images)
-    scale_rows = [dict(e, at_s=round(e["at_s"], 1)) for e in s.get("scale_events") or []]
-    fail_rows = [dict(f, actor=_short(f.get("actor", ""))) for f in s.get("failures") or []]
+    scale_rows = [dict(e.to_dict(), at_s=round(e.at_s, 1)) for e in s.scale_events]
+    fail_rows = [dict(f.to_dict(), actor=_short(f.actor)) for f in s.failures]
     style = (
         "body{font-family:sans-serif;margin:24px;max-width:1000px}table{border-collapse:collapse;font-size:13px;margin:8px 0 20px}"
         "td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}th{background:#f3f3f3}img{max-width:100%}figure{margin:0 0 12px}"
     )
     return (
-        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>dlrover report {html.escape(str(s.get('job_id')))}</title>"
-        f"<style>{style}</style></head><body><h1>dlrover job {html.escape(str(s.get('job_id')))}</h1>"
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>dlrover report {html.escape(s.job_id)}</title>"
+        f"<style>{style}</style></head><body><h1>dlrover job {html.escape(s.job_id)}</h1>"
         + _table([facts], list(facts))
         + figs
         + "<h2>Scale events</h2>" + _table(scale_rows, ["at_s", "kind", "summary", "pause_s", "duration_s"])

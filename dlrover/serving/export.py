@@ -128,7 +128,7 @@ def export_run(run_dir: str | Path, out: str | Path) -> Path:
         raise DataError(f"{run_dir}: no such run directory")
     final, spec = find_final_model(run_dir)
     source_sha = sha256_of(final)
-    written = [e.get("sha256") for _, e in read_events(run_dir / "events.jsonl") if e.get("kind") == "model_saved"]  # one a run
+    written = [e.fields.get("sha256") for _, e in read_events(run_dir / "events.jsonl") if e.kind == "model_saved"]  # one a run
     if written and written[-1] != source_sha:
         raise DataError(f"{final}: its sha256 is not the one the job wrote (events.jsonl, model_saved): truncated or changed since")
     schema = spec.schema

@@ -303,9 +303,9 @@ def _run_points(run_dir: Path) -> tuple[int, str, float, list[tuple]]:
         raise DataError(f"{run_dir / 'summary.json'}: ids_per_sample: expected a positive number, got {ids!r}")
     points: list[tuple] = []
     ev = run_dir / "events.jsonl"
-    for n, row in read_events(ev):
-        if row["kind"] == "measurement":
-            points.append(_point(row.get("config"), row.get("throughput"), row.get("duration_s"), f"{ev}:{n}"))
+    for n, e in read_events(ev):
+        if e.kind == "measurement":
+            points.append(_point(e.fields.get("config"), e.fields.get("throughput"), e.fields.get("duration_s"), f"{ev}:{n}"))
     # The window open when the job ends is closed after the event log is taken: it is
     # only in summary.json's ``configurations`` (which lists every window).
     for i, c in enumerate((summary or {}).get("configurations") or []):

@@ -1,5 +1,6 @@
 """What flows through a worker: a batch on its way (``Step``), the books of a shard it
-holds (``ShardProgress``), and the reading of a shard's rows as batches."""
+holds (``ShardProgress``), and the reading of a shard's rows (of a file, or of a Ray Data
+block) as batches."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ import torch
 
 from dlrover.data.batch import Batch
 from dlrover.data.criteo import FileIndex
-from dlrover.data.reader import FileReader
+from dlrover.data.layout import DataLayout
+from dlrover.data.ray_source import block_rows
+from dlrover.data.reader import FileReader, pick_rows
 from dlrover.data.shards import Shard
 from dlrover.model.dlrm import make_kjt
 from dlrover.ps.applied import BatchId
@@ -69,6 +72,15 @@ def batches_of(reader: FileReader, index: FileIndex, start: int, stop: int, batc
     for a in range(start, stop, batch_size):
         batch, bad = reader.read(index, a, min(stop, a + batch_size))
         yield batch, bad, a + batch_size >= stop
+
+
+def block_batches(block: Any, shard: Shard, layout: DataLayout, on_bad_line: str, batch_size: int) -> Iterator[tuple[Batch, int, bool]]:
+    """A ray_data shard's rows (``shard.start`` to ``shard.stop`` of a Ray Data block) as
+    batches, as ``batches_of`` reads a file's: parsed once, then cut."""
+    rows = block_rows(block, layout, shard.path, shard.start, shard.stop)
+    for a in range(0, shard.rows, batch_size):
+        batch, bad = pick_rows(rows, a, min(shard.rows, a + batch_size), on_bad_line)
+        yield batch, bad, a + batch_size >= shard.rows
 
 
 def with_tensors(step: Step, keys: list[str]) -> Step:

@@ -14,7 +14,7 @@ from dlrover.data.reader import FileReader
 from dlrover.data.shards import Shard
 from dlrover.model.dlrm import PSClient
 from dlrover.ps.applied import BatchId
-from dlrover.worker.batches import Step, batches_of, with_tensors
+from dlrover.worker.batches import Step, batches_of, block_batches, with_tensors
 
 PAUSE_POLL_S = 0.05  # how often a worker idle on input checks for a pause request
 QUEUE_BATCHES = 4  # parsed batches kept ready ahead of training
@@ -100,7 +100,11 @@ class ShardInput:
         queued even when empty: it closes the shard's books."""
         carried_bad = 0
         first = shard.skipped // self._batch_size  # a resumed shard skipped whole batches
-        batches = batches_of(self._reader, self._files[shard.path], shard.start, shard.stop, self._batch_size)
+        if shard.block is not None:  # a ray_data job's: rows of a block the master pins
+            r = self._reader
+            batches = block_batches(ray.get(shard.block), shard, r.layout, r.on_bad_line, self._batch_size)
+        else:
+            batches = batches_of(self._reader, self._files[shard.path], shard.start, shard.stop, self._batch_size)
         for i, (batch, bad, last) in enumerate(batches, start=first):
             if len(batch) == 0 and not last:  # every line skipped: nothing to train
                 carried_bad += bad

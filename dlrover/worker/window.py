@@ -8,7 +8,7 @@ row of ``events.jsonl``. A worker's first trained step is no report: it is the m
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 
 import psutil
 
@@ -52,6 +52,29 @@ class WorkerReport:
         """The record back from ``to_json``'s dict, or from an ``events.jsonl`` ``metrics``
         row (its other keys, ``kind`` and ``actor``, are not the record's)."""
         return cls(**{f.name: row[f.name] for f in fields(cls) if f.name != "at_s"}, at_s=row.get("at_s"))
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What a worker's ``run`` returns: the run's totals (the ``worker_exit`` event), or
+    that a rollback aborted it (``aborted``; no totals, the run's work is redone)."""
+
+    generation: int
+    aborted: bool = False
+    steps: int = 0
+    samples: int = 0
+    loss_sum: float = 0.0
+    wait_dense_s: float = 0.0
+    compute_s: float = 0.0
+    wait_data_s: float = 0.0
+    pull_ahead_peak: int = 1
+    rss_mb: float = 0.0
+    timings: dict[str, float] = field(default_factory=dict)  # the PS client's: route_s, issue_pull_s, wait_pull_s, push_s
+
+    def to_json(self) -> dict:
+        """The ``worker_exit`` event's fields: the totals, then the PS client's timings."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("generation", "aborted", "timings")}
+        return {**out, **self.timings}
 
 
 class MetricsWindow:

@@ -48,7 +48,7 @@ from dlrover.worker.scoring import Evaluator
 from dlrover.worker.gate import Aborted, PauseGate
 from dlrover.worker.inputs import PAUSE_POLL_S, ShardInput
 from dlrover.worker.lookahead import Lookahead, PullAhead, ring_slots
-from dlrover.worker.window import MetricsWindow
+from dlrover.worker.window import MetricsWindow, RunResult
 from dlrover.worker.worker_spec import WorkerSpec
 
 RECENT_STEPS = 32  # the steps whose median time each report carries (PAL's node speeds)
@@ -153,7 +153,7 @@ class Worker:
 
     def abort(self) -> None:
         """Stop training now, without reporting anything more (the job rolls back to a
-        checkpoint). ``run`` returns ``{"aborted": True}``; a later ``run`` starts afresh."""
+        checkpoint). ``run`` returns an aborted ``RunResult``; a later ``run`` starts afresh."""
         self._gate.abort()
 
     def _park(self) -> None:
@@ -196,8 +196,8 @@ class Worker:
         return True
 
     # -- training loop -----------------------------------------------------------------------------
-    def run(self, generation: int = 0) -> dict:
-        """Train until the master has no more shards (or ``abort``); the stats of this run."""
+    def run(self, generation: int = 0) -> RunResult:
+        """Train until the master has no more shards (or ``abort``); the run's totals."""
         self._gen = generation
         if self.client.links is None:
             self.client.set_routing(self.client.ps, self.client.vmap, self._links(self.client.ps))
@@ -209,13 +209,13 @@ class Worker:
         try:
             return self._train()
         except Aborted:
-            return {"aborted": True, "generation": generation}
+            return RunResult(generation, aborted=True)
         finally:
             self._input.stop()  # the input thread must not ask for shards once we are gone
             self._gate.end_run()
             self.dense.close()
 
-    def _train(self) -> dict:
+    def _train(self) -> RunResult:
         """One step per batch until input ends; after each step's backward the next
         batches' pulls go out, carrying its pushes."""
         self._input.start()
@@ -338,16 +338,14 @@ class Worker:
         if now - self._window.t0 >= self.spec.log_every_s:
             self._report(now)
 
-    def _finish(self) -> dict:
+    def _finish(self) -> RunResult:
         """Input ended: wait for the last updates and report them; the run's stats."""
         self._settle_dense()
         self.dense.leave()
         self._report_applied(self._finished, block=True)
         self._report(time.monotonic())
         self._input.join(timeout_s=5)
-        self._stats["rss_mb"] = owned_rss_mb(self._proc)
-        self._stats.update(self.client.timings)
-        return self._stats
+        return RunResult(self._gen, rss_mb=owned_rss_mb(self._proc), timings=dict(self.client.timings), **self._stats)
 
     def _report_applied(self, finished: list[ShardProgress], block: bool) -> list[ShardProgress]:
         """Tell the master about shards whose updates every PS has acknowledged; the rest."""
