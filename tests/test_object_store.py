@@ -224,6 +224,35 @@ def test_a_job_on_s3_data_trains_every_row_once(s3, tmp_path):
     assert summary["samples_lost"] == 0
 
 
+def test_a_job_following_an_s3_prefix_trains_each_file_put_there_once(s3, tmp_path):
+    """Files put under ``stream/`` while the job starts and trains, each complete once its
+    listing holds still: every row trained once, and the job ends at ``until`` rows."""
+    import fsspec
+
+    spec = tmp_path / "job.yaml"
+    spec.write_text(
+        f"data: {{paths: ['s3://{BUCKET}/stream/'], batch_size: 500, shard_rows: 1000, eval_fraction: 0.1, follow: {{poll_s: 0.5, until: 15000}}}}\n"
+        "model: {embedding_dim: 8, num_embeddings: 1000, dense_arch: [16, 8], over_arch: [16, 1]}\n"
+        "resources: {workers: 2, ps: 1}\n"
+    )
+    env = {**ENV, "FSSPEC_S3_ENDPOINT_URL": s3.endpoint}
+    cmd = [sys.executable, "-m", "dlrover", "run", str(spec), "--runs-dir", str(tmp_path / "runs"), "--quiet"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        fs = fsspec.filesystem("s3", endpoint_url=s3.endpoint, key=CREDENTIALS["AWS_ACCESS_KEY_ID"], secret=CREDENTIALS["AWS_SECRET_ACCESS_KEY"])
+        for name in ("part-00000.tsv", "part-00001.tsv", "part-00000.parquet"):
+            fs.put_file(str(s3.local / name), f"{BUCKET}/stream/{name}")
+            time.sleep(4)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    summary = json.loads(Path(out.strip().splitlines()[-1].removeprefix("summary: ")).read_text())
+    rows = 3 * (5000 - 500)
+    assert summary["status"] == "succeeded" and summary["samples_expected"] == summary["samples_trained"] == rows
+    assert summary["ps_ids_updated"] == summary["ids_expected"] == 26 * rows
+
+
 def test_urls_matching_nothing_or_of_unknown_scheme_are_errors_naming_data_paths(s3):
     with pytest.raises(DataError, match=rf"^data\.paths: s3://{BUCKET}/nothing-\*\.tsv: matches no data files$"):
         DataPlan.build(small_spec(f"s3://{BUCKET}", data__paths=[f"s3://{BUCKET}/nothing-*.tsv"]))

@@ -60,16 +60,18 @@ def detect_format(path: str) -> str:
     return CRITEO_LAYOUT.file_format(path)
 
 
-def _is_data_name(path: str) -> bool:
+def is_data_name(path: str) -> bool:
+    """A data file's name: a known format, not hidden, and not a writer's marker or
+    temporary (``_SUCCESS``, ``_temporary``: names starting with "_", as Spark and Hive skip)."""
     try:
         detect_format(path)
     except DataError:
         return False
-    return not os.path.basename(path).startswith(".")
+    return not os.path.basename(path).startswith((".", "_"))
 
 
 def _is_data_file(path: str) -> bool:
-    return _is_data_name(path) and os.path.isfile(path)
+    return is_data_name(path) and os.path.isfile(path)
 
 
 def expand_paths(patterns: list[str]) -> list[str]:
@@ -82,7 +84,7 @@ def expand_paths(patterns: list[str]) -> list[str]:
     found: set[str] = set()
     for pattern in patterns:
         if is_url(pattern):
-            urls = expand_url(pattern, _is_data_name)
+            urls = expand_url(pattern, is_data_name)
             if not urls:
                 raise DataError(f"data.paths: {pattern}: matches no data files")
             found.update(urls)

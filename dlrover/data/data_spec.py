@@ -4,6 +4,7 @@ and how they are cut into shards. Its own module so that ``dlrover/spec.py`` sta
 from __future__ import annotations
 
 import re
+from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -24,6 +25,25 @@ class SynthSpec(SpecSection):
     files: int = Field(4, ge=1)
     seed: int = 0
     bags: Literal["variable", "fixed"] = Field("variable", description="with features: a multi-valued column's 0..max_len ids a row, or always max_len (MLPerf's multi-hot)")
+
+
+class FollowSpec(SpecSection):
+    """``data.follow``: train on files as they arrive under ``data.paths``, each once."""
+
+    poll_s: float = Field(30.0, gt=0, description="list data.paths this often")
+    ready: Literal["_SUCCESS", "stable_size"] = Field(
+        "stable_size", description="a file is complete once its directory holds _SUCCESS, or once its size is the same at two polls in a row"
+    )
+    until: datetime | int | None = Field(None, description="stop following at this ISO time, or once this many rows arrived; null: until stopped")
+
+    @field_validator("until")
+    @classmethod
+    def _until(cls, v: datetime | int | None) -> datetime | int | None:
+        if isinstance(v, int) and not isinstance(v, bool) and v < 1:
+            raise ValueError(f"rows must be >= 1, got {v}")
+        if isinstance(v, datetime) and v.tzinfo is None:
+            return v.astimezone()  # a time without a zone is the local time
+        return v
 
 
 class DataSpec(SpecSection):
@@ -49,6 +69,7 @@ class DataSpec(SpecSection):
     columns: list[str] | None = Field(None, min_length=1, description="csv/tsv without a header: the columns' names, in order")
     on_long_bag: Literal["truncate", "fail"] = Field("truncate", description="a row with more than max_len ids: keep the first max_len (counted), or fail")
     synth: SynthSpec | None = None
+    follow: FollowSpec | None = Field(None, description="train on files as they arrive, each once (epochs do not apply)")
     epochs: int = Field(1, ge=1)
     batch_size: int = Field(2048, ge=1)
     eval_fraction: float = Field(0.1, ge=0.0, lt=1.0)
@@ -95,8 +116,13 @@ class DataSpec(SpecSection):
                 raise ValueError("paths: required (or source: ray_data)")
             if self.dataset is not None:
                 raise ValueError("dataset: needs source: ray_data")
+            if self.follow is not None:
+                if self.epochs != 1:
+                    raise ValueError("epochs: a followed stream trains each file once (leave epochs at 1)")
+                if self.synth is not None or self.format == "torchrec_npy":
+                    raise ValueError(f"follow: not with {'synth' if self.synth else 'format: torchrec_npy'} (files arrive under data.paths)")
             return self
-        for name, value in (("paths", self.paths), ("synth", self.synth), ("columns", self.columns)):
+        for name, value in (("paths", self.paths), ("synth", self.synth), ("columns", self.columns), ("follow", self.follow)):
             if value:
                 raise ValueError(f"{name}: not used with source: ray_data (the Dataset's columns are read by name)")
         if self.format != "auto":

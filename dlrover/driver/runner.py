@@ -13,6 +13,7 @@ from typing import Any, Callable, Sequence
 
 import ray
 
+from dlrover.data.follow import FollowPlan
 from dlrover.data.plan import DataPlan
 from dlrover.data.ray_source import StreamPlan, call_dataset_function, dataset_function
 from dlrover.errors import DLRoverError, SpecError
@@ -191,6 +192,8 @@ def run_job(
             make = None if dataset is not None else stream_function(spec)  # a bad name costs no Ray start
             started = init_ray(spec, address, dashboard)
             data: DataPlan | StreamPlan = StreamPlan.of(spec, dataset if make is None else call_dataset_function(spec.data.dataset, make))
+        elif spec.data.follow is not None:
+            data = FollowPlan.build(spec)  # the files come while it trains
         else:
             ensure_data(spec)
             data = DataPlan.build(spec)  # files that hold no training rows fail here; the master gets this plan

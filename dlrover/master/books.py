@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from dlrover.data.blocks import Block, BlockShardQueue
+from dlrover.data.follow_queue import FollowQueue
 from dlrover.data.shards import Shard, ShardQueue
 from dlrover.worker.window import WorkerReport
 
@@ -34,7 +35,7 @@ class Cut:
 
 
 class ShardBooks:
-    def __init__(self, queue: ShardQueue | BlockShardQueue, clock: Callable[[], float], deterministic: bool = False) -> None:
+    def __init__(self, queue: ShardQueue | FollowQueue | BlockShardQueue, clock: Callable[[], float], deterministic: bool = False) -> None:
         """``deterministic``: one shard at a time across the job (a reproducible order)."""
         self.queue = queue
         self.clock = clock
@@ -210,8 +211,29 @@ class ShardBooks:
             self._work.notify_all()
             return True
 
+    def add_file(self, path: str, rows: int, cuts: list[int]) -> bool:
+        """A followed file's training rows (``data.follow``), unless queued already;
+        False, nothing added, when the job stopped."""
+        with self._work:
+            if self.stop_requested:
+                return False
+            if not self.queue.has(path):
+                self.queue.add_file(path, rows, cuts)
+                self._work.notify_all()
+            return True
+
+    def queued_rows(self, path: str) -> int | None:
+        """A followed file's training rows in the queue (None: not queued)."""
+        with self._lock:
+            return next((rows for p, rows in self.queue.files if p == path), None) if self.queue.has(path) else None
+
+    def oldest_open_file(self) -> str | None:
+        """A followed stream's first-queued file with rows not trained yet."""
+        with self._lock:
+            return self.queue.oldest_open()
+
     def end_stream(self) -> None:
-        """The stream has no more blocks: the job ends once their shards are done."""
+        """The stream has no more blocks (files): the job ends once their shards are done."""
         with self._work:
             self.queue.end()
             if self.queue.finished and self.train_end is None:
@@ -248,7 +270,7 @@ class ShardBooks:
         again. ``new_generation``: runs from before are stale (their calls get "stop")."""
         with self._work:
             replayed = max(0, self.queue.samples_done - held_samples(cut.queue))
-            self.queue = ShardQueue.from_state_dict(cut.queue, clock=self.clock)
+            self.queue = type(self.queue).from_state_dict(cut.queue, clock=self.clock)
             self.bad_lines, self.steps_done = cut.bad_lines, cut.steps
             self.train_end = None
             self._draining.clear()

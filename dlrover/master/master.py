@@ -20,6 +20,8 @@ from typing import Callable
 
 import numpy as np
 
+from dlrover.data.criteo import FileIndex
+from dlrover.data.follow import FollowPlan
 from dlrover.data.plan import DataPlan
 from dlrover.data.ray_source import StreamPlan
 from dlrover.data.shards import Shard
@@ -37,6 +39,7 @@ from dlrover.master.drain import NodeDrains
 from dlrover.master.evaluator import Evaluator
 from dlrover.master.events import NOTABLE_EVENTS, EventLog
 from dlrover.master.feed import StreamFeed
+from dlrover.master.follower import Follower
 from dlrover.master.launcher import Launcher
 from dlrover.master.persist import MasterState, load_master_state, save_master_state
 from dlrover.master.recovery import Recovery
@@ -94,6 +97,7 @@ class JobMaster:
         self.checkpointer: Checkpointer | None = None
         self.restarts = 0
         self.telemetry = Telemetry(job_id)
+        self.follower: Follower | None = None  # a data.follow job's
         self._published = float("-inf")
 
     # -- called by workers ------------------------------------------------------------------
@@ -108,6 +112,10 @@ class JobMaster:
     def shard_progress(self, worker: str, applied: dict[int, tuple[int, int]], generation: int = 0) -> None:
         """How far ``worker`` has applied each shard it holds (see ``ShardBooks.progress``)."""
         self.books.progress(worker, applied, generation)
+
+    def file_index(self, path: str) -> FileIndex:
+        """A data file's index, for a worker that was started before the file arrived (``data.follow``)."""
+        return self.data.index(path) if isinstance(self.data, FollowPlan) else self.data.files[path]
 
     def preempted(self, actor: str) -> None:
         """``actor`` got SIGTERM (a preemption notice): moved off before its grace ends (``master.drain``)."""
@@ -171,6 +179,7 @@ class JobMaster:
             "scale_events": [replace(e, first_step_s=dict(e.first_step_s)) for e in list(self.scale_events)],
             "failures": [replace(f) for f in list(self.failures)],
             "restarts": self.restarts,
+            **(dict(zip(("lag_rows", "lag_s"), self.follower.lag(self.clock()))) if self.follower else {}),
             "events": [e for e in events if e.kind in NOTABLE_EVENTS],
             "events_next": events_next,
         }
@@ -198,6 +207,9 @@ class JobMaster:
         self.chaos = ChaosInjector(self, spec.chaos, state.chaos_fired if state else None)
         if isinstance(self.data, StreamPlan):
             StreamFeed(self, self.data).start()  # blocks stream in while the actors start
+        elif isinstance(self.data, FollowPlan):
+            self.follower = Follower(self, self.data, spec.data.follow, spec.data.paths)
+            self.follower.start()  # files are taken while the actors start
         try:
             return self._train_and_evaluate(state)
         finally:

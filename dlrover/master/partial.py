@@ -25,7 +25,6 @@ import numpy as np
 from dlrover.data.criteo import FileIndex
 from dlrover.data.layout import DataLayout
 from dlrover.data.reader import FileReader
-from dlrover.data.shards import ShardQueue
 from dlrover.faults.records import CheckpointRef, Failure, LostPs
 from dlrover.ps.vshard import VShardMap
 
@@ -87,7 +86,7 @@ def recover_partially(m: Job, lost_ps: LostPs) -> PartialRecovery | None:
     # the map's version moves, and pulls of the aborted runs are dropped).
     new = set(replaced.values())
     m.cluster.get([h.restore.remote(vmap, refs) if k in new else h.reconfigure.remote(vmap, []) for k, h in lz.ps.items()])
-    ranges = m.books.queue.lines_since(ShardQueue.from_state_dict(ckpt.queue))
+    ranges = m.books.queue.lines_since(type(m.books.queue).from_state_dict(ckpt.queue))
     lost = m.cluster.task(count_ids, lz.files, ranges, at_death, list(lost_ps.ps), m.spec.layout())
     lz.switch_map(vmap, dense=True)
     m.runs.add({lz.start(name): name for name in lz.workers})

@@ -32,6 +32,7 @@ def progress_line(job_id: str, p: dict) -> str:
         "loss": f"{p['loss']:.4f}" if p["loss"] is not None else "-",
         "auc": f"{p['auc']:.4f}" if p.get("auc") is not None else "-",
         "ettr": f"{p['ettr']:.3f}" if p.get("ettr") is not None else "-",
+        **({"lag": f"{p['lag_rows']:,}rows/{p['lag_s']:.0f}s"} if p.get("lag_rows") is not None else {}),
         "status": p["status"],
         "config": p["config"] or "-",
     }

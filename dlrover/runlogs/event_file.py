@@ -62,6 +62,8 @@ _DESCRIBE: dict[str, Callable[[Mapping[str, Any]], str]] = {
     "chaos": lambda e: f"injected {e.get('action')} on {e.get('actor') or e.get('target')}",
     "measurement": lambda e: f"measured {config_text(e.get('config'))}: {_num(e.get('throughput'))} samples/s (model predicted {_num(e.get('predicted'))})",
     "waiting_for_nodes": lambda e: f"waiting for nodes: {e.get('why')}",
+    "file_changed": lambda e: f"{e.get('path')} changed after it was taken ({_num(e.get('was_size'))} -> {_num(e.get('size'))} bytes): not trained again",
+    "follow_end": lambda e: f"no more files ({e.get('why')}): {_num(e.get('files'))} files, {_num(e.get('rows'))} rows",
     "eval": lambda e: f"{'final' if e.get('final') else 'periodic'} evaluation auc={_num(e.get('auc'), '.4f')} logloss={_num(e.get('logloss'), '.4f')}",
 }
 

@@ -21,6 +21,19 @@ QUEUE_BATCHES = 4  # parsed batches kept ready ahead of training
 _END = object()
 
 
+class FileIndexes(dict):
+    """The job's file indexes by path; one the worker was not started with (a file that
+    arrived later: ``data.follow``) is asked of the master, once."""
+
+    def __init__(self, files: dict[str, FileIndex], master: Any) -> None:
+        super().__init__(files)
+        self.master = master
+
+    def __missing__(self, path: str) -> FileIndex:
+        idx = self[path] = ray.get(self.master.file_index.remote(path))
+        return idx
+
+
 class ShardInput:
     """One run's input: a background thread putting ``Step``s on a bounded queue that
     the training loop polls. ``stop`` ends it for good; the next run makes another."""

@@ -46,7 +46,7 @@ from dlrover.worker.batches import ShardProgress, Step
 from dlrover.worker.dense_client import DenseClient
 from dlrover.worker.scoring import Evaluator
 from dlrover.worker.gate import Aborted, PauseGate
-from dlrover.worker.inputs import PAUSE_POLL_S, ShardInput
+from dlrover.worker.inputs import FileIndexes, PAUSE_POLL_S, ShardInput
 from dlrover.worker.lookahead import Lookahead, PullAhead, ring_slots
 from dlrover.worker.window import MetricsWindow, RunResult
 from dlrover.worker.worker_spec import WorkerSpec
@@ -74,7 +74,7 @@ class Worker:
         self.master = master
         on_sigterm(lambda: master.preempted.remote(name))  # a notice: the master moves us off
         self.dense_ps = dense_ps
-        self.files = files
+        self.files = FileIndexes(files, master)
         schema = spec.layout.schema
         self.reader = FileReader(on_bad_line=self.spec.on_bad_line, layout=spec.layout)
         self.client = PSClient(ps, vmap, self.spec.model.embedding_dim, name, get=ray.get, feature_tables=schema.feature_tables())

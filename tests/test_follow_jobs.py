@@ -1,0 +1,96 @@
+"""Jobs that follow arriving files (``data.follow``) with real actors: files written into
+a directory while the job trains, the master killed mid-stream, a file rewritten after it
+was trained. Every row of every file is trained once."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import threading
+import time
+from pathlib import Path
+
+from conftest import events_of, signal_when_training, sleepy, small_spec
+from dlrover.data.synth import SynthConfig, generate
+
+FILES, ROWS = 6, 60_000
+TRAIN_ROWS_PER_FILE = ROWS // FILES - ROWS // FILES // 10  # data.eval_fraction 0.1
+
+
+class Seen:
+    """An observer of the driver: the most rows it saw taken and trained."""
+
+    def __init__(self) -> None:
+        self.expected = self.done = 0
+
+    def progress(self, p: dict) -> None:
+        self.expected, self.done = max(self.expected, p["samples_expected"]), max(self.done, p["samples_done"])
+
+    def event(self, e) -> None: ...
+
+    def finished(self, summary, run_dir) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def drip(src: Path, dst: Path, seen: Seen, changed: Path) -> threading.Thread:
+    """Move ``src``'s files into ``dst`` (each appears whole): two at first, then each
+    once the job trained all but the newest, so files arrive while it trains; before the
+    last, append a row to ``changed`` (a file rewritten after it was trained)."""
+
+    def move(f: Path) -> None:
+        shutil.copy(f, dst / f"{f.name}.part")  # not a data file's name while written
+        os.replace(dst / f"{f.name}.part", dst / f.name)
+
+    def wait(rows: int) -> None:
+        deadline = time.monotonic() + 120
+        while seen.done < rows and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+    def go() -> None:
+        files = sorted(src.glob("*.tsv"))
+        move(files[0])
+        move(files[1])
+        for k, f in enumerate(files[2:], start=2):
+            wait((k - 1) * TRAIN_ROWS_PER_FILE)
+            if f == files[-1]:
+                with open(changed, "a") as out, open(files[1]) as row:
+                    out.write(row.readline())
+            move(f)
+
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    return t
+
+
+def test_files_arriving_while_a_killed_master_restarts_are_each_trained_once(ray_local, tmp_path):
+    from dlrover.driver.runner import run_job
+
+    src, dst = tmp_path / "src", tmp_path / "in"
+    generate(str(src), SynthConfig(rows=ROWS, files=FILES, seed=5), progress=False)
+    dst.mkdir()
+    train_rows = FILES * TRAIN_ROWS_PER_FILE
+    seen = Seen()
+    spec = small_spec(
+        dst, name="follow", data__paths=[str(dst)], data__follow={"poll_s": 0.5, "until": ROWS},
+        train__log_every_s=0.5, checkpoint__memory_interval_s=2.0, checkpoint__interval_s=3.0, checkpoint__min_interval_s=3.0,
+        checkpoint__dir=str(tmp_path / "ckpt"),
+        chaos=sleepy(3),
+    )  # fmt: skip
+    feeder = drip(src, dst, seen, dst / "part-00000.tsv")
+    killed: dict = {}  # once two files are trained, four to come
+    signal_when_training("follow-kill", "master", signal.SIGKILL, killed, min_samples=2 * TRAIN_ROWS_PER_FILE)
+    s, path = run_job(spec, runs_dir=str(tmp_path / "runs"), progress="none", observers=[seen], job_id="follow-kill")
+    feeder.join(timeout=60)
+    events = events_of(path)
+    assert s["status"] == "succeeded", s.get("reason")
+    assert killed and [f["kind"] for f in s["failures"]] == ["master_death"], s["failures"]
+    assert s["samples_expected"] == s["samples_trained"] == train_rows and s["samples_lost"] == 0
+    assert s["ps_ids_updated"] == s["ids_expected"] == 26 * train_rows
+    events = [e for e in events if e["kind"] in ("file_arrived", "follow_end", "file_changed", "master_resumed")]
+    arrived = [e["path"] for e in events if e["kind"] == "file_arrived"]
+    assert sorted(set(arrived)) == sorted(str(dst / f.name) for f in src.glob("*.tsv")), arrived
+    assert any(e["kind"] == "follow_end" for e in events)
+    changed = [e for e in events if e["kind"] == "file_changed"]
+    assert changed and all(e["path"] == str(dst / "part-00000.tsv") for e in changed), changed
