@@ -212,6 +212,17 @@ class ChaosEvent(SpecSection):
         return role, int(i or 0)
 
 
+class PublishSpec(SpecSection):
+    """Model versions published while the job trains (docs/CONTINUOUS.md): every
+    ``every_s`` a cut, written to ``dir`` as a full model every ``full_every`` versions and
+    otherwise as the embedding rows changed since the previous version."""
+
+    dir: str = Field(min_length=1, description="a local directory; versions go to v00000001/, v00000002/, ...")
+    every_s: float = Field(300.0, gt=0)
+    full_every: int = Field(12, ge=1, le=10_000)
+    quantize: Literal["none", "fp16", "int8"] = Field("none", description="embedding weights written as fp32, fp16 or int8")
+
+
 class JobSpec(SpecSection):
     name: str = Field("job", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
     seed: int = 0
@@ -226,6 +237,7 @@ class JobSpec(SpecSection):
     train: TrainSpec = Field(default_factory=TrainSpec)
     chaos: list[ChaosEvent] = Field(default_factory=list)
     tracking: TrackingSpec = Field(default_factory=TrackingSpec)
+    publish: PublishSpec | None = None
 
     @classmethod
     def from_yaml(cls, path: str | Path, overrides: Mapping[str, Any] | None = None) -> "JobSpec":
@@ -281,6 +293,12 @@ class JobSpec(SpecSection):
                 noun = "workers" if role == "worker" else "PS"
                 why = "policy static keeps the request" if self.policy.name == "static" else "as many as fit its CPU budget"
                 raise ValueError(f"chaos.{i}.target: {ev.target} never exists: this job runs at most {most} {noun} ({why})")
+        return self
+
+    @model_validator(mode="after")
+    def _publishable(self) -> "JobSpec":
+        if self.publish is not None and self.schema.dynamic():
+            raise ValueError("publish: not with dynamic tables (model.tables.*.kind: dynamic) yet: their id maps are not published")
         return self
 
     @model_validator(mode="after")

@@ -118,6 +118,15 @@ def add_bench_parsers(add_parser: Callable[..., argparse.ArgumentParser]) -> Non
     da.add_argument("--rows", type=positive_int, default=200_000, help="rows of each format's file (default 200,000)")
     da.add_argument("--repeats", type=positive_int, default=3, help="reads of each side; the best counts (default 3)")
     da.add_argument("--formats", type=data_formats, metavar="NAME,...", help="criteo_tsv, csv_header, parquet_lists, torchrec_npy, mlperf_npz, ray_data (default all)")
+    sv = bsub.add_parser("serve", help="dlrover serve's latency at a fixed request rate while 3 versions are applied, and Ray Serve's at the same load")
+    sv.add_argument("--json", action="store_true")
+    sv.add_argument("--rate", type=positive_float, default=50.0, help="requests a second (default 50)")
+    sv.add_argument("--seconds", type=positive_float, default=12.0)
+    sv.add_argument("--rows-per-request", type=positive_int, default=8)
+    sv.add_argument("--table-rows", type=positive_int, default=100_000, help="rows of each of the 26 tables (default 100,000)")
+    pb = bsub.add_parser("publish", help="bytes of a full version and of a delta, and the cut's pause, on a job publishing while it trains")
+    pb.add_argument("--json", action="store_true")
+    pb.add_argument("--quick", action="store_true", help="small tables (smoke run)")
     em = bsub.add_parser("embeddings", help="hashed vs dynamic large tables at equal memory on high-cardinality data: AUC, samples/s, memory, evictions")
     em.add_argument("--json", action="store_true")
     em.add_argument("--quick", action="store_true", help="60k rows, 4k-row tables (smoke run)")
@@ -144,6 +153,8 @@ BENCHES: dict[str, tuple[str, str, str, Callable[[argparse.Namespace], dict]]] =
     "coding": ("coding", "run_coding_bench", "print_coding", lambda a: {
         "rows": a.rows, "workers": a.workers, "stragglers": a.stragglers, "d": a.d, "slow_factor": a.slow_factor, "rate": a.rate}),
     "slow-link": ("slow_link", "run_slow_link_bench", "print_slow_link", lambda a: {"rows": a.rows, "latency_ms": a.latency_ms, "max_staleness": a.max_staleness}),
+    "serve": ("serving", "run", "print_serve", lambda a: {"rate": a.rate, "seconds": a.seconds, "rows_per_request": a.rows_per_request, "table_rows": a.table_rows}),
+    "publish": ("publish", "run_publish_bench", "print_publish", lambda a: {"quick": a.quick}),
     "dense-sync": ("dense_sync", "run_dense_sync_bench", "print_dense_sync", lambda a: {"rows": a.rows, "workers": a.workers, "slow_factor": a.slow_factor}),
 }
 

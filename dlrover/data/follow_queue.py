@@ -84,8 +84,16 @@ class FollowQueue(ShardQueue):
 
     def oldest_open(self) -> str | None:
         """The first-queued file with rows not trained yet (None: all trained)."""
-        open_files = {self._ranges[i][0] for i in range(self.total_shards) if i not in self._done}
+        open_files = self._open_files()
         return self.files[min(open_files)][0] if open_files else None
+
+    def _open_files(self) -> set[int]:
+        return {self._ranges[i][0] for i in range(self.total_shards) if i not in self._done}
+
+    def trained_files(self) -> list[str]:
+        """Files every shard of which is done, in arrival order (a version's watermark)."""
+        open_files = self._open_files()
+        return [p for f, (p, _) in enumerate(self.files) if f not in open_files]
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "ended": self.ended}

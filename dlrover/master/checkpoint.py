@@ -38,6 +38,7 @@ from dlrover.master.cluster import CallTimeout, Cluster, RayError, get_alive
 from dlrover.metrics.reliability import failure_rate_per_s, young_daly_interval_s
 
 from dlrover.master.job import Job
+from dlrover.master.persist import save_master_state
 
 
 PAUSE_TIMEOUT_S = 30.0
@@ -164,6 +165,25 @@ class Checkpointer:
         return self._last_durable_at is None or now - self._last_durable_at >= self.durable_interval_s(now, failures)
 
     # -- taking one ---------------------------------------------------------------------
+    def tick(self, training: list[str]) -> None:
+        """Take an in-memory checkpoint when one (or a published version) is due, not while
+        a rescale or an evaluation is under way; write it to durable storage, and publish
+        it, when that is due. ``training``: the workers whose runs are open."""
+        m = self.m
+        now = m.clock() - m.t0
+        publish = m.publisher is not None and m.publisher.due(now)
+        if not (self.due(now) or publish) or m.control.busy() or m.evaluator.busy() or not m.books.settled():
+            return
+        if set(training) - m.books.running():
+            return  # a replacement still starting: pausing it would stall the others until it runs
+        running = {n: m.launcher.workers[n] for n in training if n in m.launcher.workers}
+        taken = self.take(running, now, timeout_s=m.recovery.timeout_s())
+        if taken is not None and self.durable_due(now, len(m.failures)):
+            self.write_durable(taken, now)
+        if taken is not None and publish:
+            m.publisher.publish(taken, now)
+        save_master_state(m)
+
     def take(self, workers: dict[str, Any], now: float, extra: dict | None = None, timeout_s: float = PAUSE_TIMEOUT_S) -> Checkpoint | None:
         """Cut now. ``workers``: the training workers' handles. None (and nothing changed)
         when a worker does not park within ``timeout_s`` (at most the liveness timeout: a
@@ -203,6 +223,8 @@ class Checkpointer:
             m.events.add("checkpoint_skipped", why=str(e).strip().splitlines()[0][:200])
             if self.chain is not None:
                 self.chain.broken()  # some PS may have started counting afresh
+            if m.publisher is not None:
+                m.publisher.broken()
             return None
         finally:
             # Wait only for those that answered the pause: a frozen one would hold the loop.
@@ -217,6 +239,8 @@ class Checkpointer:
         ckpt.extra["vmap"] = {"table_sizes": lz.vmap.table_sizes, "num_vshards": lz.vmap.num_vshards, "owner": lz.vmap.owner.tolist(), "version": lz.vmap.version}
         if self.chain is not None:
             self.chain.add_cut(ckpt.seq, lz.vmap.table_sizes, changed)
+        if m.publisher is not None:
+            m.publisher.add_cut(lz.vmap.table_sizes, changed)
         with self._lock:
             self.latest = ckpt
         if self.initial is None and cut.steps == 0 and ckpt.samples == 0:

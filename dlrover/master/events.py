@@ -43,5 +43,5 @@ class EventLog:
 NOTABLE_EVENTS = frozenset({
     "initial_config", "launched", "scale", "scale_failed", "plan_rejected", "failure", "recovered", "oom_kill", "chaos",
     "measurement", "eval", "rollback", "master_resumed", "checkpoint_corrupt", "bad_node", "job_error", "job_end",
-    "worker_unneeded", "telemetry_error", "waiting_for_nodes", "file_changed", "follow_end",
+    "worker_unneeded", "telemetry_error", "waiting_for_nodes", "file_changed", "follow_end", "version_published", "publish_failed",
 })

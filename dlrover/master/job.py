@@ -40,6 +40,7 @@ class Job(Protocol):
     checkpointer: Any  # Checkpointer
     evaluator: Any  # Evaluator
     chaos: Any  # ChaosInjector
+    publisher: Any  # Publisher, or None without publish:
 
     def crash(self) -> None: ...
 

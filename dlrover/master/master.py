@@ -40,6 +40,7 @@ from dlrover.master.evaluator import Evaluator
 from dlrover.master.events import NOTABLE_EVENTS, EventLog
 from dlrover.master.feed import StreamFeed
 from dlrover.master.follower import Follower
+from dlrover.master.publisher import Publisher
 from dlrover.master.launcher import Launcher
 from dlrover.master.persist import MasterState, load_master_state, save_master_state
 from dlrover.master.recovery import Recovery
@@ -98,6 +99,7 @@ class JobMaster:
         self.restarts = 0
         self.telemetry = Telemetry(job_id)
         self.follower: Follower | None = None  # a data.follow job's
+        self.publisher = Publisher(self, spec.publish) if spec.publish else None
         self._published = float("-inf")
 
     # -- called by workers ------------------------------------------------------------------
@@ -236,6 +238,8 @@ class JobMaster:
             self._wind_down()
         self.events.add("job_end", status=self.status.value, **({"reason": failed} if failed else {}))
         self.recovery.finish()
+        if self.publisher is not None:
+            self.publisher.finish(final=self.status == JobStatus.SUCCEEDED)
         summary = end_summary(self, self._metrics or {}, failed)
         self.checkpointer.flush()
         if self.status == JobStatus.SUCCEEDED and not self.spec.checkpoint.dir:
@@ -265,6 +269,8 @@ class JobMaster:
             self.control.resumed(config)
         self.control.started(config)
         self.checkpointer.warm_writers()  # before the chaos clock: faults land in training
+        if self.publisher is not None:
+            self.publisher.warm()
         self.chaos.start(state.chaos_s if state else 0.0)
         r = self.spec.resources
         dense = f"{r.dense_ps} dense PS x {r.dense_ps_cpu:g}cpu"
@@ -328,7 +334,7 @@ class JobMaster:
         self.chaos.tick()
         if not self.recovery.suspects():  # no pause waits on an actor that may be frozen
             self.runs.add(self.control.tick())
-            self._checkpoint()
+            self.checkpointer.tick(self.runs.workers())
         self.runs.add(self.drains.tick())  # a drain's deadline does not wait for a suspect
         return lost
 
@@ -368,22 +374,6 @@ class JobMaster:
         self.events.add("job_error", actor=worker, error=str(error))
         self.stop()
         self._user_error = error
-
-    def _checkpoint(self) -> None:
-        """Take an in-memory checkpoint when one is due (not while a rescale is under way),
-        and write one to durable storage when that is due."""
-        now = self.clock() - self.t0
-        ck = self.checkpointer
-        if not ck.due(now) or self.control.busy() or self.evaluator.busy() or not self.books.settled():
-            return
-        training = self.runs.workers()
-        if set(training) - self.books.running():
-            return  # a replacement still starting: pausing it would stall the others until it runs
-        running = {n: self.launcher.workers[n] for n in training if n in self.launcher.workers}
-        taken = ck.take(running, now, timeout_s=self.recovery.timeout_s())
-        if taken is not None and ck.durable_due(now, len(self.failures)):
-            ck.write_durable(taken, now)
-        save_master_state(self)
 
     def _publish(self, force: bool = False) -> None:
         """Export the job's metrics (at most every ``PUBLISH_EVERY_S``). A metrics problem

@@ -63,6 +63,7 @@ _DESCRIBE: dict[str, Callable[[Mapping[str, Any]], str]] = {
     "measurement": lambda e: f"measured {config_text(e.get('config'))}: {_num(e.get('throughput'))} samples/s (model predicted {_num(e.get('predicted'))})",
     "waiting_for_nodes": lambda e: f"waiting for nodes: {e.get('why')}",
     "file_changed": lambda e: f"{e.get('path')} changed after it was taken ({_num(e.get('was_size'))} -> {_num(e.get('size'))} bytes): not trained again",
+    "version_published": lambda e: f"version {e.get('version')} ({e.get('version_kind')}, {_num(e.get('changed_rows'))} rows, {_num(e.get('bytes'))} bytes) at {_num(e.get('rows_trained'))} samples trained",
     "follow_end": lambda e: f"no more files ({e.get('why')}): {_num(e.get('files'))} files, {_num(e.get('rows'))} rows",
     "eval": lambda e: f"{'final' if e.get('final') else 'periodic'} evaluation auc={_num(e.get('auc'), '.4f')} logloss={_num(e.get('logloss'), '.4f')}",
 }

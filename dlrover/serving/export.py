@@ -121,6 +121,27 @@ def load_final(path: Path, model: ModelSpec, schema: Schema) -> FinalModel:
     return FinalModel(tables, dense, id_maps)
 
 
+def dense_program(spec: JobSpec, head: DenseHead) -> torch.export.ExportedProgram:
+    """The dense part as a ``torch.export`` program (graph and weights), any batch size."""
+    batch = torch.export.Dim("batch", min=1)
+    example = (torch.zeros(2, spec.schema.dense_width), torch.zeros(2, len(spec.schema.sparse) * spec.model.embedding_dim))
+    with torch.no_grad():
+        return torch.export.export(head, example, dynamic_shapes=({0: batch}, {0: batch}))
+
+
+def model_manifest(spec: JobSpec, job_id: str, source_sha: str, table_rows: list[int], files: list[FileDigest], dynamic: list[int]) -> Manifest:
+    """The manifest of a model of ``spec``'s layout (an export's, or a published version's)."""
+    schema = spec.schema
+    return Manifest(
+        format=FORMAT, job_id=job_id, source_sha256=source_sha, embedding_dim=spec.model.embedding_dim,
+        table_rows=table_rows, dense_features=schema.dense_columns, sparse_features=schema.feature_names,
+        dense_transform=dense_transform(schema), hashing=HASHING, score=SCORE, files=files, dynamic_tables=dynamic,
+        feature_tables=schema.feature_tables(), mean_features=schema.mean_features(),
+        features=spec.features.model_dump(mode="json") if spec.features else None,
+        data={"format": spec.data.format, "header": spec.data.header, "delimiter": spec.data.delimiter, "columns": spec.data.columns},
+    )  # fmt: skip
+
+
 def export_run(run_dir: str | Path, out: str | Path) -> Path:
     """Write the model of a finished run to ``out``; returns the manifest's path."""
     run_dir, out = Path(run_dir), Path(out)
@@ -141,10 +162,7 @@ def export_run(run_dir: str | Path, out: str | Path) -> Path:
     except ValueError as e:
         raise DataError(f"{final}: {e}") from None
     out_dir(str(out))
-    batch = torch.export.Dim("batch", min=1)
-    example = (torch.zeros(2, schema.dense_width), torch.zeros(2, len(schema.sparse) * spec.model.embedding_dim))
-    with torch.no_grad():
-        program = torch.export.export(head, example, dynamic_shapes=({0: batch}, {0: batch}))
+    program = dense_program(spec, head)
     written = []
     files = [(DENSE_FILE, lambda p: torch.export.save(program, p)), (TABLES_FILE, lambda p: torch.save(tables, p))]
     if maps:
@@ -154,13 +172,6 @@ def export_run(run_dir: str | Path, out: str | Path) -> Path:
         save(str(tmp))
         os.replace(tmp, out / name)
         written.append(FileDigest.of(out / name))
-    manifest = Manifest(
-        format=FORMAT, job_id=run_dir.resolve().name, source_sha256=source_sha, embedding_dim=spec.model.embedding_dim,
-        table_rows=[len(w) for w in tables], dense_features=schema.dense_columns, sparse_features=schema.feature_names,
-        dense_transform=dense_transform(schema), hashing=HASHING, score=SCORE, files=written, dynamic_tables=sorted(maps),
-        feature_tables=schema.feature_tables(), mean_features=schema.mean_features(),
-        features=spec.features.model_dump(mode="json") if spec.features else None,
-        data={"format": spec.data.format, "header": spec.data.header, "delimiter": spec.data.delimiter, "columns": spec.data.columns},
-    )  # fmt: skip
+    manifest = model_manifest(spec, run_dir.resolve().name, source_sha, [len(w) for w in tables], written, sorted(maps))
     manifest.write(out)
     return out / MANIFEST

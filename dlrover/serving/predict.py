@@ -52,12 +52,23 @@ PREDICT_BATCH = 4096
 PROGRESS_MIN_ROWS = 100_000  # a bar on stderr from this many rows on
 
 
-def predict(model_dir: str | Path, data: str, out: str | Path, batch_size: int = PREDICT_BATCH) -> int:
+def load_model(model_dir: str | Path, version: int | None = None) -> ServedModel:
+    """An exported model directory, or a version of a ``publish.dir`` (default: the newest)."""
+    from dlrover.serving.versions import load_version, versions
+
+    if versions(model_dir):
+        return load_version(model_dir, version).model
+    if version is not None:
+        raise DataError(f"--version: {model_dir} holds no published versions (a publish.dir has v00000001/, ...)")
+    return ServedModel.load(model_dir)
+
+
+def predict(model_dir: str | Path, data: str, out: str | Path, batch_size: int = PREDICT_BATCH, version: int | None = None) -> int:
     """Write ``label,score`` (a header, then one line per row of DATA, in file order then
     row order; score = click probability; ``score`` alone where DATA has no label
-    column); returns the number of rows scored. The CSV
+    column); returns the number of rows scored. ``version``: of a ``publish.dir``. The CSV
     appears only complete: it is written beside ``out`` and renamed at the end."""
-    model = ServedModel.load(model_dir)
+    model = load_model(model_dir, version)
     layout = layout_of(model.manifest)
     try:
         paths = data_files([data], layout)
