@@ -22,6 +22,7 @@ from dlrover.bench.bigtable import KAGGLE_VOCAB
 from dlrover.bench.progress import JobProgress
 from dlrover.errors import DLRoverError
 from dlrover.runlogs.event_file import read_events
+from dlrover.runlogs.records import JobSummary
 from dlrover.serving.versions import load_version, versions
 from dlrover.spec import JobSpec, spec_from_dict
 
@@ -60,8 +61,9 @@ def run_publish_bench(quick: bool = False) -> dict:
         print(f"[bench] {p['rows']:,} synthetic rows, vocabularies up to {p['cap']:,}; tables {sum(sizes) * DIM * 4 / 1e9:.2f} GB of weights", file=sys.stderr, flush=True)
         generate(data, SynthConfig(rows=p["rows"], files=4, seed=17, vocab_sizes=sizes), progress=False)
         doc, path = run_job(spec, runs_dir=os.path.join(work, "runs"), progress="none", stop_when=JobProgress("publish"))
-        if doc["status"] != "succeeded":
-            raise PublishBenchError(f"bench publish: the job ended {doc['status']}")
+        summary = JobSummary.from_json(doc)
+        if summary.status != "succeeded":
+            raise PublishBenchError(f"bench publish: the job ended {summary.status}")
         published = [e.fields for _, e in read_events(path.parent / "events.jsonl") if e.kind == "version_published"]
         checked = [load_version(out, n).version.version for n in versions(out)]  # each chain applied and its digest checked
         fulls = [v["bytes"] for v in published if v["version_kind"] == "full"]
@@ -72,8 +74,8 @@ def run_publish_bench(quick: bool = False) -> dict:
             "table_rows": sum(sizes), "weights_bytes": sum(sizes) * DIM * 4, "versions": len(published), "versions_checked": checked,
             "full_bytes": full_bytes, "delta_bytes": delta_bytes, "ratio": full_bytes / delta_bytes if full_bytes and delta_bytes else None,
             "delta_rows_fraction": max((v["changed_rows"] / sum(sizes) for v in deltas), default=None),
-            "publish_pause_s": max((v["pause_s"] for v in published), default=None), "samples": doc["samples_trained"],
-            "samples_per_s": doc["throughput_samples_per_s"],
+            "publish_pause_s": max((v["pause_s"] for v in published), default=None), "samples": summary.samples_trained,
+            "samples_per_s": summary.throughput_samples_per_s,
         }  # fmt: skip
     finally:
         shutil.rmtree(work, ignore_errors=True)
