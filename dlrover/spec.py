@@ -85,6 +85,7 @@ class PolicySpec(SpecSection):
     rescale: Literal["live", "restart"] = "live"
     standby: int = Field(0, ge=0, le=4, description="pre-started spare workers and PS kept idle so a scale-out skips actor start-up (they hold their resources)")
     placement: Literal["default", "pal"] = Field("default", description="where new actors go: Ray's choice, or pal (fastest node class with room)")
+    max_lag_s: float | None = Field(None, gt=0, description="data.follow with dlrover_rm: the least CPU that keeps the lag under this (s)")
 
 
 class CheckpointSpec(SpecSection):

@@ -123,3 +123,42 @@ def test_a_job_publishes_full_versions_and_deltas_each_equal_to_its_cut(ray_loca
     assert records[-1].rows_trained == s["samples_trained"]  # the last version holds every row trained
     scored = predict(out, str(synth_dir / "part-00000.tsv"), tmp_path / "scores.csv", version=have[-1])
     assert scored == 20_000
+
+
+def test_a_stream_whose_arrivals_double_scales_out_before_its_lag_passes_the_bound(ray_local, tmp_path):
+    """dlrover_rm's stream stage, live: files arrive every 2 s, then every 0.1 s, past what
+    the (slowed) workers train; the policy scales out while the lag is still under
+    policy.max_lag_s. On 2 cores the decision is what can be shown, not the gain."""
+    from dlrover.driver.runner import run_job
+
+    src, dst = tmp_path / "src", tmp_path / "in"
+    generate(str(src), SynthConfig(rows=120_000, files=24, seed=6), progress=False)
+    dst.mkdir()
+    files = sorted(src.glob("*.tsv"))
+
+    def arrive() -> None:
+        for i, f in enumerate(files):
+            shutil.copy(f, dst / f".{f.name}")
+            os.replace(dst / f".{f.name}", dst / f.name)
+            time.sleep(2.0 if i < 8 else 0.1)
+
+    feeder = threading.Thread(target=arrive, daemon=True)
+    feeder.start()
+    knobs = {
+        "cooldown_s": 2.0, "profile_window_s": 2.0, "worker_cpu_choices": [1.0], "ps_cpu_choices": [1.0], "max_workers": 4, "max_ps": 2,
+        "model_prior": {"t0": 0.004, "t1": 2.0e-5, "t2": 0.004, "t3": 0.003, "t4": 0.0005},  # no host terms: more workers, more samples/s
+    }  # fmt: skip
+    spec = small_spec(
+        dst, name="stream-sizing", data__paths=[str(dst)], data__follow={"poll_s": 0.5, "until": 120_000}, chaos=sleepy(8),
+        train__log_every_s=0.5, resources__budget_cpu=8.25,
+        policy={"name": "dlrover_rm", "knobs": knobs, "interval_s": 0.5, "warmup_s": 0.5, "max_lag_s": 30.0, "history_dir": str(tmp_path / "h")},
+    )  # fmt: skip
+    s, path = run_job(spec, runs_dir=str(tmp_path / "runs"), progress="none")
+    feeder.join(timeout=60)
+    assert s["status"] == "succeeded" and s["samples_trained"] == s["samples_expected"], s.get("reason")
+    stream = [e for e in s["scale_events"] if e["stage"] == "stream"]
+    assert stream, [(e["stage"], e["reason"]) for e in s["scale_events"]]
+    out = [e for e in stream if e["to"]["workers"] > e["from"]["workers"]]
+    assert out, [e["reason"] for e in stream]
+    lag = float(out[0]["reason"].split(" behind (")[1].split("s,")[0])
+    assert lag < 30.0, out[0]["reason"]  # decided before the oldest untrained row was 30 s old

@@ -111,6 +111,7 @@ class FakeMaster:
         self.evaluator = SimpleNamespace(busy=lambda: False)
         self.recovery = SimpleNamespace(corrected=lambda *a: None)
         self.runs = SimpleNamespace(soon=lambda timeout_s: None, workers=lambda: [])
+        self.follower = None  # not a data.follow job
 
     def clock(self) -> float:
         return self.now

@@ -70,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_data_parsers(sub.add_parser)
 
     sim = sub.add_parser("simulate", help="compare allocation policies on a job trace in the cluster simulator")
-    sim.add_argument("--trace", default="synthetic", help="trace CSV/Parquet, or 'synthetic' (default)")
+    sim.add_argument("--trace", default="synthetic", help="trace CSV/Parquet, 'synthetic' (default), or 'diurnal' (one job following a day/night stream: the stream stage vs a static allocation sized for the peak)")
     sim.add_argument("--jobs", type=positive_int, default=400, help="jobs of the synthetic trace")
     sim.add_argument("--nodes", type=positive_int, default=40)
     sim.add_argument("--node-cpu", type=positive_float, default=64.0)

@@ -349,8 +349,10 @@ class Controller:
         q = self.m.books.queue
         progress = Progress(q.samples_done, q.samples_expected) if q is not None else Progress(0.0, 1.0)
         reports = self.stats.poll(now) if self.m.launcher.vmap is not None else []
+        bound, follower = self.m.spec.policy.max_lag_s, self.m.follower
+        stream = follower.stream_view(bound) if follower is not None and bound else None
         with self._lock:
-            return self.driver.view(now, config, progress, reports)
+            return self.driver.view(now, config, progress, reports, stream=stream)
 
     # -- end of job ---------------------------------------------------------------------
     def finish(self, status: str, samples: int, wall_time_s: float) -> dict[str, Any]:

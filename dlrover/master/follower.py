@@ -19,6 +19,9 @@ from dlrover.data.follow import FileWatch, FollowPlan, list_files
 from dlrover.errors import DLRoverError
 from dlrover.master.job import Job
 from dlrover.master.states import TERMINAL
+from dlrover.resource.plan import StreamView
+
+ARRIVAL_WINDOW_POLLS = 10  # the arrival rate is measured over this many polls
 
 
 class Follower:
@@ -28,6 +31,7 @@ class Follower:
         self._thread = threading.Thread(target=self._run, daemon=True, name="data-follower")
         self._wake = threading.Event()
         self.ended = False  # following ended (``until``): no new file is taken
+        self.started: float | None = None  # clock time of the first poll that took files
 
     def start(self) -> None:
         self._thread.start()
@@ -61,6 +65,8 @@ class Follower:
                 events.add("file_arrived", path=f.path, rows=idx.rows, train_rows=self.plan.train_rows[f.path], bytes=f.size)
             elif idx.rows - int(idx.rows * self.plan.eval_fraction) != queued:
                 self._changed(f.path, f.size, None)
+        if self.started is None and self.plan.files:
+            self.started = self.m.clock()  # the files taken so far were a backlog, not arrivals
         self._end_if_due()
 
     def _changed(self, path: str, size: int, was_size: int | None) -> None:
@@ -73,6 +79,18 @@ class Follower:
         oldest = self.m.books.oldest_open_file()
         at = self.plan.arrived.get(oldest, now) if oldest is not None else now
         return max(q.samples_expected - q.samples_done, 0), max(now - at, 0.0)
+
+    def stream_view(self, max_lag_s: float) -> StreamView:
+        """What the policy's stream stage sees: the training rows taken per second over the
+        last ``ARRIVAL_WINDOW_POLLS`` polls (at least 10 s; the files of the first poll that
+        took any are a backlog, not arrivals), the lag, and its bound."""
+        now = self.m.clock()
+        span = max(ARRIVAL_WINDOW_POLLS * self.follow.poll_s, 10.0)
+        since = now - span
+        start = self.started if self.started is not None else now
+        rows = sum(self.plan.train_rows[p] for p, at in self.plan.arrived.items() if at > max(since, start))
+        lag_rows, lag_s = self.lag(now)
+        return StreamView(rows / max(min(span, now - start), self.follow.poll_s), lag_rows, lag_s, max_lag_s)
 
     def _end_if_due(self) -> bool:
         """Following ends at ``until``; the queue is told (again after a restore)."""

@@ -41,6 +41,7 @@ class Job(Protocol):
     evaluator: Any  # Evaluator
     chaos: Any  # ChaosInjector
     publisher: Any  # Publisher, or None without publish:
+    follower: Any  # Follower of a data.follow job, else None
 
     def crash(self) -> None: ...
 

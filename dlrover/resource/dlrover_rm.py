@@ -63,17 +63,18 @@ Stage 2's search is :mod:`dlrover.resource.rm_search`, stage 3's checks are
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable
 
 import numpy as np
 
 from dlrover.resource.configs import Config, clip_to_budget, describe_change
-from dlrover.resource.perf_model import throughput_rows
 from dlrover.resource.plan import JobView, Policy, ResourcePlan
 from dlrover.resource.policy_config import DLRoverRMKnobs
 from dlrover.resource.rm_correction import find_correction
-from dlrover.resource.rm_search import Key, config_key, grid_best, hill_climb, ps_rss, with_memory
+from dlrover.resource.rm_search import Key, Scores, config_key, grid_best, hill_climb, ps_rss, with_memory
+from dlrover.resource.stream_sizing import candidates, stream_step
 
 
 def _round_mb(mb: float) -> int:
@@ -263,6 +264,10 @@ class DLRoverRMPolicy(Policy):
     def _scale(self, view: JobView) -> ResourcePlan | None:
         k = self.knobs
         cur_win = view.current
+        if view.stream is not None:  # a followed stream: the least CPU under the lag bound
+            if view.now_s - view.last_change_s < k.cooldown_s:
+                return None
+            return self._stream(view, cur_win.throughput if cur_win is not None and cur_win.throughput > 0 else None)
         if cur_win is None or cur_win.duration_s < k.profile_window_s or cur_win.throughput <= 0:
             return None
         if view.now_s - view.last_change_s < k.cooldown_s:
@@ -293,6 +298,17 @@ class DLRoverRMPolicy(Policy):
             return None
         return self._model_step(view, cur, measured, t_now)
 
+    def _stream(self, view: JobView, t_now: float | None) -> ResourcePlan | None:
+        k = self.knobs
+        rss_mb = ps_rss(view, k.oom_horizon_s)
+        max_w = min(view.budget.max_workers, k.max_workers or view.budget.max_workers)
+        max_p = min(view.budget.max_ps, k.max_ps or view.budget.max_ps)
+        cur = view.config
+        wcpus = sorted(set(k.worker_cpu_choices) | {float(cur.worker_cpu)})
+        pcpus = sorted(set(k.ps_cpu_choices) | {float(cur.ps_cpu)})
+        rows = candidates(view, max_w, max_p, wcpus, pcpus, rss_mb, k.mem_high_watermark)
+        return stream_step(view, t_now, rows, k.stream_headroom, k.stream_scale_in_margin, rss_mb, k.mem_high_watermark)
+
     def _model_step(self, view: JobView, cur: Config, measured: dict[Key, float], t_now: float) -> ResourcePlan | None:
         """Stage 2 proper: search the utility's maximum and propose it if it is worth a move."""
         k = self.knobs
@@ -309,30 +325,20 @@ class DLRoverRMPolicy(Policy):
         calib = t_now / pred_cur if pred_cur and pred_cur > 0 else 1.0
         bar = k.min_gain_per_cpu
 
-        def thr_of(keys: list[Key]) -> np.ndarray:
-            if not keys:
-                return np.zeros(0)
-            m = view.model
-            pred = throughput_rows(m.params, np.asarray(keys), m.batch_size, m.cores, m.ids_per_sample) * calib  # memory does not enter the model
-            return np.array([measured.get(x, p) for x, p in zip(keys, pred)], dtype=np.float64)
-
         kappa = k.min_elasticity
-
-        def optimism(keys: list[Key]) -> np.ndarray:  # explore x the model's doubt, 0 where measured
-            if k.explore == 0 or not keys:
-                return np.zeros(len(keys))
-            sd = view.model.relative_sd(np.asarray(keys, dtype=np.float64))
-            return k.explore * np.where([x in measured for x in keys], 0.0, sd)
+        scores = Scores(view.model, measured, calib, k.explore)
 
         def utility(keys: list[Key]) -> np.ndarray:
             cpu = np.array([x[0] * x[2] + x[1] * x[3] for x in keys], dtype=np.float64)
-            return np.log(np.maximum(thr_of(keys), 1e-12)) + optimism(keys) - bar * cpu - kappa * np.log(cpu)
+            thr, hope = scores.of(keys)
+            return np.log(np.maximum(thr, 1e-12)) + hope - bar * cpu - kappa * np.log(cpu)
 
         max_w = min(view.budget.max_workers, k.max_workers or view.budget.max_workers)
         max_p = min(view.budget.max_ps, k.max_ps or view.budget.max_ps)
         wcpus = sorted(set(k.worker_cpu_choices) | {float(cur.worker_cpu)})
         pcpus = sorted(set(k.ps_cpu_choices) | {float(cur.ps_cpu)})
 
+        @functools.lru_cache(maxsize=None)  # the climb asks again for the points around each step
         def ok(x: Key) -> bool:
             return 1 <= x[0] <= max_w and 1 <= x[1] <= max_p and with_memory(x, cur, rss_mb, k.mem_high_watermark).fits(view.budget)
 
@@ -346,8 +352,8 @@ class DLRoverRMPolicy(Policy):
             return None
 
         new = with_memory(target, cur, rss_mb, k.mem_high_watermark)
-        t_new = float(thr_of([target])[0])
-        hope = float(optimism([target])[0])  # its value over its prediction: > 0 optimism, < 0 caution
+        thrs, hopes = scores.of([target, start])
+        t_new, hope, start_hope = float(thrs[0]), float(hopes[0]), float(hopes[1])  # hope: its value over its prediction
         t_hoped = t_new * math.exp(hope)
         gain = t_hoped / t_now - 1
         d_cpu = new.cpu - cur.cpu
@@ -360,7 +366,7 @@ class DLRoverRMPolicy(Policy):
                 if k.move_cost_s + samples_left / min(t_new, t_hoped) >= view.remaining_s:
                     return None
             unsure = f" +/- {hope / k.explore:.0%}" if hope != 0 else ""
-            if hope > 0 and d_u - hope + float(optimism([start])[0]) <= 0:  # worth it only for what the model does not know
+            if hope > 0 and d_u - hope + start_hope <= 0:  # worth it only for what the model does not know
                 unsure += ", exploring: the model is unsure of it"
             reason = (
                 f"model: {cur.short()} -> {new.short()}: predicted {t_new:.0f} samples/s ({t_new / t_now - 1:+.0%}{unsure}) "

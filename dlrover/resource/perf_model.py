@@ -12,19 +12,17 @@ The PS's work (lookups, pooling, row updates, ids sent) grows with the ids a ste
 so its terms scale with ``k`` over Criteo's 26 (``REFERENCE_IDS``): ``t2`` and ``t3`` are
 per Criteo-equivalent sample, the same for a 26-id job and a 214-id one.
 
-The last two terms are the host's: Ray's CPUs are a scheduling budget, and where a cluster
-advertises more of them than its nodes have cores (a laptop, the 2-core dev machine, a node
-with ``--num-cpus`` above its core count), every CPU asked beyond the cores slows each
-batch's compute (``t5``, contention for the cores), and the threads asked beyond them also
-get in each other's way, pairwise (``t6``: the coherency term of Gunther's Universal
-Scalability Law, quadratic in the excess: preempted OpenMP teams wait at their barriers,
-caches are shared). Where the cores are unknown (``cores=inf``) both are zero.
+The last two terms are the host's: Ray's CPUs are a scheduling budget, and where a cluster advertises more of
+them than its nodes have cores (a laptop, the 2-core dev machine, a node with ``--num-cpus`` above its core
+count), every CPU asked beyond the cores slows each batch's compute (``t5``, contention for the cores), and
+the threads asked beyond them also get in each other's way, pairwise (``t6``: the coherency term of Gunther's
+Universal Scalability Law, quadratic in the excess: preempted OpenMP teams wait at their barriers, caches are
+shared). Where the cores are unknown (``cores=inf``) both are zero.
 
-``T_iter`` is linear in non-negative coefficients, so a handful of measured windows fit
-it with NNLS. Online the data rarely vary every variable, so a term whose feature the
-measured configurations cannot separate from the others is pinned to the prior instead
-of being fitted to noise: the job's terms (``t0..t4``) scaled as a whole to the data, the
-host's (``t5``, ``t6``) as they are, because they describe the machine, not the job.
+``T_iter`` is linear in non-negative coefficients, so a handful of measured windows fit it with NNLS. Online
+the data rarely vary every variable, so a term whose feature the measured configurations cannot separate from
+the others is pinned to the prior instead of being fitted to noise: the job's terms (``t0..t4``) scaled as a
+whole to the data, the host's (``t5``, ``t6``) as they are, because they describe the machine, not the job.
 """
 
 from __future__ import annotations
@@ -52,9 +50,8 @@ class PerfParams(NamedTuple):
     t6: float = 0.0  # threads over the cores in each other's way: t6 * B * max(0, w * cw + p * cp - cores)**2
 
 
-# Rough values for the 2-core CPU development machine; a history record's fit replaces it.
-# The host terms are the fit of `dlrover bench perf-model`'s 60 windows of 2026-11-27
-# (three runs, 10 configurations each, 2 windows per configuration; docs/ELASTIC.md).
+# Rough values for the 2-core CPU development machine; a history record's fit replaces it. The host terms are the
+# fit of `dlrover bench perf-model`'s 60 windows of 2026-11-27 (3 runs x 10 configurations x 2; docs/ELASTIC.md).
 DEFAULT_PRIOR = PerfParams(t0=0.004, t1=2.0e-5, t2=0.004, t3=0.003, t4=0.004, t5=4.4e-6, t6=3.3e-6)
 
 REFERENCE_IDS = 26.0  # Criteo's layout (one id per sparse feature): the ids a sample the PS terms' prior was measured at
@@ -63,14 +60,12 @@ N_TERMS = len(PerfParams._fields)
 # The host's terms: pinned to the prior as they are, not scaled with the job (``fit_params``).
 HOST_TERMS = np.array([f in ("t5", "t6") for f in PerfParams._fields])
 
-# A term is identifiable only if at least this fraction of its (unit-norm) feature column
-# lies outside the span of the terms chosen before it; below that its coefficient would be
-# set by measurement noise, not by the data.
+# A term is identifiable only if at least this fraction of its (unit-norm) feature column lies outside the
+# span of the terms chosen before it; below that its coefficient would be set by noise, not by the data.
 _IDENT_TOL = 1e-2
 
-# The model's uncertainty (``PerfModel.relative_sd``): each coefficient is a priori the
-# pinned value within this relative spread, and no fit is surer than a measured
-# window's noise (repeated windows of one configuration spread a few % here).
+# The model's uncertainty (``PerfModel.relative_sd``): each coefficient is a priori the pinned value within this
+# relative spread, and no fit is surer than a measured window's noise (repeated windows spread a few % here).
 PRIOR_REL_SD = 0.5
 NOISE_FLOOR = 0.05
 ZERO_TERM_SHARE = 0.05  # what a term the prior sets to 0 may still bring to a step, a priori
@@ -117,8 +112,10 @@ def at_ids(params: PerfParams, ids_per_sample: float, reference: float = REFEREN
 
 def features(w: Any, p: Any, cw: Any, cp: Any, batch: Any, cores: float = math.inf, ids_per_sample: float = REFERENCE_IDS) -> np.ndarray:
     """Design matrix ``[N, 7]`` of ``T_iter``, one row per configuration (inputs broadcast)."""
-    r = _ps_share(ids_per_sample)
-    w, p, cw, cp, b = _broadcast(w, p, cw, cp, batch)
+    return _features(*_broadcast(w, p, cw, cp, batch), cores, _ps_share(ids_per_sample))
+
+
+def _features(w: np.ndarray, p: np.ndarray, cw: np.ndarray, cp: np.ndarray, b: Any, cores: float, r: float) -> np.ndarray:
     o = over_commit(w, p, cw, cp, cores)
     return np.stack([np.ones_like(w), b / cw, r * w / (p * cp), r * w / p, w, b * o, b * o * o], axis=1)
 
@@ -284,10 +281,13 @@ def relative_sd_rows(
     ``(w, p, cw, cp)``: ``sqrt(phi^T cov phi)`` over the predicted step time ``phi^T theta``,
     at most ``MAX_REL_SD`` (the linearisation means nothing beyond). Small near measured
     configurations, the prior's spread where no window says anything."""
-    phi = features(*np.asarray(rows, dtype=np.float64).T, batch, cores, ids_per_sample)
+    rows = np.asarray(rows, dtype=np.float64)
+    if not (rows > 0).all():  # (validated here, not per column: a search's hot path)
+        raise ValueError("workers, ps, worker_cpu and ps_cpu must be positive")
+    phi = _features(*rows.T, float(batch), cores, _ps_share(ids_per_sample))
     var = np.maximum(np.einsum("ni,ij,nj->n", phi, cov, phi), 0.0)
     sd = np.sqrt(var) / (phi @ np.asarray(params, dtype=np.float64))
-    return np.clip(np.nan_to_num(sd, nan=MAX_REL_SD, posinf=MAX_REL_SD), 0.0, MAX_REL_SD)
+    return np.clip(np.where(np.isfinite(sd), sd, MAX_REL_SD), 0.0, MAX_REL_SD)
 
 
 class PerfModel:

@@ -63,6 +63,22 @@ class Measurement:
         }  # fmt: skip
 
 
+@dataclass(frozen=True)
+class StreamView:
+    """A job following arriving data (``data.follow``): how fast rows arrive, how far
+    behind training is, and the bound it must stay under (``policy.max_lag_s``)."""
+
+    arrival_per_s: float  # training rows arriving per second, over the recent window
+    lag_rows: float  # rows arrived and not trained yet
+    lag_s: float  # age of the oldest such row
+    max_lag_s: float
+
+    @property
+    def caught_up(self) -> bool:
+        """Training keeps up: what is measured then is the arrival rate, not the capacity."""
+        return self.lag_s < 0.1 * self.max_lag_s
+
+
 @dataclass
 class JobView:
     """Everything a policy may look at, as plain data."""
@@ -81,6 +97,7 @@ class JobView:
     last_change_s: float = 0.0  # when the configuration last changed
     history: list["HistoryRecord"] = field(default_factory=list)  # similar finished jobs, newest first
     requested: Config | None = None  # what the user asked for in the spec
+    stream: StreamView | None = None  # a job following arriving data, with a lag bound
 
 
 class CorrectionKind(str, Enum):

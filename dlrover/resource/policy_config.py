@@ -191,6 +191,12 @@ class DLRoverRMKnobs(SpecSection):
         json_schema_extra=_range(-2.0, 2.0),
     )
 
+    # Stage 2 for a followed stream (JobView.stream): the least CPU that keeps the lag bound
+    stream_headroom: float = Field(0.2, ge=0, le=5, description="size for the arrival rate x (1 + this)", json_schema_extra=_range(0.0, 1.0))
+    stream_scale_in_margin: float = Field(
+        0.3, ge=0, le=5, description="scale in only to a config predicted this much above what the stream needs", json_schema_extra=_range(0.05, 1.0)
+    )
+
     # Stage 3: runtime correction
     straggler_factor: float = Field(
         1.5, gt=1, description="a worker is slow while its step time exceeds this x the workers' median, a PS while its busy time per id served exceeds this x the PS's median",

@@ -8,11 +8,11 @@ enter the performance model, so :func:`with_memory` gives a point its memory siz
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
-from dlrover.resource.perf_model import throughput
+from dlrover.resource.perf_model import throughput, throughput_rows
 from dlrover.resource.configs import Config
 from dlrover.resource.plan import JobView
 
@@ -40,6 +40,28 @@ def ps_rss(view: JobView, horizon_s: float) -> float:
     """The largest PS RSS the job reports, extrapolated along its trend over ``horizon_s``
     as the memory correction does (MB; 0 when unknown)."""
     return max((a.rss_mb + max(0.0, a.rss_trend_mb_per_s) * horizon_s for a in view.actors.values() if a.role == "ps"), default=0.0)
+
+
+class Scores:
+    """Predicted throughput (x ``calib``; a measured point's measurement) and optimism
+    (``explore`` x the model's doubt; 0 where measured) of search points, each computed
+    once per search: the climb scores the points around every step, the proposal reads
+    its ends again."""
+
+    def __init__(self, model: Any, measured: dict[Key, float], calib: float, explore: float) -> None:
+        self.model, self.measured, self.calib, self.explore = model, measured, calib, explore
+        self._memo: dict[Key, tuple[float, float]] = {}
+
+    def of(self, keys: list[Key]) -> tuple[np.ndarray, np.ndarray]:
+        new = [x for x in dict.fromkeys(keys) if x not in self._memo]
+        if new:
+            m, rows = self.model, np.asarray(new, dtype=np.float64)
+            pred = throughput_rows(m.params, rows, m.batch_size, m.cores, m.ids_per_sample) * self.calib  # memory does not enter the model
+            sd = m.relative_sd(rows) if self.explore != 0 else np.zeros(len(new))
+            for x, p, d in zip(new, pred, sd):
+                self._memo[x] = (self.measured.get(x, float(p)), 0.0 if x in self.measured else self.explore * float(d))
+        got = [self._memo[x] for x in keys]
+        return np.array([g[0] for g in got], dtype=np.float64), np.array([g[1] for g in got], dtype=np.float64)
 
 
 def grid_best(

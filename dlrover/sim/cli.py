@@ -63,6 +63,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     """Run ``dlrover simulate`` (``--truth`` and ``--seeds`` optional on ``args``)."""
     from dlrover.sim import ClusterSpec, read_trace, synthetic_trace
 
+    if args.trace == "diurnal":
+        return _diurnal(args)
     entries = parse_policies(args.policies)
     truths = parse_truths(getattr(args, "truth", None) or DEFAULT_TRUTH)
     n_seeds = int(getattr(args, "seeds", None) or 1)
@@ -86,6 +88,22 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         return _many_seeds(args, entries, truths, n_seeds, cluster, out)
     for truth in truths:
         _one_trace(args, entries, truth, trace, cluster, out / truth if len(truths) > 1 else out, quiet)
+    return 0
+
+
+DIURNAL_SEEDS = 5
+
+
+def _diurnal(args: argparse.Namespace) -> int:
+    """``--trace diurnal``: the stream stage against static-peak, ``--seeds`` seeds (default 5)."""
+    from dlrover.sim.stream import compare, print_compare
+
+    n = int(getattr(args, "seeds", None) or 1)
+    result = compare(list(range(args.seed, args.seed + (n if n > 1 else DIURNAL_SEEDS))))
+    if args.json:
+        print(json.dumps(result, default=float))
+    else:
+        print_compare(result)
     return 0
 
 

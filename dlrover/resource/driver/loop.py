@@ -23,7 +23,7 @@ from dlrover.resource.driver.actors import DEFAULT_TREND, ActorWatch, TrendParam
 from dlrover.resource.driver.window import MIN_WINDOW_S, Window
 from dlrover.resource.perf_model import REFERENCE_IDS, PerfModel, config_rows
 from dlrover.resource.configs import Budget, Config
-from dlrover.resource.plan import ActorMetrics, JobView, Measurement, Policy, ResourcePlan
+from dlrover.resource.plan import ActorMetrics, JobView, Measurement, Policy, ResourcePlan, StreamView
 
 if TYPE_CHECKING:
     from dlrover.resource.history import HistoryRecord
@@ -155,10 +155,12 @@ class PolicyDriver:
 
     # -- decisions ------------------------------------------------------------------------
     def view(
-        self, now: float, config: Config, progress: Progress, reports: Iterable[ActorMetrics] = (), budget: Budget | None = None
-    ) -> JobView:
+        self, now: float, config: Config, progress: Progress, reports: Iterable[ActorMetrics] = (), budget: Budget | None = None,
+        stream: StreamView | None = None,
+    ) -> JobView:  # fmt: skip
         """What the policy sees: ``reports`` (the actors' latest metrics) come back with
-        their straggler mark and RSS trend filled in; ``budget`` defaults to the job's."""
+        their straggler mark and RSS trend filled in; ``budget`` defaults to the job's;
+        ``stream``: a followed stream's arrivals and lag."""
         current = self.current()
         done, expected = progress
         remaining = (expected - done) / max(current.throughput, 1e-9) if current is not None else None
@@ -177,6 +179,7 @@ class PolicyDriver:
             last_change_s=self.last_change_s,
             history=self.history,
             requested=self.requested,
+            stream=stream,
         )
 
     def initial(self, now: float) -> ResourcePlan:
