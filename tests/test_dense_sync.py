@@ -67,9 +67,9 @@ def test_a_killed_worker_does_not_hold_a_sync_round_and_no_gradient_is_applied_t
     dense gradient is applied exactly once."""
     from conftest import check_exactly_once, fault_spec
 
-    # worker 1 sleeps twice its step's time after each (the rounds wait for it): 1 epoch lasts as long as 3
-    chaos = [{"at_s": 2, "action": "kill", "target": "worker:0"}, {"at_s": 0, "action": "slow", "target": "worker:1", "factor": 3}]
-    spec = fault_spec(synth_dir, tmp_path, chaos, train__dense_sync="sync", data__epochs=1)
+    # worker 1 sleeps twice its step's time after each once the chaos clock starts (the rounds wait for it)
+    chaos = [{"at_s": 1, "action": "kill", "target": "worker:0"}, {"at_s": 0, "action": "slow", "target": "worker:1", "factor": 3}]
+    spec = fault_spec(synth_dir, tmp_path, chaos, train__dense_sync="sync", data__epochs=3)
     s = _run(spec, tmp_path)
     assert [f["kind"] for f in s["failures"]] == ["worker_death"], s["failures"]
     check_exactly_once(s, spec)

@@ -178,10 +178,10 @@ class Checkpointer:
             return  # a replacement still starting: pausing it would stall the others until it runs
         running = {n: m.launcher.workers[n] for n in training if n in m.launcher.workers}
         taken = self.take(running, now, timeout_s=m.recovery.timeout_s())
+        if taken is not None and publish:  # first: a durable write may release the cut's payloads
+            m.publisher.publish(taken, now)
         if taken is not None and self.durable_due(now, len(m.failures)):
             self.write_durable(taken, now)
-        if taken is not None and publish:
-            m.publisher.publish(taken, now)
         save_master_state(m)
 
     def take(self, workers: dict[str, Any], now: float, extra: dict | None = None, timeout_s: float = PAUSE_TIMEOUT_S) -> Checkpoint | None:

@@ -151,7 +151,7 @@ class JobMaster:
         fresh_s = max(3 * self.spec.train.log_every_s, 5.0)  # a worker silent for longer is not training
         b = self.books
         q, samples_seen, reports = b.queue, b.samples_seen, b.worker_reports()
-        loss = [r.loss for r in reports.values()]
+        loss = [r.loss for r in reports.values() if r.samples > 0]  # a window without samples has no loss
         throughput = sum(r.samples_per_s for r in reports.values() if now - (r.at_s if r.at_s is not None else now) <= fresh_s)
         lz, ctl = self.launcher, self.control
         events, events_next = self.events.since(since)
