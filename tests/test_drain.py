@@ -116,14 +116,14 @@ def test_a_sigtermed_ps_and_worker_are_moved_off_before_their_grace_period_ends(
     a live rescale while it keeps serving; nothing fails, rolls back or applies twice."""
     import signal
 
-    from conftest import batches_expected, signal_when_training, small_spec
+    from conftest import batches_expected, signal_when_training, sleepy, small_spec
     from dlrover.driver.runner import run_job
 
     # 4 epochs: the moves (notices at 20k samples, two actors started) were over by 30-50%
-    # of them on a busy 2-core host; at 3 epochs a quieter one ended 4 s after the move.
-    # (Not fewer epochs with sleepy workers: the second move waits for the first, a
-    # checkpoint and RETRY_S, a time the workers' sleep does not stretch.)
-    spec = small_spec(synth_dir_large, data__epochs=4, data__batch_size=512, train__log_every_s=0.5)
+    # of them on a busy 2-core host; at 3 epochs a quieter one ended 4 s after the move, and
+    # a quiet one at 4 ended before its second move (which waits for the first, a checkpoint
+    # and RETRY_S): the workers also sleep as long as they step (sleepy), doubling the time.
+    spec = small_spec(synth_dir_large, data__epochs=4, data__batch_size=512, train__log_every_s=0.5, chaos=sleepy(2))
     job = "sigterm-job"
     sent: dict = {}
     threads = [signal_when_training(job, actor, signal.SIGTERM, sent.setdefault(actor, {})) for actor in ("ps-0", "worker-0")]

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import sleepy
 from dlrover.driver.dashboards import (
     CHECK_JOB,
     DASHBOARD,
@@ -175,9 +176,11 @@ def observed(tmp_path_factory):
     from dlrover.spec import JobSpec
 
     runs = tmp_path_factory.mktemp("runs")
-    # The check's own job, 2 epochs of its 5: its scale-out's worker and its killed worker's
-    # replacement still start long before the end, at 40% of the training.
-    spec = JobSpec.from_yaml(CHECK_JOB).with_overrides({"data.epochs": 2})
+    # The check's own job, 2 epochs of its 5 with both workers sleeping twice their step
+    # time (sleepy): as long as 6 epochs, so its worker kill at 8 s and its scale-out's
+    # worker come long before the end on a quiet machine too (at 2 epochs, one ended first).
+    base = JobSpec.from_yaml(CHECK_JOB)
+    spec = base.with_overrides({"data.epochs": 2, "chaos": [c.model_dump() for c in base.chaos] + sleepy(3)})
     with observed_job(spec, runs_dir=str(runs), quiet=True) as job:
         assert job.rc == 0, f"check job {job.job_id} failed"
         yield job, runs
