@@ -73,8 +73,8 @@ from dlrover.resource.configs import Config, clip_to_budget, describe_change
 from dlrover.resource.plan import JobView, Policy, ResourcePlan
 from dlrover.resource.policy_config import DLRoverRMKnobs
 from dlrover.resource.rm_correction import find_correction
-from dlrover.resource.rm_search import Key, Scores, config_key, grid_best, hill_climb, ps_rss, with_memory
-from dlrover.resource.stream_sizing import candidates, stream_step
+from dlrover.resource.rm_search import Key, Scores, config_key, feasible_grid, grid_best, hill_climb, ps_rss, with_memory
+from dlrover.resource.stream_sizing import stream_step
 
 
 def _round_mb(mb: float) -> int:
@@ -306,7 +306,7 @@ class DLRoverRMPolicy(Policy):
         cur = view.config
         wcpus = sorted(set(k.worker_cpu_choices) | {float(cur.worker_cpu)})
         pcpus = sorted(set(k.ps_cpu_choices) | {float(cur.ps_cpu)})
-        rows = candidates(view, max_w, max_p, wcpus, pcpus, rss_mb, k.mem_high_watermark)
+        rows = feasible_grid(cur, view.budget, max_w, max_p, wcpus, pcpus, rss_mb, k.mem_high_watermark)
         return stream_step(view, t_now, rows, k.stream_headroom, k.stream_scale_in_margin, rss_mb, k.mem_high_watermark)
 
     def _model_step(self, view: JobView, cur: Config, measured: dict[Key, float], t_now: float) -> ResourcePlan | None:

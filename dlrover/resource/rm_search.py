@@ -13,7 +13,7 @@ from typing import Any, Callable
 import numpy as np
 
 from dlrover.resource.perf_model import throughput, throughput_rows
-from dlrover.resource.configs import Config
+from dlrover.resource.configs import Budget, Config
 from dlrover.resource.plan import JobView
 
 Key = tuple[int, int, float, float]  # (workers, ps, worker_cpu, ps_cpu)
@@ -64,6 +64,17 @@ class Scores:
         return np.array([g[0] for g in got], dtype=np.float64), np.array([g[1] for g in got], dtype=np.float64)
 
 
+def feasible_grid(cur: Config, b: Budget, max_w: int, max_p: int, wcpus: list[float], pcpus: list[float], ps_rss_mb: float = 0.0, watermark: float = 0.9) -> np.ndarray:
+    """Every configuration of the grid within budget ``b``, as ``[N, 4]`` rows
+    ``(w, p, cw, cp)``, with ``cur``'s memory sizes as :func:`with_memory` gives them."""
+    axes = (np.arange(1, max_w + 1.0), np.arange(1, max_p + 1.0), np.array(wcpus, dtype=np.float64), np.array(pcpus, dtype=np.float64))
+    w, p, cw, cp = (x.ravel() for x in np.meshgrid(*axes, indexing="ij"))
+    need = ps_rss_mb * cur.ps / p / watermark
+    ps_mem = np.where((p < cur.ps) & (need > cur.ps_memory_mb), np.ceil(need / 64) * 64, cur.ps_memory_mb)  # as with_memory
+    fit = (w * cw + p * cp <= b.cpu + 1e-9) & (w * cur.worker_memory_mb + p * ps_mem <= b.memory_mb)
+    return np.stack([w, p, cw, cp], axis=1)[fit]
+
+
 def grid_best(
     view: JobView, start: Key, max_w: int, max_p: int, wcpus: list[float], pcpus: list[float],
     measured: dict[Key, float], calib: float, t_now: float, bar: float, kappa: float = 0.0, ps_rss_mb: float = 0.0,
@@ -72,14 +83,8 @@ def grid_best(
     """The grid point of highest utility (vectorised: the grid may hold ~10^5 points);
     ``explore``: each unmeasured point's log throughput gains ``explore`` x the model's
     relative uncertainty there."""
-    cur, b = view.config, view.budget
-    axes = (np.arange(1, max_w + 1.0), np.arange(1, max_p + 1.0), np.array(wcpus, dtype=np.float64), np.array(pcpus, dtype=np.float64))
-    w, p, cw, cp = (x.ravel() for x in np.meshgrid(*axes, indexing="ij"))
+    w, p, cw, cp = feasible_grid(view.config, view.budget, max_w, max_p, wcpus, pcpus, ps_rss_mb, watermark).T
     cpu = w * cw + p * cp
-    need = ps_rss_mb * cur.ps / p / watermark
-    ps_mem = np.where((p < cur.ps) & (need > cur.ps_memory_mb), np.ceil(need / 64) * 64, cur.ps_memory_mb)  # as with_memory
-    fit = (cpu <= b.cpu + 1e-9) & (w * cur.worker_memory_mb + p * ps_mem <= b.memory_mb)
-    w, p, cw, cp, cpu = w[fit], p[fit], cw[fit], cp[fit], cpu[fit]
     if len(w) == 0:
         return start
     batch = getattr(view.model, "batch_size", view.batch_size)

@@ -34,20 +34,9 @@ def stream_need(s: StreamView, headroom: float) -> float:
     return s.arrival_per_s * (1 + headroom) + s.lag_rows / max(s.max_lag_s - s.lag_s, s.max_lag_s / 10)
 
 
-def candidates(view: JobView, max_w: int, max_p: int, wcpus: list[float], pcpus: list[float], ps_rss_mb: float, watermark: float) -> np.ndarray:
-    """Every configuration within the budget as ``[N, 4]`` rows (memory as ``with_memory`` gives it)."""
-    cur, b = view.config, view.budget
-    axes = (np.arange(1, max_w + 1.0), np.arange(1, max_p + 1.0), np.array(wcpus, dtype=np.float64), np.array(pcpus, dtype=np.float64))
-    w, p, cw, cp = (x.ravel() for x in np.meshgrid(*axes, indexing="ij"))
-    need = ps_rss_mb * cur.ps / p / watermark
-    ps_mem = np.where((p < cur.ps) & (need > cur.ps_memory_mb), np.ceil(need / 64) * 64, cur.ps_memory_mb)
-    fit = (w * cw + p * cp <= b.cpu + 1e-9) & (w * cur.worker_memory_mb + p * ps_mem <= b.memory_mb)
-    return np.stack([w, p, cw, cp], axis=1)[fit]
-
-
 def stream_step(view: JobView, t_now: float | None, rows: np.ndarray, headroom: float, margin: float, ps_rss_mb: float, watermark: float) -> ResourcePlan | None:
     """The plan that keeps ``view.stream``'s lag bound at the least CPU among ``rows``
-    (:func:`candidates`), or None (stay). ``t_now``: the running window's throughput
+    (:func:`~dlrover.resource.rm_search.feasible_grid`), or None (stay). ``t_now``: the running window's throughput
     (None: not measured yet, the model's prediction stands in)."""
     s, cur = view.stream, view.config
     assert s is not None

@@ -80,13 +80,8 @@ class VersionFollower:
             self.current = served(load_version(self.root, newest))  # a new chain: load it whole
             return True
         tables = list(self.current.tables)
-        for v in reversed(chain):
-            d = version_dir(self.root, v.version)
-            touched = [t for t, (ids, _) in enumerate(torch.load(d / "rows.pt", weights_only=True)) if len(ids)]
-            for t in touched:
-                if tables[t] is self.current.tables[t]:
-                    tables[t] = tables[t].copy()  # requests under way keep reading the old one
-            apply_rows(tables, d)
+        for v in reversed(chain):  # requests under way keep reading the served tables: copies are written
+            apply_rows(tables, version_dir(self.root, v.version), shared=self.current.tables)
         if state_digest(tables) != chain[0].state_sha256:
             raise DataError(f"{version_dir(self.root, newest)}: the tables after its deltas do not match its state_sha256")
         model = model_of(version_dir(self.root, newest), tables)

@@ -188,9 +188,14 @@ def load_version(root: str | Path, version: int | None = None) -> LoadedVersion:
     return LoadedVersion(top, model_of(version_dir(root, want), tables))
 
 
-def apply_rows(tables: list[np.ndarray], delta_dir: Path) -> list[np.ndarray]:
-    """A delta's rows written into ``tables`` (in place; returned)."""
+def apply_rows(tables: list[np.ndarray], delta_dir: Path, shared: list[np.ndarray] = ()) -> list[np.ndarray]:
+    """A delta's rows written into ``tables`` (in place; returned). A table that is one of
+    ``shared`` (a served version's, read by requests under way) is copied first."""
     for t, (ids, w) in enumerate(torch.load(delta_dir / ROWS_FILE, weights_only=True)):
+        if not len(ids):
+            continue
+        if any(tables[t] is x for x in shared):
+            tables[t] = tables[t].copy()
         tables[t][ids.numpy()] = _unpacked(w)
     return tables
 

@@ -28,7 +28,7 @@ from dlrover.resource.driver import PolicyDriver, Progress
 from dlrover.resource.perf_model import PerfParams, throughput_rows
 from dlrover.resource.plan import StreamView
 from dlrover.resource.policies import policy_factory
-from dlrover.resource.stream_sizing import candidates
+from dlrover.resource.rm_search import feasible_grid
 
 DAY_S = 86_400.0
 
@@ -65,10 +65,7 @@ def true_thr(truth: PerfParams, c: Config, batch: int) -> float:
 def peak_config(truth: PerfParams, s: StreamSettings, peak: float, knobs) -> Config:  # noqa: ANN001 - DLRoverRMKnobs
     """The least CPU whose true throughput meets the peak with headroom (what a team sizes
     a static job for, knowing the truth)."""
-    from dlrover.resource.plan import JobView
-
-    view = JobView(0.0, s.start, s.budget, s.batch_size, "", None)  # type: ignore[arg-type]
-    rows = candidates(view, s.budget.max_workers, s.budget.max_ps, list(knobs.worker_cpu_choices), list(knobs.ps_cpu_choices), 0.0, 0.9)
+    rows = feasible_grid(s.start, s.budget, s.budget.max_workers, s.budget.max_ps, list(knobs.worker_cpu_choices), list(knobs.ps_cpu_choices))
     thr = throughput_rows(truth, rows, s.batch_size)
     cpu = rows[:, 0] * rows[:, 2] + rows[:, 1] * rows[:, 3]
     ok = np.flatnonzero(thr >= peak * (1 + s.headroom))
